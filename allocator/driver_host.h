@@ -1,0 +1,62 @@
+/* driver_host.h — a driver that behaves like a GPU on host memory.
+ *
+ *  - VA reservation: a PROT_NONE mapping. A physical handle: a memfd. Map:
+ *    MAP_FIXED|MAP_SHARED of the memfd, inaccessible until set_access, so a page
+ *    mapped at two addresses shows the same bytes at both, as on the GPU.
+ *  - Unbacked mode only accounts (no memory is touched): VAs are numbers, for
+ *    replaying traces of tens of GB.
+ *  - Streams are queues. Recorded events stay pending until the test completes
+ *    them (vpmm_host_stream_complete); a stream_wait blocks later entries of
+ *    its stream until the awaited event completes — as the device would.
+ *  - Misuse that the real driver rejects (mapping over a mapping, unmapping
+ *    what is not mapped, unknown handles) is rejected with the same codes.
+ *  - Faults: the N-th next call of any operation can be made to fail.
+ *  - Capacity: creating handles beyond it returns CUDA_ERROR_OUT_OF_MEMORY.
+ */
+#ifndef VPMM_DRIVER_HOST_H
+#define VPMM_DRIVER_HOST_H
+
+#include "driver.h"
+
+struct vpmm_host_options {
+	size_t granularity; /* bytes, power of two >= 4096; 0 = 2 MiB */
+	size_t capacity;    /* device bytes; 0 = 1 TiB */
+	bool unbacked;      /* account only, touch no memory */
+};
+
+CUresult vpmm_driver_host_create(const struct vpmm_host_options *opt,
+				 vpmm_driver **out);
+
+/* A new stream. (CUstream)0 and CU_STREAM_PER_THREAD also work as streams. */
+CUstream vpmm_host_stream_create(vpmm_driver *d);
+
+/* Run the queue of `s` as far as it can go: every recorded event completes,
+ * up to the first wait on an event that has not completed. Returns how many
+ * events completed. */
+unsigned vpmm_host_stream_complete(vpmm_driver *d, CUstream s);
+/* Complete every stream (repeats until nothing moves). */
+unsigned vpmm_host_complete_all(vpmm_driver *d);
+/* Whether `s` has a pending wait on `ev` queued (not yet passed). */
+bool vpmm_host_stream_waits_on(vpmm_driver *d, CUstream s, CUevent ev);
+/* Number of waits ever queued on `s`. */
+unsigned long vpmm_host_stream_wait_count(vpmm_driver *d, CUstream s);
+/* Mark `s` as capturing or not. */
+void vpmm_host_set_capturing(vpmm_driver *d, CUstream s, bool capturing);
+
+/* The nth (1 = next) call of `op` from now returns `result` (0 disarms). */
+void vpmm_host_fail(vpmm_driver *d, enum vpmm_op op, unsigned long nth,
+		    CUresult result);
+/* Calls of `op` so far (failed ones included). */
+unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op);
+
+/* What is alive in the driver: for leak checks after a pool is destroyed. */
+struct vpmm_host_live {
+	size_t handles;      /* created, not yet released (or still mapped) */
+	size_t handle_bytes; /* physical bytes in use (count towards capacity) */
+	size_t reservations;
+	size_t mappings;
+	size_t events;
+};
+void vpmm_host_live(vpmm_driver *d, struct vpmm_host_live *out);
+
+#endif

@@ -1,0 +1,1189 @@
+/* pool.c — the pool's operations: malloc in three phases, free with
+ * stream-ordered reuse, defragmentation by remapping whole physical handles
+ * into a hole, and the reclaim of zombies.
+ *
+ * Structures and invariants: pool_internal.h. The checker and the region map:
+ * check.c. Every driver call goes through DRV() so it is counted.
+ *
+ * Stream order without an event per free: a free is tagged with its stream's
+ * open epoch; an event is recorded only to close an epoch (at most once per
+ * cfg.event_interval_ns on the free path, or when another stream or a
+ * defragmentation needs to know). Memory whose epoch completed is "settled":
+ * any stream may take it without waiting.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pool_internal.h"
+
+#define DRV(p, op, fn, ...)                                                   \
+	((p)->st.driver_calls++, (p)->driver_calls[op]++,                     \
+	 (p)->drv->fn((p)->drv, __VA_ARGS__))
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cu_errno(CUresult r)
+{
+	return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+}
+
+/* ---- comparators ---------------------------------------------------------- */
+
+static int cmp_u64(uint64_t a, uint64_t b)
+{
+	return a < b ? -1 : a > b;
+}
+
+static int region_by_va(const struct vpmm_tnode *a, const struct vpmm_tnode *b)
+{
+	return cmp_u64(vpmm_container_of(a, struct region, by_va)->va,
+		       vpmm_container_of(b, struct region, by_va)->va);
+}
+
+static int region_by_size(const struct vpmm_tnode *a, const struct vpmm_tnode *b)
+{
+	const struct region *x = vpmm_container_of(a, struct region, by_size);
+	const struct region *y = vpmm_container_of(b, struct region, by_size);
+	int c = cmp_u64(x->size, y->size);
+	return c ? c : cmp_u64(x->va, y->va);
+}
+
+static int mapping_by_va(const struct vpmm_tnode *a, const struct vpmm_tnode *b)
+{
+	return cmp_u64(vpmm_container_of(a, struct mapping, by_va)->va,
+		       vpmm_container_of(b, struct mapping, by_va)->va);
+}
+
+#define REG(n, member) ((n) ? vpmm_container_of(n, struct region, member) : NULL)
+#define MAP(n) ((n) ? vpmm_container_of(n, struct mapping, by_va) : NULL)
+
+static struct region *region_next(struct region *r)
+{
+	return REG(vpmm_tree_next(&r->by_va), by_va);
+}
+
+static struct region *region_prev(struct region *r)
+{
+	return REG(vpmm_tree_prev(&r->by_va), by_va);
+}
+
+/* ---- metadata allocation ---------------------------------------------------- */
+
+/* Region structs are taken from a cache that is filled before an operation
+ * mutates anything, so a host allocation failure can never strike halfway. */
+static int reserve_regions(vpmm_pool *p, unsigned n)
+{
+	unsigned have = 0;
+	for (struct region *r = p->region_cache; r && have < n; r = r->next)
+		have++;
+	for (; have < n; have++) {
+		struct region *r = calloc(1, sizeof(*r));
+		if (!r)
+			return -ENOMEM;
+		r->next = p->region_cache;
+		p->region_cache = r;
+	}
+	return 0;
+}
+
+static struct region *region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
+				 size_t size, unsigned chunk)
+{
+	struct region *r = p->region_cache; /* reserve_regions() guaranteed one */
+	p->region_cache = r->next;
+	memset(r, 0, sizeof(*r));
+	r->kind = kind;
+	r->va = va;
+	r->size = size;
+	r->chunk = chunk;
+	vpmm_tree_insert(&p->regions, &r->by_va);
+	p->st.regions++;
+	return r;
+}
+
+static void region_delete(vpmm_pool *p, struct region *r)
+{
+	vpmm_tree_remove(&p->regions, &r->by_va);
+	p->st.regions--;
+	r->next = p->region_cache;
+	p->region_cache = r;
+}
+
+/* ---- gauges ----------------------------------------------------------------- */
+
+#define GAUGE_ADD(p, g, n)                                                    \
+	do {                                                                  \
+		(p)->st.g += (n);                                             \
+		if ((p)->st.g > (p)->st.g##_peak)                             \
+			(p)->st.g##_peak = (p)->st.g;                         \
+	} while (0)
+#define GAUGE_SUB(p, g, n) ((p)->st.g -= (n))
+
+/* ---- streams and events ------------------------------------------------------- */
+
+static unsigned stream_slot(const vpmm_pool *p, CUstream h)
+{
+	uint64_t x = (uint64_t)(uintptr_t)h * 0x9e3779b97f4a7c15ull;
+	return (unsigned)(x >> 32) & (p->stream_hash_size - 1);
+}
+
+static int stream_hash_grow(vpmm_pool *p)
+{
+	unsigned n = p->stream_hash_size ? p->stream_hash_size * 2 : 16;
+	struct stream **t = calloc(n, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	free(p->stream_hash);
+	p->stream_hash = t;
+	p->stream_hash_size = n;
+	for (struct stream *s = p->streams; s; s = s->next) {
+		unsigned i = stream_slot(p, s->handle);
+		s->hash_next = t[i];
+		t[i] = s;
+	}
+	return 0;
+}
+
+/* The stream record of `h`, created on first sight; NULL if the host is out
+ * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
+static struct stream *stream_get(vpmm_pool *p, CUstream h)
+{
+	struct stream *s = p->last_stream;
+	if (s && s->handle == h)
+		return s;
+	if (p->stream_hash_size)
+		for (s = p->stream_hash[stream_slot(p, h)]; s; s = s->hash_next)
+			if (s->handle == h)
+				return p->last_stream = s;
+	if (p->nstreams + 1 > p->stream_hash_size / 2 && stream_hash_grow(p))
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->handle = h;
+	s->id = p->nstreams++;
+	s->epoch = 1;
+	vpmm_tree_init(&s->free_by_size, region_by_size, s->id + 1);
+	struct stream **tail = &p->streams;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = s;
+	unsigned i = stream_slot(p, h);
+	s->hash_next = p->stream_hash[i];
+	p->stream_hash[i] = s;
+	return p->last_stream = s;
+}
+
+static void event_unref(vpmm_pool *p, struct event *ev)
+{
+	if (ev && --ev->refs == 0) {
+		ev->next = p->event_cache;
+		p->event_cache = ev;
+	}
+}
+
+/* Record an event on s that closes its open epoch. */
+static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
+{
+	struct event *ev = p->event_cache;
+	CUresult r;
+	if (ev) {
+		p->event_cache = ev->next;
+	} else {
+		ev = calloc(1, sizeof(*ev));
+		if (!ev)
+			return -ENOMEM;
+		r = DRV(p, VPMM_OP_EVENT_CREATE, event_create, &ev->ev);
+		if (r != CUDA_SUCCESS) {
+			free(ev);
+			p->last_result = r;
+			return cu_errno(r);
+		}
+	}
+	r = DRV(p, VPMM_OP_EVENT_RECORD, event_record, ev->ev, s->handle);
+	if (r != CUDA_SUCCESS) {
+		ev->next = p->event_cache;
+		p->event_cache = ev;
+		p->last_result = r;
+		return cu_errno(r);
+	}
+	ev->stream = s;
+	ev->epoch = s->epoch++;
+	ev->refs = 1;
+	ev->done = false;
+	ev->next = NULL;
+	if (s->ev_tail)
+		s->ev_tail->next = ev;
+	else
+		s->ev_head = ev;
+	s->ev_tail = ev;
+	if (p->cfg.event_interval_ns)
+		s->last_record_ns = now_ns();
+	p->st.events_recorded++;
+	if (out)
+		*out = ev;
+	return 0;
+}
+
+/* The first event of s that completes after every free of `epoch`; NULL when
+ * that epoch is already known complete. Records one if none covers it yet. */
+static int cover_event(vpmm_pool *p, struct stream *s, uint64_t epoch,
+		       struct event **out)
+{
+	*out = NULL;
+	if (epoch <= s->done)
+		return 0;
+	for (struct event *ev = s->ev_head; ev; ev = ev->next)
+		if (ev->epoch >= epoch) {
+			*out = ev;
+			return 0;
+		}
+	return close_epoch(p, s, out);
+}
+
+/* ---- free-region and hole indexes -------------------------------------------- */
+
+static void fifo_unlink(struct stream *s, struct region *r)
+{
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		s->fifo_head = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	else
+		s->fifo_tail = r->prev;
+	r->prev = r->next = NULL;
+}
+
+/* Keep the fifo sorted by epoch; new frees carry the largest epoch, so the
+ * walk from the tail is O(1) in the common case. */
+static void fifo_insert(struct stream *s, struct region *r)
+{
+	struct region *after = s->fifo_tail;
+	while (after && after->epoch > r->epoch)
+		after = after->prev;
+	r->prev = after;
+	r->next = after ? after->next : s->fifo_head;
+	if (r->next)
+		r->next->prev = r;
+	else
+		s->fifo_tail = r;
+	if (after)
+		after->next = r;
+	else
+		s->fifo_head = r;
+}
+
+static void free_index(vpmm_pool *p, struct region *r)
+{
+	if (r->stream) {
+		vpmm_tree_insert(&r->stream->free_by_size, &r->by_size);
+		fifo_insert(r->stream, r);
+	} else {
+		vpmm_tree_insert(&p->settled, &r->by_size);
+	}
+}
+
+static void free_unindex(vpmm_pool *p, struct region *r)
+{
+	if (r->stream) {
+		vpmm_tree_remove(&r->stream->free_by_size, &r->by_size);
+		fifo_unlink(r->stream, r);
+	} else {
+		vpmm_tree_remove(&p->settled, &r->by_size);
+	}
+}
+
+/* Free neighbours merge when one may absorb the other's stream order: same
+ * stream, or one side settled (its memory has no pending work). */
+static bool free_mergeable(const struct region *a, const struct region *b)
+{
+	return a && b && a->kind == R_FREE && b->kind == R_FREE &&
+	       a->chunk == b->chunk && a->va + a->size == b->va &&
+	       (a->stream == b->stream || !a->stream || !b->stream);
+}
+
+/* r (FREE, in the regions tree, in no index) absorbs `other`, its neighbour. */
+static void free_absorb(vpmm_pool *p, struct region *r, struct region *other)
+{
+	free_unindex(p, other);
+	if (other->va < r->va)
+		r->va = other->va; /* order in the tree is unchanged: other goes */
+	r->size += other->size;
+	if (other->stream) {
+		if (!r->stream || other->epoch > r->epoch)
+			r->epoch = other->epoch;
+		r->stream = other->stream;
+	}
+	region_delete(p, other);
+}
+
+/* Index a FREE region, merging it with mergeable neighbours. Returns the
+ * region that holds its memory afterwards. */
+static struct region *free_insert(vpmm_pool *p, struct region *r)
+{
+	struct region *n = region_prev(r);
+	if (free_mergeable(n, r))
+		free_absorb(p, r, n);
+	n = region_next(r);
+	if (free_mergeable(r, n))
+		free_absorb(p, r, n);
+	free_index(p, r);
+	return r;
+}
+
+static bool hole_mergeable(const struct region *a, const struct region *b)
+{
+	return a && b && a->kind == R_HOLE && b->kind == R_HOLE &&
+	       a->chunk == b->chunk && a->va + a->size == b->va;
+}
+
+static void hole_insert(vpmm_pool *p, struct region *r)
+{
+	struct region *n = region_prev(r);
+	if (hole_mergeable(n, r)) {
+		vpmm_tree_remove(&p->holes, &n->by_size);
+		r->va = n->va;
+		r->size += n->size;
+		region_delete(p, n);
+	}
+	n = region_next(r);
+	if (hole_mergeable(r, n)) {
+		vpmm_tree_remove(&p->holes, &n->by_size);
+		r->size += n->size;
+		region_delete(p, n);
+	}
+	vpmm_tree_insert(&p->holes, &r->by_size);
+}
+
+/* ---- learning that work completed ------------------------------------------- */
+
+static void settle_stream(vpmm_pool *p, struct stream *s)
+{
+	while (s->fifo_head && s->fifo_head->epoch <= s->done) {
+		struct region *r = s->fifo_head;
+		free_unindex(p, r);
+		r->stream = NULL;
+		r->epoch = 0;
+		free_insert(p, r);
+	}
+}
+
+/* Query s's events oldest first; what completed settles. */
+static void poll_stream(vpmm_pool *p, struct stream *s)
+{
+	bool moved = false;
+	while (s->ev_head) {
+		struct event *ev = s->ev_head;
+		CUresult r = ev->done ? CUDA_SUCCESS
+				      : DRV(p, VPMM_OP_EVENT_QUERY, event_query, ev->ev);
+		if (r != CUDA_SUCCESS) {
+			if (r != CUDA_ERROR_NOT_READY)
+				p->last_result = r;
+			break;
+		}
+		s->ev_head = ev->next;
+		if (!s->ev_head)
+			s->ev_tail = NULL;
+		s->done = ev->epoch;
+		ev->done = true;
+		event_unref(p, ev);
+		moved = true;
+	}
+	if (moved)
+		settle_stream(p, s);
+}
+
+/* ---- mappings ---------------------------------------------------------------- */
+
+static struct mapping *mapping_ceil(vpmm_pool *p, CUdeviceptr va)
+{
+	struct mapping probe = {.va = va};
+	return MAP(vpmm_tree_ceil(&p->maps, &probe.by_va));
+}
+
+static struct mapping *mapping_next(struct mapping *m)
+{
+	return MAP(vpmm_tree_next(&m->by_va));
+}
+
+/* Drop one mapping record; the slab goes with its last mapping. */
+static void mapping_forget(vpmm_pool *p, struct mapping *m)
+{
+	vpmm_tree_remove(&p->maps, &m->by_va);
+	if (--m->slab->nmaps == 0) {
+		DRV(p, VPMM_OP_MEM_RELEASE, mem_release, m->slab->handle);
+		free(m->slab);
+	}
+	free(m);
+}
+
+/* ---- zombies ------------------------------------------------------------------- */
+
+static void zombie_unlink(vpmm_pool *p, struct region *z)
+{
+	if (z->prev)
+		z->prev->next = z->next;
+	else
+		p->zombie_head = z->next;
+	if (z->next)
+		z->next->prev = z->prev;
+	else
+		p->zombie_tail = z->prev;
+	z->prev = z->next = NULL;
+}
+
+static void zombie_append(vpmm_pool *p, struct region *z)
+{
+	z->next = NULL;
+	z->prev = p->zombie_tail;
+	if (p->zombie_tail)
+		p->zombie_tail->next = z;
+	else
+		p->zombie_head = z;
+	p->zombie_tail = z;
+}
+
+/* Unmap one zombie whose event completed; it becomes a hole. On a driver
+ * error the part already unmapped becomes a hole and the rest stays. */
+static int zombie_reclaim(vpmm_pool *p, struct region *z)
+{
+	CUdeviceptr end = z->va + z->size;
+	struct mapping *m = mapping_ceil(p, z->va);
+	while (m && m->va < end) {
+		struct mapping *next = mapping_next(m);
+		CUresult r = DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
+		if (r != CUDA_SUCCESS) {
+			p->last_result = r;
+			if (m->va > z->va) {
+				/* reserve_regions() ran at the operation's start */
+				size_t done = m->va - z->va;
+				struct region *h = region_new(p, R_HOLE, z->va,
+							      done, z->chunk);
+				(void)h;
+				vpmm_tree_remove(&p->regions, &z->by_va);
+				z->va += done;
+				z->size -= done;
+				vpmm_tree_insert(&p->regions, &z->by_va);
+				GAUGE_SUB(p, zombies, done);
+				GAUGE_ADD(p, holes, done);
+				hole_insert(p, h);
+			}
+			return -EIO;
+		}
+		mapping_forget(p, m);
+		m = next;
+	}
+	zombie_unlink(p, z);
+	event_unref(p, z->ev);
+	z->ev = NULL;
+	z->kind = R_HOLE;
+	GAUGE_SUB(p, zombies, z->size);
+	GAUGE_ADD(p, holes, z->size);
+	p->st.zombies_reclaimed++;
+	hole_insert(p, z);
+	return 0;
+}
+
+/* Phase 0: reclaim the zombies whose events completed (or all, waiting on
+ * the CPU, when `wait`). Returns how many were reclaimed. */
+static int reclaim_zombies(vpmm_pool *p, bool wait)
+{
+	int n = 0;
+	struct region *z = p->zombie_head;
+	while (z) {
+		struct region *next = z->next;
+		struct event *ev = z->ev;
+		if (ev && !ev->done) {
+			poll_stream(p, ev->stream);
+			if (!ev->done && wait) {
+				CUresult r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, ev->ev);
+				if (r == CUDA_SUCCESS)
+					ev->done = true;
+				else
+					p->last_result = r;
+			}
+		}
+		if ((!ev || ev->done) && reserve_regions(p, 1) == 0 &&
+		    zombie_reclaim(p, z) == 0)
+			n++;
+		z = next;
+	}
+	return n;
+}
+
+/* ---- chunks ---------------------------------------------------------------------- */
+
+static int chunk_add(vpmm_pool *p, size_t min, struct region **hole)
+{
+	size_t size = p->cfg.va_size > min ? p->cfg.va_size : min;
+	CUdeviceptr va;
+	if (p->nchunks == p->chunks_cap) {
+		unsigned cap = p->chunks_cap ? p->chunks_cap * 2 : 4;
+		struct chunk *c = realloc(p->chunks, cap * sizeof(*c));
+		if (!c)
+			return -ENOMEM;
+		p->chunks = c;
+		p->chunks_cap = cap;
+	}
+	CUresult r = DRV(p, VPMM_OP_VA_RESERVE, va_reserve, size, &va);
+	if (r != CUDA_SUCCESS) {
+		p->last_result = r;
+		return cu_errno(r);
+	}
+	p->chunks[p->nchunks] = (struct chunk){.va = va, .size = size};
+	*hole = region_new(p, R_HOLE, va, size, p->nchunks);
+	p->nchunks++;
+	vpmm_tree_insert(&p->holes, &(*hole)->by_size);
+	GAUGE_ADD(p, reserved, size);
+	GAUGE_ADD(p, holes, size);
+	return 0;
+}
+
+/* Undo chunk_add() of the last chunk, whose only region is `hole`. */
+static void chunk_drop_last(vpmm_pool *p, struct region *hole)
+{
+	struct chunk *c = &p->chunks[--p->nchunks];
+	vpmm_tree_remove(&p->holes, &hole->by_size);
+	region_delete(p, hole);
+	DRV(p, VPMM_OP_VA_FREE, va_free, c->va, c->size);
+	GAUGE_SUB(p, reserved, c->size);
+	GAUGE_SUB(p, holes, c->size);
+}
+
+/* ---- defragmentation ----------------------------------------------------------------- */
+
+struct harvest {
+	struct region *r;     /* free region giving pages */
+	CUdeviceptr a, b;     /* the whole slabs taken: [a, b) inside r */
+	struct event *ev;     /* what the old VA waits for; NULL = nothing */
+};
+
+struct plan {
+	struct harvest *h;
+	size_t n, cap;
+	size_t taken;         /* bytes in h */
+	size_t target, room;  /* stop at target bytes; never beyond room */
+};
+
+static int plan_push(struct plan *pl, struct harvest h)
+{
+	if (pl->n == pl->cap) {
+		size_t cap = pl->cap ? pl->cap * 2 : 8;
+		struct harvest *n = realloc(pl->h, cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		pl->h = n;
+		pl->cap = cap;
+	}
+	pl->h[pl->n++] = h;
+	return 0;
+}
+
+/* Take the slabs lying wholly inside r, lowest address first. A slab that
+ * crosses r's edge (part of it live) cannot move: a handle maps whole. */
+static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
+{
+	CUdeviceptr end = r->va + r->size, a = 0, b = 0;
+	for (struct mapping *m = mapping_ceil(p, r->va);
+	     m && m->va < end && pl->taken < pl->target; m = mapping_next(m)) {
+		size_t sz = m->slab->size;
+		if (m->va + sz > end || pl->taken + sz > pl->room)
+			break;
+		if (!b)
+			a = m->va;
+		b = m->va + sz;
+		pl->taken += sz;
+	}
+	return b ? plan_push(pl, (struct harvest){.r = r, .a = a, .b = b}) : 0;
+}
+
+static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
+			const struct region *skip)
+{
+	int rc = 0;
+	if (caller)
+		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
+			if (r != skip && pl->taken < pl->target)
+				rc = plan_region(p, pl, r);
+	for (struct vpmm_tnode *n = vpmm_tree_first(&p->settled); n && !rc;
+	     n = vpmm_tree_next(n)) {
+		struct region *r = REG(n, by_size);
+		if (r != skip && pl->taken < pl->target)
+			rc = plan_region(p, pl, r);
+	}
+	for (struct stream *s = p->streams; s && !rc; s = s->next)
+		if (s != caller)
+			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
+				if (r != skip && pl->taken < pl->target)
+					rc = plan_region(p, pl, r);
+	return rc;
+}
+
+/* Order the device (or the CPU, for a caller without a stream) after the
+ * work pending on each harvested region; find what each old VA waits for. */
+static int plan_events(vpmm_pool *p, struct plan *pl, struct stream *caller)
+{
+	struct event *waited = NULL;
+	for (size_t i = 0; i < pl->n; i++) {
+		struct harvest *h = &pl->h[i];
+		struct stream *s = h->r->stream;
+		int rc;
+		if (!s)
+			continue;
+		rc = cover_event(p, s, h->r->epoch, &h->ev);
+		if (rc)
+			return rc;
+		if (!h->ev || s == caller || h->ev == waited)
+			continue;
+		CUresult r;
+		if (caller) {
+			r = DRV(p, VPMM_OP_STREAM_WAIT, stream_wait, caller->handle,
+				h->ev->ev);
+			p->st.stream_waits += r == CUDA_SUCCESS;
+		} else {
+			r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, h->ev->ev);
+			if (r == CUDA_SUCCESS)
+				h->ev->done = true;
+		}
+		if (r != CUDA_SUCCESS) {
+			p->last_result = r;
+			return cu_errno(r);
+		}
+		waited = h->ev;
+	}
+	return 0;
+}
+
+struct fresh { /* a range mapped by this defragmentation */
+	CUdeviceptr va;
+	struct slab *slab;
+	bool created;
+	struct mapping *rec; /* preallocated record */
+};
+
+/* Phase 2. Makes a FREE region of at least `need` bytes usable by `caller`
+ * (NULL: by anyone) and returns it. On failure nothing has changed but
+ * events recorded and waits inserted, which only order work conservatively. */
+static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
+		  struct region **out)
+{
+	struct plan pl = {0};
+	struct fresh *fr = NULL;
+	size_t nfr = 0, nmove = 0, nmapped = 0, shortfall, lack, have = 0, off, k;
+	struct region *hole, *adj;
+	bool new_chunk = false;
+	CUresult r;
+	int rc;
+
+	struct region probe = {.size = need};
+	hole = REG(vpmm_tree_ceil(&p->holes, &probe.by_size), by_size);
+	if (!hole) {
+		rc = chunk_add(p, need, &hole);
+		if (rc)
+			return rc;
+		new_chunk = true;
+	}
+	/* A usable free region ending where the hole starts lends its bytes:
+	 * only the rest has to be remapped or created. */
+	adj = region_prev(hole);
+	if (adj && adj->kind == R_FREE && adj->chunk == hole->chunk &&
+	    (!adj->stream || adj->stream == caller))
+		have = adj->size;
+	else
+		adj = NULL;
+	lack = need - have;
+
+	pl.room = hole->size;
+	pl.target = p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
+	rc = plan_harvest(p, &pl, caller, adj);
+	if (rc)
+		goto fail;
+	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
+	if (shortfall && p->cfg.limit && p->st.mapped + shortfall > p->cfg.limit) {
+		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
+		rc = -ENOMEM;
+		goto fail;
+	}
+	/* Every struct the commit needs, before the first driver call. */
+	size_t nnew = (shortfall + p->cfg.handle_size - 1) / p->cfg.handle_size;
+	for (size_t i = 0; i < pl.n; i++)
+		for (struct mapping *m = mapping_ceil(p, pl.h[i].a);
+		     m && m->va < pl.h[i].b; m = mapping_next(m))
+			nmove++;
+	rc = reserve_regions(p, (unsigned)(3 * pl.n + 2));
+	if (rc)
+		goto fail;
+	fr = calloc(nmove + nnew, sizeof(*fr));
+	if (!fr && nmove + nnew) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (size_t i = 0; i < nmove + nnew; i++) {
+		fr[i].rec = malloc(sizeof(*fr[i].rec));
+		if (!fr[i].rec || (i >= nmove && !(fr[i].slab = calloc(1, sizeof(struct slab))))) {
+			nfr = nmove + nnew;
+			rc = -ENOMEM;
+			goto fail;
+		}
+	}
+	nfr = nmove + nnew;
+
+	rc = plan_events(p, &pl, caller);
+	if (rc)
+		goto fail;
+
+	/* Create the shortfall, then map harvested pages first, new ones after. */
+	off = hole->va;
+	k = 0;
+	for (size_t i = 0; i < pl.n; i++)
+		for (struct mapping *m = mapping_ceil(p, pl.h[i].a);
+		     m && m->va < pl.h[i].b; m = mapping_next(m)) {
+			fr[k].slab = m->slab;
+			fr[k++].va = off;
+			off += m->slab->size;
+		}
+	for (size_t left = shortfall; k < nfr; k++) {
+		size_t sz = left < p->cfg.handle_size ? left : p->cfg.handle_size;
+		sz = (sz + p->page - 1) / p->page * p->page;
+		fr[k].slab->size = sz;
+		r = DRV(p, VPMM_OP_MEM_CREATE, mem_create, p->cfg.device, sz,
+			&fr[k].slab->handle);
+		if (r != CUDA_SUCCESS)
+			goto driver_fail;
+		fr[k].created = true;
+		fr[k].va = off;
+		off += sz;
+		left -= sz < left ? sz : left;
+	}
+	for (k = 0; k < nfr; k++, nmapped++) {
+		r = DRV(p, VPMM_OP_MAP, map, fr[k].va, fr[k].slab->size,
+			fr[k].slab->handle);
+		if (r != CUDA_SUCCESS)
+			goto driver_fail;
+		fr[k].slab->nmaps++; /* undone below on failure */
+	}
+	r = DRV(p, VPMM_OP_SET_ACCESS, set_access, hole->va, off - hole->va,
+		&p->cfg.device, 1);
+	if (r != CUDA_SUCCESS)
+		goto driver_fail;
+
+	/* Commit: nothing below can fail. */
+	size_t mapped_len = off - hole->va, created = 0;
+	bool pending = false;
+	for (k = 0; k < nfr; k++) {
+		fr[k].rec->va = fr[k].va;
+		fr[k].rec->slab = fr[k].slab;
+		vpmm_tree_insert(&p->maps, &fr[k].rec->by_va);
+		if (fr[k].created) {
+			created += fr[k].slab->size;
+			p->st.handles_created++;
+		}
+	}
+	for (size_t i = 0; i < pl.n; i++) {
+		struct harvest *h = &pl.h[i];
+		struct region *src = h->r, *z;
+		CUdeviceptr end = src->va + src->size;
+		pending |= src->stream != NULL;
+		free_unindex(p, src);
+		if (h->b < end) { /* tail stays free, same stream order */
+			struct region *t = region_new(p, R_FREE, h->b, end - h->b, src->chunk);
+			t->stream = src->stream;
+			t->epoch = src->epoch;
+			free_index(p, t);
+		}
+		if (src->va < h->a) {
+			struct region *t = region_new(p, R_FREE, src->va, h->a - src->va,
+						      src->chunk);
+			t->stream = src->stream;
+			t->epoch = src->epoch;
+			free_index(p, t);
+			vpmm_tree_remove(&p->regions, &src->by_va);
+			src->va = h->a;
+			vpmm_tree_insert(&p->regions, &src->by_va);
+		}
+		z = src;
+		z->size = h->b - h->a;
+		z->kind = R_ZOMBIE;
+		z->stream = NULL;
+		z->epoch = 0;
+		z->ev = h->ev;
+		if (z->ev)
+			z->ev->refs++;
+		zombie_append(p, z);
+		GAUGE_SUB(p, reusable, z->size);
+		GAUGE_ADD(p, zombies, z->size);
+		p->st.pages_remapped += z->size / p->page;
+	}
+	/* The hole keeps what was not mapped (the reference leaked it). */
+	CUdeviceptr base = hole->va;
+	unsigned chunk = hole->chunk;
+	vpmm_tree_remove(&p->holes, &hole->by_size);
+	if (hole->size == mapped_len) {
+		region_delete(p, hole);
+	} else {
+		hole->va += mapped_len; /* its place among regions is unchanged */
+		hole->size -= mapped_len;
+		vpmm_tree_insert(&p->holes, &hole->by_size);
+	}
+	GAUGE_SUB(p, holes, mapped_len);
+	struct region *n = region_new(p, R_FREE, base, mapped_len, chunk);
+	if (caller && pending) {
+		n->stream = caller;
+		n->epoch = caller->epoch;
+	}
+	GAUGE_ADD(p, mapped, created);
+	GAUGE_ADD(p, reusable, mapped_len);
+	p->st.pages_created += created / p->page;
+	*out = free_insert(p, n);
+	free(fr);
+	free(pl.h);
+	return 0;
+
+driver_fail:
+	p->last_result = r;
+	rc = cu_errno(r);
+	for (k = nmapped; k-- > 0;) {
+		DRV(p, VPMM_OP_UNMAP, unmap, fr[k].va, fr[k].slab->size);
+		fr[k].slab->nmaps--;
+	}
+	for (k = nmove; k < nfr; k++)
+		if (fr[k].created)
+			DRV(p, VPMM_OP_MEM_RELEASE, mem_release, fr[k].slab->handle);
+fail:
+	if (fr) {
+		for (size_t i = 0; i < nfr; i++)
+			free(fr[i].rec);
+		for (size_t i = nmove; i < nfr; i++)
+			free(fr[i].slab);
+		free(fr);
+	}
+	free(pl.h);
+	if (new_chunk)
+		chunk_drop_last(p, hole);
+	return rc;
+}
+
+/* ---- public operations --------------------------------------------------------- */
+
+int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
+		     vpmm_pool **out)
+{
+	vpmm_pool *p;
+	size_t gran;
+	CUresult r;
+	int rc;
+
+	if (!cfg || !drv || !out)
+		return -EINVAL;
+	*out = NULL;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->cfg = *cfg;
+	p->drv = drv;
+	r = DRV(p, VPMM_OP_GRANULARITY, granularity, cfg->device, &gran);
+	if (r != CUDA_SUCCESS) {
+		rc = cu_errno(r);
+		goto fail;
+	}
+	p->page = cfg->page_size ? cfg->page_size : gran;
+	rc = -EINVAL;
+	if (!gran || p->page % gran)
+		goto fail;
+	if (!p->cfg.handle_size)
+		p->cfg.handle_size = p->page;
+	if (p->cfg.handle_size % p->page || !p->cfg.va_size)
+		goto fail;
+	p->cfg.va_size = (p->cfg.va_size + p->page - 1) / p->page * p->page;
+	p->cfg.page_size = p->page;
+	p->st.page_size = p->page;
+	if (pthread_mutex_init(&p->lock, NULL))
+		goto fail;
+	vpmm_tree_init(&p->regions, region_by_va, 1);
+	vpmm_tree_init(&p->settled, region_by_size, 2);
+	vpmm_tree_init(&p->holes, region_by_size, 3);
+	vpmm_tree_init(&p->maps, mapping_by_va, 4);
+
+	struct region *hole, *first;
+	rc = reserve_regions(p, 4);
+	if (!rc)
+		rc = chunk_add(p, p->cfg.va_size, &hole);
+	if (!rc && cfg->initial_pages) {
+		if (cfg->initial_pages > SIZE_MAX / p->page)
+			rc = -EINVAL;
+		else
+			rc = defrag(p, NULL, cfg->initial_pages * p->page, &first);
+	}
+	if (rc) {
+		vpmm_pool_destroy(p);
+		return rc;
+	}
+	*out = p;
+	return 0;
+fail:
+	free(p);
+	return rc;
+}
+
+void vpmm_pool_destroy(vpmm_pool *p)
+{
+	if (!p)
+		return;
+	struct vpmm_tnode *n;
+	while ((n = vpmm_tree_first(&p->maps))) {
+		struct mapping *m = MAP(n);
+		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
+		mapping_forget(p, m);
+	}
+	for (unsigned i = 0; i < p->nchunks; i++)
+		DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
+	while ((n = vpmm_tree_first(&p->regions))) {
+		struct region *r = REG(n, by_va);
+		vpmm_tree_remove(&p->regions, n);
+		free(r);
+	}
+	while (p->region_cache) {
+		struct region *r = p->region_cache;
+		p->region_cache = r->next;
+		free(r);
+	}
+	struct event *evs = p->event_cache;
+	for (struct stream *s = p->streams, *next; s; s = next) {
+		next = s->next;
+		while (s->ev_head) {
+			struct event *ev = s->ev_head;
+			s->ev_head = ev->next;
+			ev->next = evs;
+			evs = ev;
+		}
+		free(s);
+	}
+	/* Zombies held references to events already collected above or in the
+	 * cache: every event is on exactly one of those lists. */
+	while (evs) {
+		struct event *ev = evs;
+		evs = ev->next;
+		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+		free(ev);
+	}
+	free(p->stream_hash);
+	free(p->chunks);
+	pthread_mutex_destroy(&p->lock);
+	free(p);
+}
+
+/* Split the front `need` bytes of free region r off as a live allocation. */
+static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
+{
+	free_unindex(p, r);
+	if (r->size > need) {
+		struct region *t = region_new(p, R_FREE, r->va + need, r->size - need,
+					      r->chunk);
+		t->stream = r->stream;
+		t->epoch = r->epoch;
+		free_index(p, t);
+	}
+	r->size = need;
+	r->kind = R_LIVE;
+	r->stream = NULL;
+	r->epoch = 0;
+	GAUGE_SUB(p, reusable, need);
+	GAUGE_ADD(p, live, need);
+	return r;
+}
+
+static struct region *best_fit(vpmm_pool *p, struct stream *caller, size_t need)
+{
+	struct region probe = {.size = need};
+	struct region *a = NULL, *b;
+	if (caller)
+		a = REG(vpmm_tree_ceil(&caller->free_by_size, &probe.by_size), by_size);
+	b = REG(vpmm_tree_ceil(&p->settled, &probe.by_size), by_size);
+	if (!a)
+		return b;
+	if (!b)
+		return a;
+	return region_by_size(&a->by_size, &b->by_size) <= 0 ? a : b;
+}
+
+/* Phase 1, other streams: close their open epochs so completion can be seen,
+ * then let what completed settle. */
+static void poll_others(vpmm_pool *p, struct stream *caller)
+{
+	for (struct stream *s = p->streams; s; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (s->fifo_tail->epoch == s->epoch) {
+			bool capturing = false;
+			/* Recording on a stream another thread is capturing
+			 * would put our event into its graph. */
+			DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle,
+			    &capturing);
+			if (!capturing)
+				close_epoch(p, s, NULL);
+		}
+		poll_stream(p, s);
+	}
+}
+
+int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
+{
+	struct stream *caller = NULL;
+	struct region *r;
+	int rc = 0;
+
+	if (!p || !out || !size)
+		return -EINVAL;
+	if (size > SIZE_MAX - p->page)
+		return -ENOMEM;
+	size_t need = (size + p->page - 1) / p->page * p->page;
+
+	pthread_mutex_lock(&p->lock);
+	if (stream != VPMM_NO_STREAM && !(caller = stream_get(p, stream))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = reserve_regions(p, 4);
+	if (rc)
+		goto out;
+	if (p->zombie_head)
+		reclaim_zombies(p, false);
+	r = best_fit(p, caller, need);
+	if (!r) {
+		poll_others(p, caller);
+		r = best_fit(p, caller, need);
+	}
+	if (!r) {
+		rc = defrag(p, caller, need, &r);
+		if (rc)
+			goto out;
+		p->st.defrags++;
+	}
+	*out = carve_live(p, r, need)->va;
+	p->st.mallocs++;
+out:
+	if (rc)
+		p->st.failures++;
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+static struct region *find_region(vpmm_pool *p, CUdeviceptr ptr)
+{
+	struct region probe = {.va = ptr};
+	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+}
+
+int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
+{
+	struct stream *s = NULL;
+	struct region *r;
+	int rc = 0;
+
+	if (!p)
+		return -EINVAL;
+	pthread_mutex_lock(&p->lock);
+	r = find_region(p, ptr);
+	if (!r || r->va != ptr || r->kind != R_LIVE) {
+		rc = -EINVAL;
+		goto out;
+	}
+	if (stream != VPMM_NO_STREAM && !(s = stream_get(p, stream))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	r->kind = R_FREE;
+	r->stream = s;
+	r->epoch = s ? s->epoch : 0;
+	GAUGE_SUB(p, live, r->size);
+	GAUGE_ADD(p, reusable, r->size);
+	free_insert(p, r);
+	p->st.frees++;
+	/* Close the epoch now and then, so other streams can learn of
+	 * completion without a record of their own; never on every free. */
+	if (s && (!p->cfg.event_interval_ns ||
+		  now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
+		close_epoch(p, s, NULL);
+out:
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+	int rc = -EINVAL;
+	if (!p)
+		return rc;
+	pthread_mutex_lock(&p->lock);
+	struct region *r = find_region(p, ptr);
+	if (r && r->kind == R_LIVE && ptr < r->va + r->size) {
+		if (base)
+			*base = r->va;
+		if (size)
+			*size = r->size;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+bool vpmm_pool_owns(vpmm_pool *p, CUdeviceptr ptr)
+{
+	bool owns = false;
+	if (!p)
+		return false;
+	pthread_mutex_lock(&p->lock);
+	for (unsigned i = 0; i < p->nchunks && !owns; i++)
+		owns = ptr >= p->chunks[i].va && ptr - p->chunks[i].va < p->chunks[i].size;
+	pthread_mutex_unlock(&p->lock);
+	return owns;
+}
+
+int vpmm_pool_reclaim(vpmm_pool *p)
+{
+	if (!p)
+		return -EINVAL;
+	pthread_mutex_lock(&p->lock);
+	for (struct stream *s = p->streams; s; s = s->next)
+		poll_stream(p, s);
+	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false);
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+size_t vpmm_pool_page_size(const vpmm_pool *p)
+{
+	return p->page;
+}
+
+CUresult vpmm_pool_last_result(vpmm_pool *p)
+{
+	pthread_mutex_lock(&p->lock);
+	CUresult r = p->last_result;
+	pthread_mutex_unlock(&p->lock);
+	return r;
+}
+
+void vpmm_pool_stats(vpmm_pool *p, struct vpmm_stats *out)
+{
+	pthread_mutex_lock(&p->lock);
+	*out = p->st;
+	pthread_mutex_unlock(&p->lock);
+}
+
+size_t vpmm_pool_check(vpmm_pool *p, FILE *log)
+{
+	pthread_mutex_lock(&p->lock);
+	size_t bad = vpmm_pool_check_locked(p, log);
+	pthread_mutex_unlock(&p->lock);
+	return bad;
+}

@@ -1,0 +1,103 @@
+/* pool_internal.h — the pool's data structures and the invariants that
+ * vpmm_pool_check() verifies. Shared by pool.c (operations), check.c (the
+ * checker and the region map) and nothing else.
+ */
+#ifndef VPMM_POOL_INTERNAL_H
+#define VPMM_POOL_INTERNAL_H
+
+#include <pthread.h>
+#include "vpmm.h"
+#include "tree.h"
+
+enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE };
+
+struct chunk { /* one VA reservation */
+	CUdeviceptr va;
+	size_t size; /* multiple of page_size */
+};
+
+/* A physical handle. Mapped whole: at exactly one "home" address inside a
+ * live or free region, plus one address per zombie still holding it. */
+struct slab {
+	CUmemGenericAllocationHandle handle;
+	size_t size;     /* multiple of page_size */
+	unsigned nmaps;  /* mappings pointing here (home + zombies) */
+	unsigned seen_maps, seen_homes; /* scratch of vpmm_pool_check() */
+};
+
+struct mapping { /* a slab mapped at va; in pool->maps by va */
+	struct vpmm_tnode by_va;
+	CUdeviceptr va;
+	struct slab *slab;
+};
+
+/* An event recorded on a stream closes that stream's epoch: it completes once
+ * every free tagged with an epoch <= ev->epoch can be reused by anyone. */
+struct event {
+	CUevent ev;
+	struct stream *stream;
+	uint64_t epoch;
+	unsigned refs;      /* the stream's pending list + zombies waiting on it */
+	bool done;
+	struct event *next; /* stream's pending list (epoch ascending) or cache */
+};
+
+struct stream {
+	CUstream handle;
+	unsigned id;              /* creation order: "oldest stream first" */
+	uint64_t epoch;           /* open epoch: frees now are tagged with it */
+	uint64_t done;            /* every epoch <= done has completed; < epoch */
+	uint64_t last_record_ns;
+	struct event *ev_head, *ev_tail; /* recorded, not known complete */
+	/* Pending free regions of this stream: by (size, va) and, in fifo,
+	 * by epoch ascending. Each has done < region->epoch <= epoch. */
+	struct vpmm_tree free_by_size;
+	struct region *fifo_head, *fifo_tail;
+	struct stream *hash_next;
+	struct stream *next; /* pool->streams, creation order */
+};
+
+struct region {
+	struct vpmm_tnode by_va;   /* pool->regions: every region */
+	struct vpmm_tnode by_size; /* FREE: stream's or settled tree; HOLE: holes */
+	struct region *prev, *next; /* pending FREE: stream fifo; ZOMBIE: zombie list */
+	CUdeviceptr va;
+	size_t size;              /* > 0, multiple of page_size */
+	enum rkind kind;
+	unsigned chunk;           /* index into pool->chunks; never spans two */
+	struct stream *stream;    /* pending FREE only; NULL = settled */
+	uint64_t epoch;           /* pending FREE: its stream's epoch at the free */
+	struct event *ev;         /* ZOMBIE: unmap once done; NULL = at once */
+};
+
+struct vpmm_pool {
+	pthread_mutex_t lock; /* guards everything below */
+	struct vpmm_config cfg;
+	vpmm_driver *drv;
+	size_t page;
+
+	struct chunk *chunks;
+	unsigned nchunks, chunks_cap;
+
+	struct vpmm_tree regions; /* by va: partitions every chunk */
+	struct vpmm_tree settled; /* settled FREE by (size, va) */
+	struct vpmm_tree holes;   /* HOLE by (size, va) */
+	struct vpmm_tree maps;    /* struct mapping by va */
+	struct region *zombie_head, *zombie_tail;
+
+	struct stream *streams;   /* every stream seen, creation order */
+	struct stream **stream_hash;
+	unsigned stream_hash_size, nstreams;
+	struct stream *last_stream; /* one-entry cache for the hot path */
+
+	struct region *region_cache; /* recycled region structs (via next) */
+	struct event *event_cache;   /* recycled events, CUevent kept */
+
+	CUresult last_result;
+	struct vpmm_stats st;
+	uint64_t driver_calls[VPMM_OP_COUNT];
+};
+
+size_t vpmm_pool_check_locked(vpmm_pool *pool, FILE *log);
+
+#endif

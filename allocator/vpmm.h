@@ -1,0 +1,161 @@
+/* vpmm.h — the pool: one growing virtual address space, physical pages mapped
+ * on demand, and defragmentation by remapping pages instead of copying.
+ *
+ * Errors: every function returning int returns 0 or a negative errno:
+ *   -ENOMEM  the device (or the configured limit) has no memory for the request
+ *   -EINVAL  a bad argument: a pointer the pool does not own, a zero size
+ *   -EIO     the driver failed otherwise; vpmm_pool_last_result() tells how
+ * After any error the pool is consistent and holds nothing the failed call made.
+ *
+ * Threads: every function may be called from any thread.
+ */
+#ifndef VPMM_H
+#define VPMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdbool.h>
+#include <cuda.h>
+
+#include "driver.h"
+
+typedef struct vpmm_pool vpmm_pool;
+
+enum vpmm_defrag_policy {
+	VPMM_DEFRAG_LACKING, /* remap only what the request lacks (default) */
+	VPMM_DEFRAG_ALL,     /* remap every harvestable free page, as the reference design */
+};
+
+struct vpmm_config {
+	size_t page_size;     /* rounding unit; 0 = the driver's granularity */
+	size_t va_size;       /* bytes of one VA reservation chunk */
+	size_t initial_pages; /* pages mapped at creation */
+	size_t handle_size;   /* largest physical handle made when growing; 0 = page_size */
+	size_t limit;         /* most physical bytes the pool may hold; 0 = no limit */
+	int device;
+	enum vpmm_defrag_policy defrag;
+	/* A free records an event on its stream only if the stream's last event
+	 * is older than this; sooner frees join the open epoch. 0 = every free. */
+	uint64_t event_interval_ns;
+};
+
+/* The defaults the options table documents (no environment read). */
+void vpmm_config_default(struct vpmm_config *cfg);
+
+/* Create a pool over `drv` (which the pool does not own) and map
+ * cfg->initial_pages pages. */
+int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
+		     vpmm_pool **out);
+/* Unmap and release everything, free the VA. Live allocations are lost. */
+void vpmm_pool_destroy(vpmm_pool *pool);
+
+/* The stream of a caller with no stream order (cudaMalloc/cudaFree): a malloc
+ * on it returns memory with no pending work, usable on every stream (it may
+ * wait on the CPU for that); a free on it promises that no work that may touch
+ * the memory is pending (the caller synchronized), so the memory is settled at
+ * once. */
+#define VPMM_NO_STREAM ((CUstream)(uintptr_t)-1)
+
+/* Allocate `size` bytes (rounded up to pages) for use on `stream`. */
+int vpmm_pool_malloc(vpmm_pool *pool, size_t size, CUstream stream,
+		     CUdeviceptr *out);
+/* Free an allocation; its memory is reusable at once on `stream` and on other
+ * streams once the stream's work issued before this call completed. */
+int vpmm_pool_free(vpmm_pool *pool, CUdeviceptr ptr, CUstream stream);
+/* Phase 0 on demand: unmap the zombies whose events completed (they become
+ * holes). Returns how many ranges were reclaimed, or a negative errno. */
+int vpmm_pool_reclaim(vpmm_pool *pool);
+/* The live allocation containing `ptr`: its base and its (rounded) size.
+ * -EINVAL if none. */
+int vpmm_pool_find(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,
+		   size_t *size);
+/* Whether `ptr` lies in VA this pool reserved (live or not). */
+bool vpmm_pool_owns(vpmm_pool *pool, CUdeviceptr ptr);
+
+size_t vpmm_pool_page_size(const vpmm_pool *pool);
+/* The CUresult behind the last -EIO or -ENOMEM (CUDA_SUCCESS if none). */
+CUresult vpmm_pool_last_result(vpmm_pool *pool);
+
+/* Walks every structure and returns the number of broken invariants, each
+ * written to `log` (may be NULL). Runs in release builds too. */
+size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
+
+/* ---- stats ---------------------------------------------------------------- */
+
+/* Declared once: name, meaning. Byte gauges have a peak. */
+#define VPMM_GAUGES(X)                                                        \
+	X(live, "bytes handed out")                                           \
+	X(mapped, "physical bytes held (live + reusable)")                    \
+	X(reusable, "free bytes mapped, ready to reuse")                      \
+	X(holes, "reserved VA with nothing mapped")                           \
+	X(zombies, "old VA of remapped pages awaiting unmap")                 \
+	X(reserved, "reserved virtual address space")
+#define VPMM_COUNTERS(X)                                                      \
+	X(mallocs, "successful allocations")                                  \
+	X(frees, "frees")                                                     \
+	X(failures, "failed allocations")                                     \
+	X(defrags, "allocations that remapped or grew")                       \
+	X(pages_created, "pages of physical memory created")                  \
+	X(pages_remapped, "pages moved to a new address")                     \
+	X(handles_created, "physical handles created")                        \
+	X(zombies_reclaimed, "old ranges unmapped")                           \
+	X(events_recorded, "events recorded")                                 \
+	X(stream_waits, "device-side waits inserted")                         \
+	X(driver_calls, "driver calls of any kind")
+
+struct vpmm_stats {
+#define X(n, d) uint64_t n; uint64_t n##_peak;
+	VPMM_GAUGES(X)
+#undef X
+#define X(n, d) uint64_t n;
+	VPMM_COUNTERS(X)
+#undef X
+	uint64_t page_size;
+	uint64_t regions;
+};
+
+void vpmm_pool_stats(vpmm_pool *pool, struct vpmm_stats *out);
+/* Text (one "name value" line each) or one JSON object. */
+void vpmm_stats_print(const struct vpmm_stats *s, FILE *f, bool json);
+
+/* ---- the region map -------------------------------------------------------- */
+
+enum vpmm_region_kind {
+	VPMM_REGION_LIVE,   /* [X]  */
+	VPMM_REGION_FREE,   /* [-X] */
+	VPMM_REGION_HOLE,   /* [*X] */
+	VPMM_REGION_ZOMBIE, /* [~X] */
+};
+
+struct vpmm_region_info {
+	CUdeviceptr va;
+	size_t size;
+	enum vpmm_region_kind kind;
+	CUstream stream; /* free: the stream that freed it; 0 with settled */
+	bool settled;    /* free: no pending work, any stream may take it */
+	unsigned chunk;  /* index of the VA reservation */
+};
+
+/* Copies up to `cap` regions in ascending VA order into `out`; returns how
+ * many regions there are (may exceed cap). */
+size_t vpmm_pool_regions(vpmm_pool *pool, struct vpmm_region_info *out,
+			 size_t cap);
+/* The map in the spec's symbols, sizes in multiples of `unit` (or with a
+ * K/M/G/T suffix when unit is 0), e.g. "[4][*6][1][-11]". Chunks are
+ * separated by " | ". Returns the length it needed (snprintf-like). */
+size_t vpmm_pool_layout(vpmm_pool *pool, char *buf, size_t n, size_t unit);
+
+/* ---- options (options.c) --------------------------------------------------- */
+
+/* Parses "123", "64K", "2M", "8G", "1T" (powers of 1024, optional B/iB
+ * suffix). Returns 0 or -EINVAL / -ERANGE. */
+int vpmm_parse_size(const char *s, size_t *out);
+/* Fills cfg from the VPMM_* variables of `getenv_fn` (getenv if NULL) over the
+ * defaults. On a bad value returns -EINVAL and writes one line naming the
+ * variable into err. */
+int vpmm_config_from_env(struct vpmm_config *cfg,
+			 const char *(*getenv_fn)(const char *name),
+			 char *err, size_t errlen);
+
+#endif
