@@ -39,8 +39,8 @@ static bool region_in_tree(const struct vpmm_tree *t, const struct region *r)
 static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			    size_t *nfree, size_t *nholes, size_t *nzombies)
 {
-	size_t bad = 0;
-	CUdeviceptr expect = p->nchunks ? p->chunks[0].va : 0;
+	size_t bad = 0, runs = 0;
+	CUdeviceptr expect = 0;
 	const struct region *prev = NULL;
 
 	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n;
@@ -53,11 +53,13 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			continue;
 		}
 		c = &p->chunks[r->chunk];
-		if (prev && prev->chunk != r->chunk) {
-			if (expect != p->chunks[prev->chunk].va + p->chunks[prev->chunk].size)
+		/* Chunks may lie in any address order; each is one run. */
+		if (!prev || prev->chunk != r->chunk) {
+			if (prev && expect != p->chunks[prev->chunk].va + p->chunks[prev->chunk].size)
 				bad += complain(log, "chunk %u not covered to its end",
 						prev->chunk);
 			expect = c->va;
+			runs++;
 		}
 		if (r->va != expect)
 			bad += complain(log, "gap or overlap at %#" PRIx64 " (expected %#" PRIx64 ")",
@@ -109,8 +111,8 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 	}
 	if (prev && expect != p->chunks[prev->chunk].va + p->chunks[prev->chunk].size)
 		bad += complain(log, "last chunk not covered to its end");
-	if (p->nchunks && !prev)
-		bad += complain(log, "chunks but no regions");
+	if (runs != p->nchunks)
+		bad += complain(log, "%zu runs of regions for %u chunks", runs, p->nchunks);
 	return bad;
 }
 
@@ -220,6 +222,7 @@ size_t vpmm_pool_check_locked(vpmm_pool *p, FILE *log)
 	bad += check_regions(p, log, sums, &nfree, &nholes, &nzombies);
 	bad += check_streams(p, log, &indexed_free);
 	bad += check_mappings(p, log, &mapped_va, &physical);
+	bad += vpmm_small_check_locked(p, log);
 
 	for (const struct region *z = p->zombie_head; z; z = z->next, zlist++)
 		if (z->kind != R_ZOMBIE)

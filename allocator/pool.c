@@ -206,6 +206,8 @@ static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 			p->last_result = r;
 			return cu_errno(r);
 		}
+		ev->all_next = p->events;
+		p->events = ev;
 	}
 	r = DRV(p, VPMM_OP_EVENT_RECORD, event_record, ev->ev, s->handle);
 	if (r != CUDA_SUCCESS) {
@@ -916,6 +918,8 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	struct region *hole, *first;
 	rc = reserve_regions(p, 4);
 	if (!rc)
+		rc = vpmm_small_init(p);
+	if (!rc)
 		rc = chunk_add(p, p->cfg.va_size, &hole);
 	if (!rc && cfg->initial_pages) {
 		if (cfg->initial_pages > SIZE_MAX / p->page)
@@ -939,6 +943,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	if (!p)
 		return;
 	struct vpmm_tnode *n;
+	vpmm_small_fini(p);
 	while ((n = vpmm_tree_first(&p->maps))) {
 		struct mapping *m = MAP(n);
 		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
@@ -956,22 +961,14 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		p->region_cache = r->next;
 		free(r);
 	}
-	struct event *evs = p->event_cache;
 	for (struct stream *s = p->streams, *next; s; s = next) {
 		next = s->next;
-		while (s->ev_head) {
-			struct event *ev = s->ev_head;
-			s->ev_head = ev->next;
-			ev->next = evs;
-			evs = ev;
-		}
+		free(s->small_partial);
 		free(s);
 	}
-	/* Zombies held references to events already collected above or in the
-	 * cache: every event is on exactly one of those lists. */
-	while (evs) {
-		struct event *ev = evs;
-		evs = ev->next;
+	/* Zombies and deferred blocks may hold events no list has any more. */
+	for (struct event *ev = p->events, *next; ev; ev = next) {
+		next = ev->all_next;
 		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 		free(ev);
 	}
@@ -1035,26 +1032,14 @@ static void poll_others(vpmm_pool *p, struct stream *caller)
 	}
 }
 
-int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
+/* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
+int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
+			  struct region **out)
 {
-	struct stream *caller = NULL;
 	struct region *r;
-	int rc = 0;
-
-	if (!p || !out || !size)
-		return -EINVAL;
-	if (size > SIZE_MAX - p->page)
-		return -ENOMEM;
-	size_t need = (size + p->page - 1) / p->page * p->page;
-
-	pthread_mutex_lock(&p->lock);
-	if (stream != VPMM_NO_STREAM && !(caller = stream_get(p, stream))) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	rc = reserve_regions(p, 4);
+	int rc = reserve_regions(p, 4);
 	if (rc)
-		goto out;
+		return rc;
 	if (p->zombie_head)
 		reclaim_zombies(p, false);
 	r = best_fit(p, caller, need);
@@ -1065,11 +1050,74 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	if (!r) {
 		rc = defrag(p, caller, need, &r);
 		if (rc)
-			goto out;
+			return rc;
 		p->st.defrags++;
 	}
-	*out = carve_live(p, r, need)->va;
-	p->st.mallocs++;
+	*out = carve_live(p, r, need);
+	return 0;
+}
+
+/* A live region becomes free on `s` (NULL: settled). Lock held. */
+void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s)
+{
+	r->kind = R_FREE;
+	r->small = NULL;
+	r->stream = s;
+	r->epoch = s ? s->epoch : 0;
+	GAUGE_SUB(p, live, r->size);
+	GAUGE_ADD(p, reusable, r->size);
+	free_insert(p, r);
+	/* Close the epoch now and then, so other streams can learn of
+	 * completion without a record of their own; never on every free. */
+	if (s && (!p->cfg.event_interval_ns ||
+		  now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
+		close_epoch(p, s, NULL);
+}
+
+int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
+			   struct event **out)
+{
+	return cover_event(p, s, epoch, out);
+}
+
+bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev)
+{
+	if (!ev || ev->done)
+		return true;
+	poll_stream(p, ev->stream);
+	return ev->done;
+}
+
+void vpmm_pool_event_unref_locked(vpmm_pool *p, struct event *ev)
+{
+	event_unref(p, ev);
+}
+
+int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
+{
+	struct stream *caller = NULL;
+	struct region *r;
+	int rc;
+
+	if (!p || !out || !size)
+		return -EINVAL;
+	if (size > SIZE_MAX - p->page)
+		return -ENOMEM;
+
+	pthread_mutex_lock(&p->lock);
+	if (stream != VPMM_NO_STREAM && !(caller = stream_get(p, stream))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (size <= vpmm_small_max(p)) {
+		rc = vpmm_small_malloc_locked(p, caller, size, out);
+	} else {
+		rc = vpmm_pool_take_locked(p, caller, (size + p->page - 1) / p->page * p->page, &r);
+		if (!rc)
+			*out = r->va;
+	}
+	if (!rc)
+		p->st.mallocs++;
 out:
 	if (rc)
 		p->st.failures++;
@@ -1087,32 +1135,26 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 {
 	struct stream *s = NULL;
 	struct region *r;
-	int rc = 0;
+	int rc = -EINVAL;
 
 	if (!p)
-		return -EINVAL;
+		return rc;
 	pthread_mutex_lock(&p->lock);
 	r = find_region(p, ptr);
-	if (!r || r->va != ptr || r->kind != R_LIVE) {
-		rc = -EINVAL;
+	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small))
 		goto out;
-	}
 	if (stream != VPMM_NO_STREAM && !(s = stream_get(p, stream))) {
 		rc = -ENOMEM;
 		goto out;
 	}
-	r->kind = R_FREE;
-	r->stream = s;
-	r->epoch = s ? s->epoch : 0;
-	GAUGE_SUB(p, live, r->size);
-	GAUGE_ADD(p, reusable, r->size);
-	free_insert(p, r);
-	p->st.frees++;
-	/* Close the epoch now and then, so other streams can learn of
-	 * completion without a record of their own; never on every free. */
-	if (s && (!p->cfg.event_interval_ns ||
-		  now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
-		close_epoch(p, s, NULL);
+	if (r->small) {
+		rc = vpmm_small_free_locked(p, r, ptr, s);
+	} else {
+		vpmm_pool_give_locked(p, r, s);
+		rc = 0;
+	}
+	if (!rc)
+		p->st.frees++;
 out:
 	pthread_mutex_unlock(&p->lock);
 	return rc;
@@ -1126,11 +1168,15 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	pthread_mutex_lock(&p->lock);
 	struct region *r = find_region(p, ptr);
 	if (r && r->kind == R_LIVE && ptr < r->va + r->size) {
-		if (base)
-			*base = r->va;
-		if (size)
-			*size = r->size;
-		rc = 0;
+		if (r->small) {
+			rc = vpmm_small_find_locked(p, r, ptr, base, size);
+		} else {
+			if (base)
+				*base = r->va;
+			if (size)
+				*size = r->size;
+			rc = 0;
+		}
 	}
 	pthread_mutex_unlock(&p->lock);
 	return rc;

@@ -40,6 +40,7 @@ struct event {
 	unsigned refs;      /* the stream's pending list + zombies waiting on it */
 	bool done;
 	struct event *next; /* stream's pending list (epoch ascending) or cache */
+	struct event *all_next; /* pool->events: every event, for destroy */
 };
 
 struct stream {
@@ -53,6 +54,7 @@ struct stream {
 	 * by epoch ascending. Each has done < region->epoch <= epoch. */
 	struct vpmm_tree free_by_size;
 	struct region *fifo_head, *fifo_tail;
+	struct small_slab **small_partial; /* small.c: per class, slabs with room */
 	struct stream *hash_next;
 	struct stream *next; /* pool->streams, creation order */
 };
@@ -68,6 +70,7 @@ struct region {
 	struct stream *stream;    /* pending FREE only; NULL = settled */
 	uint64_t epoch;           /* pending FREE: its stream's epoch at the free */
 	struct event *ev;         /* ZOMBIE: unmap once done; NULL = at once */
+	struct small_slab *small; /* LIVE only: carved into sub-page blocks */
 };
 
 struct vpmm_pool {
@@ -92,12 +95,39 @@ struct vpmm_pool {
 
 	struct region *region_cache; /* recycled region structs (via next) */
 	struct event *event_cache;   /* recycled events, CUevent kept */
+	struct event *events;        /* every event created */
+
+	struct small_state *small;
 
 	CUresult last_result;
 	struct vpmm_stats st;
 	uint64_t driver_calls[VPMM_OP_COUNT];
 };
 
+struct small_state; /* small.c */
+
 size_t vpmm_pool_check_locked(vpmm_pool *pool, FILE *log);
+
+/* pool.c, for small.c: whole pages in and out, events; lock held. */
+int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
+			  struct region **out);
+void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s);
+int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
+			   struct event **out);
+bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev);
+void vpmm_pool_event_unref_locked(vpmm_pool *p, struct event *ev);
+
+/* small.c: allocations of at most vpmm_small_max() bytes, carved from pool
+ * pages in size classes. Lock held. */
+size_t vpmm_small_max(const vpmm_pool *p);
+int vpmm_small_init(vpmm_pool *p);
+void vpmm_small_fini(vpmm_pool *p);
+int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
+			     CUdeviceptr *out);
+int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+			   struct stream *s);
+int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+			   CUdeviceptr *base, size_t *size);
+size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log);
 
 #endif

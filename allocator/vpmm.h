@@ -33,6 +33,9 @@ struct vpmm_config {
 	size_t initial_pages; /* pages mapped at creation */
 	size_t handle_size;   /* largest physical handle made when growing; 0 = page_size */
 	size_t limit;         /* most physical bytes the pool may hold; 0 = no limit */
+	/* Requests of at most this many bytes (and under a page) are carved in
+	 * size classes from shared pages; 0 = every request takes whole pages. */
+	size_t small_max;
 	int device;
 	enum vpmm_defrag_policy defrag;
 	/* A free records an event on its stream only if the stream's last event

@@ -1,0 +1,361 @@
+/* small.c — requests under a page, carved in size classes from pool pages.
+ *
+ * A slab is one live pool region cut into equal blocks of one class; its
+ * bookkeeping is host memory (a bitmap), never the device's. A slab belongs
+ * to the stream that took it (or to no stream, for synchronous callers), so
+ * a block freed on that stream is reused at once in stream order. A block
+ * freed on another stream waits, as a "deferred" block, for an event of that
+ * stream before it is reused. An empty slab goes back to the pool on its
+ * stream, keeping one per class and stream to avoid churn.
+ *
+ * Classes: multiples of 512 B up to 4 KiB, then four steps per doubling;
+ * a slab spans enough pages to hold at least 8 blocks. Everything here runs
+ * under the pool's lock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+#define MIN_BLOCK 512u
+#define MIN_BLOCKS_PER_SLAB 8u
+#define MAX_CLASSES 96u
+
+struct deferred { /* a block freed on a stream other than the slab's */
+	uint32_t block;
+	struct event *ev; /* NULL: complete */
+	struct deferred *next;
+};
+
+struct small_slab {
+	struct region *r;          /* the live region it carves */
+	struct stream *owner;      /* NULL: synchronous callers */
+	unsigned cls;
+	uint32_t nblocks, nfree;   /* nfree counts bits clear in `used` */
+	uint32_t hint;             /* a word of `used` that may have a clear bit */
+	bool listed;               /* in its owner's partial list of cls, iff
+				    * it has a free or a deferred block */
+	struct deferred *deferred; /* blocks freed elsewhere, still marked used */
+	struct small_slab *prev, *next; /* owner's partial list of cls */
+	uint64_t used[];           /* bit set = handed out or deferred */
+};
+
+struct small_state {
+	size_t max;                   /* largest request served here */
+	unsigned nclasses;
+	size_t block[MAX_CLASSES];    /* class sizes, ascending */
+	size_t slab_bytes[MAX_CLASSES];
+	struct small_slab *sync_partial[MAX_CLASSES]; /* owner NULL */
+	size_t slabs;
+};
+
+static struct small_state *st_of(vpmm_pool *p)
+{
+	return p->small;
+}
+
+size_t vpmm_small_max(const vpmm_pool *p)
+{
+	return p->small ? p->small->max : 0;
+}
+
+int vpmm_small_init(vpmm_pool *p)
+{
+	struct small_state *s;
+	size_t max = p->cfg.small_max;
+	if (!max)
+		return 0;
+	if (max >= p->page)
+		max = p->page - 1;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	for (size_t b = MIN_BLOCK; b <= 4096 && s->nclasses < MAX_CLASSES; b += MIN_BLOCK)
+		s->block[s->nclasses++] = b;
+	for (size_t base = 4096; s->nclasses < MAX_CLASSES; base *= 2) {
+		for (unsigned q = 1; q <= 4 && s->nclasses < MAX_CLASSES; q++)
+			s->block[s->nclasses++] = base + base / 4 * q;
+		if (base * 2 >= max)
+			break;
+	}
+	while (s->nclasses && s->block[s->nclasses - 1] > max &&
+	       s->block[s->nclasses - 2] >= max)
+		s->nclasses--; /* keep one class that holds `max` */
+	for (unsigned c = 0; c < s->nclasses; c++) {
+		size_t bytes = s->block[c] * MIN_BLOCKS_PER_SLAB;
+		s->slab_bytes[c] = (bytes + p->page - 1) / p->page * p->page;
+	}
+	s->max = max < s->block[s->nclasses - 1] ? max : s->block[s->nclasses - 1];
+	p->small = s;
+	return 0;
+}
+
+static struct small_slab **partial_list(vpmm_pool *p, struct stream *owner,
+					unsigned cls)
+{
+	struct small_state *s = st_of(p);
+	if (!owner)
+		return &s->sync_partial[cls];
+	if (!owner->small_partial) {
+		owner->small_partial = calloc(MAX_CLASSES, sizeof(*owner->small_partial));
+		if (!owner->small_partial)
+			return NULL;
+	}
+	return &owner->small_partial[cls];
+}
+
+static void list_add(struct small_slab **head, struct small_slab *sl)
+{
+	sl->prev = NULL;
+	sl->next = *head;
+	if (*head)
+		(*head)->prev = sl;
+	*head = sl;
+	sl->listed = true;
+}
+
+static void list_del(struct small_slab **head, struct small_slab *sl)
+{
+	if (sl->prev)
+		sl->prev->next = sl->next;
+	else
+		*head = sl->next;
+	if (sl->next)
+		sl->next->prev = sl->prev;
+	sl->prev = sl->next = NULL;
+	sl->listed = false;
+}
+
+static unsigned class_of(const struct small_state *s, size_t size)
+{
+	unsigned lo = 0, hi = s->nclasses - 1;
+	while (lo < hi) {
+		unsigned mid = (lo + hi) / 2;
+		if (s->block[mid] >= size)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
+static void block_clear(struct small_slab *sl, uint32_t b)
+{
+	sl->used[b / 64] &= ~(1ull << (b % 64));
+	sl->nfree++;
+	sl->hint = b / 64;
+}
+
+/* Deferred blocks whose stream completed become free. */
+static void drain_deferred(vpmm_pool *p, struct small_slab *sl)
+{
+	struct deferred **link = &sl->deferred;
+	while (*link) {
+		struct deferred *d = *link;
+		if (vpmm_pool_event_done_locked(p, d->ev)) {
+			*link = d->next;
+			block_clear(sl, d->block);
+			vpmm_pool_event_unref_locked(p, d->ev);
+			free(d);
+		} else {
+			link = &d->next;
+		}
+	}
+}
+
+static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
+		    struct small_slab **out)
+{
+	struct small_state *s = st_of(p);
+	size_t nblocks = s->slab_bytes[cls] / s->block[cls];
+	size_t words = (nblocks + 63) / 64;
+	struct small_slab *sl = calloc(1, sizeof(*sl) + words * sizeof(uint64_t));
+	struct region *r;
+	int rc;
+	if (!sl)
+		return -ENOMEM;
+	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], &r);
+	if (rc) {
+		free(sl);
+		return rc;
+	}
+	sl->r = r;
+	sl->owner = owner;
+	sl->cls = cls;
+	sl->nblocks = sl->nfree = (uint32_t)nblocks;
+	r->small = sl;
+	s->slabs++;
+	*out = sl;
+	return 0;
+}
+
+static void slab_release(vpmm_pool *p, struct small_slab *sl)
+{
+	struct small_slab **head = partial_list(p, sl->owner, sl->cls);
+	if (sl->listed && head)
+		list_del(head, sl);
+	st_of(p)->slabs--;
+	vpmm_pool_give_locked(p, sl->r, sl->owner);
+	free(sl);
+}
+
+int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
+			     CUdeviceptr *out)
+{
+	struct small_state *s = st_of(p);
+	unsigned cls = class_of(s, size);
+	struct small_slab **head = partial_list(p, caller, cls), *sl;
+	int rc;
+	if (!head)
+		return -ENOMEM;
+	for (sl = *head; sl; sl = sl->next) {
+		if (!sl->nfree)
+			drain_deferred(p, sl);
+		if (sl->nfree)
+			break;
+	}
+	if (!sl) {
+		rc = slab_new(p, caller, cls, &sl);
+		if (rc)
+			return rc;
+		list_add(head, sl);
+	}
+	uint32_t words = (sl->nblocks + 63) / 64, w = sl->hint;
+	while (!~sl->used[w] || w * 64 + (uint32_t)__builtin_ctzll(~sl->used[w]) >= sl->nblocks)
+		w = (w + 1) % words;
+	uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(~sl->used[w]);
+	sl->used[w] |= 1ull << (b % 64);
+	sl->hint = w;
+	if (--sl->nfree == 0 && !sl->deferred)
+		list_del(head, sl);
+	*out = sl->r->va + (CUdeviceptr)b * s->block[cls];
+	return 0;
+}
+
+/* An empty slab is returned unless it is the only one with room left in its
+ * list: a workload hovering around one block must not take and give a page
+ * on every call. */
+static void maybe_release(vpmm_pool *p, struct small_slab *sl)
+{
+	if (sl->nfree != sl->nblocks || sl->deferred)
+		return;
+	struct small_slab **head = partial_list(p, sl->owner, sl->cls);
+	if (head && *head == sl && !sl->next)
+		return;
+	slab_release(p, sl);
+}
+
+int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+			   struct stream *s)
+{
+	struct small_slab *sl = r->small;
+	size_t bs = st_of(p)->block[sl->cls];
+	CUdeviceptr off = ptr - r->va;
+	uint32_t b = (uint32_t)(off / bs);
+	if (off % bs || b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))))
+		return -EINVAL;
+	for (struct deferred *d = sl->deferred; d; d = d->next)
+		if (d->block == b)
+			return -EINVAL; /* freed already, on another stream */
+	/* Reuse by the owner is safe at once if the free is in its own stream
+	 * order, or if the caller synchronized (s == NULL). */
+	if (s && s != sl->owner) {
+		struct deferred *d = malloc(sizeof(*d));
+		int rc;
+		if (!d)
+			return -ENOMEM;
+		rc = vpmm_pool_cover_locked(p, s, s->epoch, &d->ev);
+		if (rc) {
+			free(d);
+			return rc;
+		}
+		if (d->ev)
+			d->ev->refs++;
+		d->block = b;
+		d->next = sl->deferred;
+		sl->deferred = d;
+	} else {
+		block_clear(sl, b);
+	}
+	if (!sl->listed) {
+		struct small_slab **head = partial_list(p, sl->owner, sl->cls);
+		if (head)
+			list_add(head, sl);
+	}
+	maybe_release(p, sl);
+	return 0;
+}
+
+int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+			   CUdeviceptr *base, size_t *size)
+{
+	struct small_slab *sl = r->small;
+	size_t bs = st_of(p)->block[sl->cls];
+	uint32_t b = (uint32_t)((ptr - r->va) / bs);
+	if (b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))))
+		return -EINVAL;
+	if (base)
+		*base = r->va + (CUdeviceptr)b * bs;
+	if (size)
+		*size = bs;
+	return 0;
+}
+
+size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
+{
+	struct small_state *s = st_of(p);
+	size_t bad = 0, slabs = 0;
+	if (!s)
+		return 0;
+	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n; n = vpmm_tree_next(n)) {
+		const struct region *r = vpmm_container_of(n, struct region, by_va);
+		const struct small_slab *sl = r->small;
+		if (!sl)
+			continue;
+		slabs++;
+		uint32_t set = 0;
+		for (uint32_t w = 0; w < (sl->nblocks + 63) / 64; w++)
+			set += (uint32_t)__builtin_popcountll(sl->used[w]);
+		if (r->kind != R_LIVE || sl->r != r || sl->cls >= s->nclasses ||
+		    r->size != s->slab_bytes[sl->cls] || set + sl->nfree != sl->nblocks ||
+		    sl->listed != (sl->nfree > 0 || sl->deferred)) {
+			bad++;
+			if (log)
+				fprintf(log, "vpmm check: slab at %#llx inconsistent\n",
+					(unsigned long long)r->va);
+		}
+	}
+	if (slabs != s->slabs) {
+		bad++;
+		if (log)
+			fprintf(log, "vpmm check: %zu slabs found, %zu counted\n", slabs, s->slabs);
+	}
+	return bad;
+}
+
+void vpmm_small_fini(vpmm_pool *p)
+{
+	struct small_state *s = st_of(p);
+	if (!s)
+		return;
+	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n; n = vpmm_tree_next(n)) {
+		struct region *r = vpmm_container_of(n, struct region, by_va);
+		struct small_slab *sl = r->small;
+		if (!sl)
+			continue;
+		while (sl->deferred) {
+			struct deferred *d = sl->deferred;
+			sl->deferred = d->next;
+			free(d); /* the events go with the pool's own lists */
+		}
+		r->small = NULL;
+		free(sl);
+	}
+	for (struct stream *st = p->streams; st; st = st->next) {
+		free(st->small_partial);
+		st->small_partial = NULL;
+	}
+	free(s);
+	p->small = NULL;
+}
