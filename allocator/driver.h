@@ -11,6 +11,7 @@
  *  - A handle is mapped whole (offset 0, size = the handle's size); map and
  *    unmap take the handle's whole range.
  *  - Implementations are thread-safe: the pool may call them without its lock.
+ *  - A negative `device` means the device of the calling thread's context.
  *
  * Two implementations: driver_cuda.c (libcuda.so.1, dlopen'ed at run time) and
  * driver_host.c (host memory that behaves like the GPU, for tests and replay).
@@ -87,7 +88,9 @@ struct vpmm_driver {
 	/* A new file descriptor for the handle (caller closes it). */
 	CUresult (*export_fd)(vpmm_driver *d, CUmemGenericAllocationHandle h, int *fd);
 
-	/* Frees the driver object itself; does not touch resources it handed out. */
+	/* Frees the driver object. The cuda driver leaves what it handed out to
+	 * the owner; the host driver also unmaps and closes what it still tracks,
+	 * so a test that forgot something does not leak host memory. */
 	void (*destroy)(vpmm_driver *d);
 };
 
