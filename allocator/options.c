@@ -1,0 +1,506 @@
+/* options.c — the one table of VPMM_* environment variables: their names,
+ * types, defaults and descriptions, and the parsing of each into struct
+ * vpmm_config (pool options) or struct vpmm_env_options (process options).
+ *
+ * A value is read whole or rejected whole: no leading or trailing spaces, no
+ * partial numbers, no hexadecimal (a size is decimal digits with an optional
+ * K/M/G/T suffix, powers of 1024). An empty value is the same as unset, so
+ * `VPMM_X= prog` restores the default.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "options.h"
+#include "vpmm.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+#define TIB ((size_t)1 << 40)
+
+#define DEFAULT_VA_SIZE (8 * TIB)
+#define DEFAULT_EVENT_INTERVAL_US 50u
+
+enum opt_type { T_SIZE, T_COUNT, T_ENUM, T_BOOL, T_STRING };
+enum opt_group { G_POOL, G_PROCESS };
+
+/* Indexed by enum vpmm_defrag_policy and enum vpmm_log_level. */
+static const char *const defrag_names[] = { "lacking", "all", NULL };
+static const char *const log_names[] = { "error", "warn", "info", "debug", NULL };
+
+/* THE table. X(id, name, group, type, choices, default text, description).
+ * The default text must describe what vpmm_config_default() and
+ * vpmm_env_options_default() set; the options test checks that it does. */
+#define VPMM_OPTION_TABLE(X)                                                   \
+	X(PAGES, "VPMM_PAGES", G_POOL, T_COUNT, NULL, "0",                     \
+	  "pages mapped when the pool is created (0: all on demand)")          \
+	X(PAGE_SIZE, "VPMM_PAGE_SIZE", G_POOL, T_SIZE, NULL, "0",              \
+	  "page size: every allocation is rounded up to it; a power of two, "  \
+	  "a multiple of the driver's granularity (0: the granularity, "       \
+	  "typically 2M)")                                                     \
+	X(VA_SIZE, "VPMM_VA_SIZE", G_POOL, T_SIZE, NULL, "8T",                 \
+	  "virtual address space reserved per chunk; more chunks are "         \
+	  "reserved on demand")                                                \
+	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "0",          \
+	  "largest physical handle created when the pool grows (0: one page)") \
+	X(LIMIT, "VPMM_LIMIT", G_POOL, T_SIZE, NULL, "0",                      \
+	  "most physical bytes the pool maps; beyond it allocations fail as "  \
+	  "out of memory (0: no limit)")                                       \
+	X(SMALL_MAX, "VPMM_SMALL_MAX", G_POOL, T_SIZE, NULL, "2M",             \
+	  "requests up to this size (and under a page) share pages, carved "   \
+	  "in size classes (0: every request takes whole pages)")              \
+	X(DEFRAG, "VPMM_DEFRAG", G_POOL, T_ENUM, defrag_names, "lacking",      \
+	  "what a defragmentation remaps: lacking (only what the request "     \
+	  "lacks) or all (every free page)")                                   \
+	X(EVENT_INTERVAL_US, "VPMM_EVENT_INTERVAL_US", G_POOL, T_COUNT, NULL,  \
+	  "50",                                                                \
+	  "microseconds: a free records a new event on its stream only if "    \
+	  "the last one is older (0: every free)")                             \
+	X(DISABLE, "VPMM_DISABLE", G_PROCESS, T_BOOL, NULL, "0",               \
+	  "1: pass every call through to CUDA unchanged")                      \
+	X(LOG, "VPMM_LOG", G_PROCESS, T_ENUM, log_names, "warn",               \
+	  "messages written to stderr: error, warn, info or debug")            \
+	X(SOCKET, "VPMM_SOCKET", G_PROCESS, T_STRING, NULL, "(per process)",   \
+	  "path of the vpmm-dump socket, or off (default: "                    \
+	  "$XDG_RUNTIME_DIR/vpmm/PID.sock, else /tmp/vpmm-UID/PID.sock)")      \
+	X(TRACE, "VPMM_TRACE", G_PROCESS, T_STRING, NULL, "(none)",            \
+	  "file to write every allocation and free to, in RMM's CSV log "      \
+	  "format (for vpmm-replay)")                                          \
+	X(RELEASE_THRESHOLD, "VPMM_RELEASE_THRESHOLD", G_PROCESS, T_SIZE,      \
+	  NULL, "(keep all)",                                                  \
+	  "free bytes kept mapped; free pages beyond it are released to the "  \
+	  "driver once their events completed")
+
+enum opt_id {
+#define X(id, name, group, type, choices, def, desc) OPT_##id,
+	VPMM_OPTION_TABLE(X)
+#undef X
+	OPT_COUNT
+};
+
+struct opt_spec {
+	enum opt_group group;
+	enum opt_type type;
+	const char *const *choices;
+};
+
+#define TYPE_NAME(t) TYPE_NAME_##t
+#define TYPE_NAME_T_SIZE "size"
+#define TYPE_NAME_T_COUNT "count"
+#define TYPE_NAME_T_ENUM "enum"
+#define TYPE_NAME_T_BOOL "bool"
+#define TYPE_NAME_T_STRING "string"
+
+static const struct vpmm_option_info info_table[OPT_COUNT] = {
+#define X(id, name, group, type, choices, def, desc)                           \
+	[OPT_##id] = { name, TYPE_NAME(type), def, desc },
+	VPMM_OPTION_TABLE(X)
+#undef X
+};
+
+static const struct opt_spec spec_table[OPT_COUNT] = {
+#define X(id, name, group, type, choices, def, desc)                           \
+	[OPT_##id] = { group, type, choices },
+	VPMM_OPTION_TABLE(X)
+#undef X
+};
+
+const struct vpmm_option_info *vpmm_options_table(size_t *n)
+{
+	if (n)
+		*n = OPT_COUNT;
+	return info_table;
+}
+
+void vpmm_options_print(FILE *f)
+{
+	int wname = 0, wdef = 0;
+	for (size_t i = 0; i < OPT_COUNT; i++) {
+		int ln = (int)strlen(info_table[i].name);
+		int ld = (int)strlen(info_table[i].def);
+		wname = ln > wname ? ln : wname;
+		wdef = ld > wdef ? ld : wdef;
+	}
+	for (size_t i = 0; i < OPT_COUNT; i++)
+		fprintf(f, "  %-*s  %-*s  %s\n", wname, info_table[i].name, wdef,
+			info_table[i].def, info_table[i].desc);
+}
+
+/* ---- defaults -------------------------------------------------------------- */
+
+void vpmm_config_default(struct vpmm_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->page_size = 0;
+	cfg->va_size = DEFAULT_VA_SIZE;
+	cfg->initial_pages = 0;
+	cfg->handle_size = 0;
+	cfg->limit = 0;
+	cfg->small_max = 2 * MIB;
+	cfg->device = 0;
+	cfg->defrag = VPMM_DEFRAG_LACKING;
+	cfg->event_interval_ns = (uint64_t)DEFAULT_EVENT_INTERVAL_US * 1000u;
+}
+
+void vpmm_env_options_default(struct vpmm_env_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->disable = false;
+	o->log_level = VPMM_LOG_WARN;
+	o->socket_off = false;
+	o->has_release_threshold = false;
+}
+
+const char *vpmm_log_level_name(enum vpmm_log_level level)
+{
+	if ((unsigned)level > VPMM_LOG_DEBUG)
+		return "?";
+	return log_names[level];
+}
+
+/* ---- scalar parsers ------------------------------------------------------- */
+
+static int lower(int c)
+{
+	return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
+}
+
+static bool is_digit(int c)
+{
+	return c >= '0' && c <= '9';
+}
+
+/* Decimal digits only; -EINVAL on anything else, -ERANGE past UINT64_MAX.
+ * *end receives the first non-digit. */
+static int parse_digits(const char *s, uint64_t *out, const char **end)
+{
+	uint64_t v = 0;
+	bool range = false;
+	const char *p = s;
+
+	if (!is_digit(*p))
+		return -EINVAL;
+	for (; is_digit(*p); p++) {
+		unsigned d = (unsigned)(*p - '0');
+		if (v > (UINT64_MAX - d) / 10)
+			range = true;
+		else
+			v = v * 10 + d;
+	}
+	*end = p;
+	*out = v;
+	return range ? -ERANGE : 0;
+}
+
+int vpmm_parse_size(const char *s, size_t *out)
+{
+	uint64_t v;
+	const char *p;
+	unsigned shift = 0;
+
+	if (!s)
+		return -EINVAL;
+	int rc = parse_digits(s, &v, &p);
+	if (rc == -EINVAL)
+		return rc;
+	switch (lower(*p)) {
+	case 'k': shift = 10; break;
+	case 'm': shift = 20; break;
+	case 'g': shift = 30; break;
+	case 't': shift = 40; break;
+	default: break;
+	}
+	if (shift) {
+		p++;
+		if (lower(p[0]) == 'i' && lower(p[1]) == 'b')
+			p += 2;
+		else if (lower(p[0]) == 'b')
+			p++;
+	} else if (lower(*p) == 'b') {
+		p++; /* "512B" */
+	}
+	if (*p)
+		return -EINVAL; /* syntax errors win over range errors */
+	if (rc == -ERANGE || v > (uint64_t)SIZE_MAX || v > ((uint64_t)SIZE_MAX >> shift))
+		return -ERANGE;
+	*out = (size_t)(v << shift);
+	return 0;
+}
+
+static int parse_count(const char *s, uint64_t *out)
+{
+	const char *end;
+	uint64_t v;
+	int rc = parse_digits(s, &v, &end);
+	if (rc == -EINVAL || *end)
+		return -EINVAL;
+	if (rc)
+		return rc;
+	*out = v;
+	return 0;
+}
+
+static bool str_ieq(const char *a, const char *b)
+{
+	for (; *a && *b; a++, b++)
+		if (lower((unsigned char)*a) != lower((unsigned char)*b))
+			return false;
+	return *a == *b;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+	static const char *const yes[] = { "1", "yes", "true", "on" };
+	static const char *const no[] = { "0", "no", "false", "off" };
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+		if (str_ieq(s, yes[i])) {
+			*out = true;
+			return 0;
+		}
+		if (str_ieq(s, no[i])) {
+			*out = false;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int parse_enum(const char *s, const char *const *choices, int *out)
+{
+	for (int i = 0; choices[i]; i++) {
+		if (str_ieq(s, choices[i])) {
+			*out = i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+/* ---- reading the environment ------------------------------------------------ */
+
+union opt_value {
+	size_t size;
+	uint64_t count;
+	int choice;
+	bool flag;
+	const char *str; /* points into the environment: copy before returning */
+};
+
+struct opt_read {
+	bool set[OPT_COUNT];
+	union opt_value val[OPT_COUNT];
+};
+
+/* The value as it may appear inside one line of an error message: quoted,
+ * control and non-ASCII bytes escaped, long values cut. */
+static void quote_value(const char *v, char *buf, size_t n)
+{
+	size_t o = 0;
+	const size_t keep = 64;
+
+	if (n < 8)
+		return;
+	buf[o++] = '"';
+	for (size_t i = 0; v[i] && o + 8 < n; i++) {
+		unsigned char c = (unsigned char)v[i];
+		if (i == keep) {
+			memcpy(buf + o, "...", 3);
+			o += 3;
+			break;
+		}
+		if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\')
+			o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
+		else
+			buf[o++] = (char)c;
+	}
+	buf[o++] = '"';
+	buf[o] = '\0';
+}
+
+static void set_error(char *err, size_t errlen, enum opt_id id, const char *value,
+		      const char *what)
+{
+	char q[96];
+	if (!err || errlen == 0)
+		return;
+	quote_value(value, q, sizeof(q));
+	snprintf(err, errlen, "%s=%s: %s", info_table[id].name, q, what);
+}
+
+static void enum_expectation(const char *const *choices, char *buf, size_t n)
+{
+	size_t o = (size_t)snprintf(buf, n, "expected one of:");
+	for (int i = 0; choices[i] && o < n; i++)
+		o += (size_t)snprintf(buf + o, n - o, "%s %s", i ? "," : "", choices[i]);
+}
+
+/* What a value of `id` must look like, for error messages. */
+static const char *expectation(enum opt_id id, int rc, char *buf, size_t n)
+{
+	const struct opt_spec *sp = &spec_table[id];
+	switch (sp->type) {
+	case T_SIZE:
+		if (rc == -ERANGE)
+			return "too large (sizes stop below 16 EiB)";
+		return "expected a size such as 2M or 2097152 "
+		       "(decimal, optional K/M/G/T suffix, powers of 1024)";
+	case T_COUNT:
+		if (rc == -ERANGE)
+			return "too large";
+		return "expected a whole number such as 0 or 16384";
+	case T_BOOL:
+		return "expected 1/0, yes/no, true/false or on/off";
+	case T_ENUM:
+		enum_expectation(sp->choices, buf, n);
+		return buf;
+	case T_STRING:
+		return "too long";
+	}
+	return "invalid";
+}
+
+/* Checks that need only the value itself (cross-option checks and those
+ * needing the driver's granularity belong to the pool). NULL if fine. */
+static const char *validate(enum opt_id id, const union opt_value *v)
+{
+	switch (id) {
+	case OPT_VA_SIZE:
+		if (v->size == 0)
+			return "must be greater than 0 (such as 8T)";
+		break;
+	case OPT_PAGE_SIZE:
+		if (v->size & (v->size - 1))
+			return "must be a power of two (such as 2M or 1G), or 0 for "
+			       "the driver's granularity";
+		break;
+	case OPT_EVENT_INTERVAL_US:
+		if (v->count > UINT64_MAX / 1000u)
+			return "too large";
+		break;
+	case OPT_SOCKET:
+		if (strcmp(v->str, "off") != 0 &&
+		    strlen(v->str) >= VPMM_SOCKET_PATH_MAX)
+			return "too long for a Unix socket path (at most 107 bytes), "
+			       "expected a path or off";
+		break;
+	case OPT_TRACE:
+		if (strlen(v->str) >= VPMM_TRACE_PATH_MAX)
+			return "too long for a path";
+		break;
+	default:
+		break;
+	}
+	return NULL;
+}
+
+static const char *std_getenv(const char *name)
+{
+	return getenv(name);
+}
+
+static int read_group(enum opt_group group, vpmm_getenv_fn getenv_fn,
+		      struct opt_read *r, char *err, size_t errlen)
+{
+	char buf[128];
+
+	if (!getenv_fn)
+		getenv_fn = std_getenv;
+	memset(r, 0, sizeof(*r));
+	if (err && errlen)
+		err[0] = '\0';
+
+	for (int i = 0; i < OPT_COUNT; i++) {
+		const struct opt_spec *sp = &spec_table[i];
+		union opt_value *v = &r->val[i];
+		int rc = 0;
+
+		if (sp->group != group)
+			continue;
+		const char *s = getenv_fn(info_table[i].name);
+		if (!s || !*s)
+			continue;
+
+		switch (sp->type) {
+		case T_SIZE: rc = vpmm_parse_size(s, &v->size); break;
+		case T_COUNT: rc = parse_count(s, &v->count); break;
+		case T_BOOL: rc = parse_bool(s, &v->flag); break;
+		case T_ENUM: rc = parse_enum(s, sp->choices, &v->choice); break;
+		case T_STRING: v->str = s; break;
+		}
+		if (rc) {
+			set_error(err, errlen, (enum opt_id)i, s,
+				  expectation((enum opt_id)i, rc, buf, sizeof(buf)));
+			return -EINVAL;
+		}
+		const char *bad = validate((enum opt_id)i, v);
+		if (bad) {
+			set_error(err, errlen, (enum opt_id)i, s, bad);
+			return -EINVAL;
+		}
+		r->set[i] = true;
+	}
+	return 0;
+}
+
+int vpmm_config_from_env(struct vpmm_config *cfg,
+			 const char *(*getenv_fn)(const char *name),
+			 char *err, size_t errlen)
+{
+	struct opt_read r;
+	struct vpmm_config c;
+
+	int rc = read_group(G_POOL, getenv_fn, &r, err, errlen);
+	if (rc)
+		return rc;
+	vpmm_config_default(&c);
+	if (r.set[OPT_PAGES])
+		c.initial_pages = (size_t)r.val[OPT_PAGES].count;
+	if (r.set[OPT_PAGE_SIZE])
+		c.page_size = r.val[OPT_PAGE_SIZE].size;
+	if (r.set[OPT_VA_SIZE])
+		c.va_size = r.val[OPT_VA_SIZE].size;
+	if (r.set[OPT_HANDLE_SIZE])
+		c.handle_size = r.val[OPT_HANDLE_SIZE].size;
+	if (r.set[OPT_LIMIT])
+		c.limit = r.val[OPT_LIMIT].size;
+	if (r.set[OPT_SMALL_MAX])
+		c.small_max = r.val[OPT_SMALL_MAX].size;
+	if (r.set[OPT_DEFRAG])
+		c.defrag = (enum vpmm_defrag_policy)r.val[OPT_DEFRAG].choice;
+	if (r.set[OPT_EVENT_INTERVAL_US])
+		c.event_interval_ns = r.val[OPT_EVENT_INTERVAL_US].count * 1000u;
+	*cfg = c;
+	return 0;
+}
+
+int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_fn,
+			      char *err, size_t errlen)
+{
+	struct opt_read r;
+
+	int rc = read_group(G_PROCESS, getenv_fn, &r, err, errlen);
+	if (rc)
+		return rc;
+	/* Written only now, so that a failure leaves *o as it was. */
+	vpmm_env_options_default(o);
+	if (r.set[OPT_DISABLE])
+		o->disable = r.val[OPT_DISABLE].flag;
+	if (r.set[OPT_LOG])
+		o->log_level = (enum vpmm_log_level)r.val[OPT_LOG].choice;
+	if (r.set[OPT_SOCKET]) {
+		if (strcmp(r.val[OPT_SOCKET].str, "off") == 0)
+			o->socket_off = true;
+		else
+			snprintf(o->socket, sizeof(o->socket), "%s",
+				 r.val[OPT_SOCKET].str);
+	}
+	if (r.set[OPT_TRACE])
+		snprintf(o->trace, sizeof(o->trace), "%s", r.val[OPT_TRACE].str);
+	if (r.set[OPT_RELEASE_THRESHOLD]) {
+		o->has_release_threshold = true;
+		o->release_threshold = r.val[OPT_RELEASE_THRESHOLD].size;
+	}
+	return 0;
+}

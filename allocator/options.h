@@ -1,0 +1,66 @@
+/* options.h — the process-level VPMM_* options (those that are not part of
+ * struct vpmm_config) and the options table's documentation.
+ *
+ * The pool's own options (VPMM_PAGES, VPMM_PAGE_SIZE, ...) are parsed by
+ * vpmm_config_from_env() in vpmm.h; both read the same table in options.c.
+ *
+ * Conventions shared by every VPMM_* variable:
+ *  - unset or empty: the default;
+ *  - a bad value: -EINVAL and one line in `err` naming the variable, the value
+ *    and what is accepted; the output structure is left unchanged.
+ */
+#ifndef VPMM_OPTIONS_H
+#define VPMM_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "vpmm.h"
+
+enum vpmm_log_level {
+	VPMM_LOG_ERROR,
+	VPMM_LOG_WARN,
+	VPMM_LOG_INFO,
+	VPMM_LOG_DEBUG,
+};
+
+/* sun_path of a Unix socket address holds 108 bytes with the final NUL. */
+#define VPMM_SOCKET_PATH_MAX 108
+#define VPMM_TRACE_PATH_MAX 4096
+
+struct vpmm_env_options {
+	bool disable;                       /* VPMM_DISABLE: pass everything through */
+	enum vpmm_log_level log_level;      /* VPMM_LOG */
+	bool socket_off;                    /* VPMM_SOCKET=off */
+	char socket[VPMM_SOCKET_PATH_MAX];  /* VPMM_SOCKET; "" = default location */
+	char trace[VPMM_TRACE_PATH_MAX];    /* VPMM_TRACE; "" = no trace */
+	bool has_release_threshold;         /* VPMM_RELEASE_THRESHOLD set */
+	size_t release_threshold;           /* bytes of free pages kept mapped */
+};
+
+typedef const char *(*vpmm_getenv_fn)(const char *name);
+
+void vpmm_env_options_default(struct vpmm_env_options *o);
+/* Fills `o` from the process-level VPMM_* variables of `getenv_fn` (getenv if
+ * NULL) over the defaults. 0, or -EINVAL with one line in err. */
+int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_fn,
+			      char *err, size_t errlen);
+
+/* "error", "warn", "info", "debug". */
+const char *vpmm_log_level_name(enum vpmm_log_level level);
+
+/* One entry of the options table, for documentation and --help. */
+struct vpmm_option_info {
+	const char *name;  /* "VPMM_PAGE_SIZE" */
+	const char *type;  /* "size", "count", "enum", "bool", "string" */
+	const char *def;   /* the default, as text */
+	const char *desc;  /* one line */
+};
+
+/* The table; *n receives its length. */
+const struct vpmm_option_info *vpmm_options_table(size_t *n);
+/* The table as aligned text: name, default, description, one line each. */
+void vpmm_options_print(FILE *f);
+
+#endif

@@ -1,0 +1,251 @@
+/* test_streams.c — the cross-stream rules: memory freed on one stream is
+ * reusable at once on that stream, by another stream in phase 1 only once the
+ * freeing stream's work completed, and by a defrag only behind a device-side
+ * wait. Harvest order: own stream, settled, then other streams oldest first. */
+#include "pool_test.h"
+
+static void open64(struct pt *t, size_t initial, enum vpmm_defrag_policy policy)
+{
+	struct pt_setup su = { .va_pages = 64, .initial_pages = initial,
+			       .defrag = policy };
+	pt_open(t, &su);
+}
+
+static bool inside(CUdeviceptr p, CUdeviceptr base, size_t len)
+{
+	return p >= base && p < base + len;
+}
+
+Test(streams, pending_region_is_not_handed_to_another_stream)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	CUdeviceptr g = PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p, a);
+	PT_LAYOUT_IS(&t, "[-4][1][*59]");
+
+	struct vpmm_stats s0 = pt_stats(&t);
+	unsigned long w0 = vpmm_host_stream_wait_count(t.drv, b);
+	CUdeviceptr q = PT_MALLOC(&t, 4, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_not(inside(q, p, 4 * t.page),
+		      "stream b got stream a's pending region at its old address");
+	/* The defrag harvested a's pages behind a wait on b. */
+	PT_LAYOUT_IS(&t, "[~4][1][4][*55]");
+	cr_assert_eq(s1.pages_remapped - s0.pages_remapped, 4);
+	cr_assert_eq(s1.pages_created, s0.pages_created);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), w0 + 1,
+		     "stream b does not wait for a's work");
+	cr_assert_eq(s1.stream_waits - s0.stream_waits, 1);
+
+	/* b alone cannot get past the wait, a's work is still pending: the old
+	 * address may not be unmapped. */
+	vpmm_host_stream_complete(t.drv, b);
+	int n = vpmm_pool_reclaim(t.pool);
+	PT_CHECK(&t);
+	cr_assert_eq(n, 0, "zombie reclaimed while stream a's work is pending");
+	PT_LAYOUT_IS(&t, "[~4][1][4][*55]");
+
+	cr_assert_gt(pt_settle(&t), 0);
+	PT_LAYOUT_IS(&t, "[*4][1][4][*55]");
+	PT_FREE(&t, q, b);
+	PT_FREE(&t, g, a);
+	pt_close(&t);
+}
+
+Test(streams, completed_region_is_reused_in_place_by_another_stream)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p, a);
+	vpmm_host_stream_complete(t.drv, a);
+
+	struct vpmm_stats s0 = pt_stats(&t);
+	unsigned long w0 = vpmm_host_stream_wait_count(t.drv, b);
+	CUdeviceptr q = PT_MALLOC(&t, 4, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(q, p, "completed region of stream a not reused by b");
+	cr_assert_eq(s1.pages_created, s0.pages_created);
+	cr_assert_eq(s1.pages_remapped, s0.pages_remapped);
+	cr_assert_eq(s1.defrags, s0.defrags);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), w0,
+		     "phase 1 inserted a wait");
+	PT_LAYOUT_IS(&t, "[4][1][*59]");
+	pt_close(&t);
+}
+
+Test(streams, own_stream_reuses_its_pending_region_at_once)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p, a);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(&t, p, &r));
+	cr_assert_eq(r.kind, VPMM_REGION_FREE);
+	cr_assert_eq(r.stream, a);
+	cr_assert_not(r.settled);
+	struct vpmm_stats s0 = pt_stats(&t);
+	CUdeviceptr q = PT_MALLOC(&t, 3, a);
+	cr_assert_eq(q, p);
+	cr_assert_eq(pt_stats(&t).pages_created, s0.pages_created);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, a), 0);
+	PT_LAYOUT_IS(&t, "[3][-1][1][*59]");
+	pt_close(&t);
+}
+
+Test(streams, settled_initial_pages_serve_any_stream)
+{
+	struct pt t;
+	open64(&t, 4, VPMM_DEFRAG_LACKING);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	struct vpmm_region_info r;
+	cr_assert_eq(vpmm_pool_regions(t.pool, &r, 1), 2);
+	cr_assert_eq(r.kind, VPMM_REGION_FREE);
+	cr_assert(r.settled, "initial pages not settled");
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_eq(s0.pages_created, 4);
+	cr_assert_eq(s0.mapped, 4 * t.page);
+	cr_assert_eq(s0.reusable, 4 * t.page);
+	CUdeviceptr q = PT_MALLOC(&t, 4, b);
+	cr_assert_eq(q, r.va);
+	cr_assert_eq(pt_stats(&t).pages_created, 4);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0);
+	pt_close(&t);
+}
+
+/* Blocks [2][1][2][1][2][1]: the 2s freed on a, b, b. */
+static void three_freed(struct pt *t, CUstream a, CUstream b)
+{
+	CUdeviceptr x = PT_MALLOC(t, 2, a);
+	PT_MALLOC(t, 1, a);
+	CUdeviceptr y = PT_MALLOC(t, 2, b);
+	PT_MALLOC(t, 1, a);
+	CUdeviceptr z = PT_MALLOC(t, 2, b);
+	PT_MALLOC(t, 1, a);
+	PT_FREE(t, x, a);
+	PT_FREE(t, y, b);
+	PT_FREE(t, z, b);
+	PT_LAYOUT_IS(t, "[-2][1][-2][1][-2][1][*55]");
+}
+
+Test(streams, harvest_takes_own_stream_first_without_wait)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	three_freed(&t, a, b);
+	struct vpmm_stats s0 = pt_stats(&t);
+	PT_MALLOC(&t, 3, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	PT_LAYOUT_IS(&t, "[-2][1][~2][1][~1][-1][1][3][*52]");
+	cr_assert_eq(s1.pages_remapped - s0.pages_remapped, 3);
+	cr_assert_eq(s1.pages_created, s0.pages_created);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0,
+		     "own-stream harvest made the stream wait");
+	cr_assert_eq(s1.stream_waits, s0.stream_waits);
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[-2][1][*2][1][*1][-1][1][3][*52]");
+	pt_close(&t);
+}
+
+Test(streams, policy_all_harvests_every_free_page_with_waits)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_ALL);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	three_freed(&t, a, b);
+	struct vpmm_stats s0 = pt_stats(&t);
+	PT_MALLOC(&t, 3, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	PT_LAYOUT_IS(&t, "[~2][1][~2][1][~2][1][3][-3][*49]");
+	cr_assert_eq(s1.pages_remapped - s0.pages_remapped, 6);
+	cr_assert_eq(s1.pages_created, s0.pages_created);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 1,
+		     "harvesting stream a's pending pages needs one wait on b");
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*2][1][*2][1][*2][1][3][-3][*49]");
+	pt_close(&t);
+}
+
+Test(streams, other_streams_harvested_oldest_first)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUstream c = vpmm_host_stream_create(t.drv);
+	CUdeviceptr x = PT_MALLOC(&t, 2, a);
+	PT_MALLOC(&t, 1, a);
+	CUdeviceptr y = PT_MALLOC(&t, 2, a);
+	PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, y, a); /* older */
+	PT_FREE(&t, x, c); /* newer, lower address */
+	PT_LAYOUT_IS(&t, "[-2][1][-2][1][*58]");
+	PT_MALLOC(&t, 2, b);
+	PT_LAYOUT_IS(&t, "[-2][1][~2][1][2][*56]");
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 1);
+	/* The zombie hangs on a's work, not on c's. */
+	vpmm_host_stream_complete(t.drv, c);
+	vpmm_host_stream_complete(t.drv, b);
+	int n = vpmm_pool_reclaim(t.pool);
+	PT_CHECK(&t);
+	cr_assert_eq(n, 0, "zombie reclaimed before stream a completed");
+	cr_assert_gt(pt_settle(&t), 0);
+	PT_LAYOUT_IS(&t, "[-2][1][*2][1][2][*56]");
+	pt_close(&t);
+}
+
+/* With a long event interval a second free may join the stream's open epoch
+ * instead of recording an event. The event the first free recorded tells
+ * nothing about work issued after it: the second region must not reach
+ * another stream on the strength of it. */
+Test(streams, epoch_join_never_hands_out_memory_early)
+{
+	struct pt t;
+	struct pt_setup su = { .va_pages = 64,
+			       .event_interval_ns = 10ull * 1000 * 1000 * 1000 };
+	pt_open(&t, &su);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p1 = PT_MALLOC(&t, 2, a);
+	PT_MALLOC(&t, 1, a);
+	CUdeviceptr p2 = PT_MALLOC(&t, 2, a);
+	PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p1, a);
+	vpmm_host_stream_complete(t.drv, a);
+	PT_FREE(&t, p2, a);
+	PT_LAYOUT_IS(&t, "[-2][1][-2][1][*58]");
+
+	CUdeviceptr q1 = PT_MALLOC(&t, 2, b);
+	cr_assert_eq(q1, p1, "p1's completed region not reused by stream b");
+
+	struct vpmm_stats s0 = pt_stats(&t);
+	unsigned long w0 = vpmm_host_stream_wait_count(t.drv, b);
+	CUdeviceptr q2 = PT_MALLOC(&t, 2, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_not(inside(q2, p2, 2 * t.page),
+		      "p2 handed to stream b before any event after its free completed");
+	if (s1.pages_remapped != s0.pages_remapped) {
+		cr_assert_gt(vpmm_host_stream_wait_count(t.drv, b), w0,
+			     "p2's pages harvested without a wait");
+		vpmm_host_stream_complete(t.drv, b);
+		int n = vpmm_pool_reclaim(t.pool);
+		PT_CHECK(&t);
+		cr_assert_eq(n, 0, "p2's old address unmapped on the strength of "
+			     "an event older than its free");
+	}
+	pt_settle(&t);
+	pt_close(&t);
+}

@@ -1,0 +1,209 @@
+/* test_zombie.c — the old address of a remapped page stays mapped (a zombie)
+ * until the event queued with it completes; then a reclaim (explicit, or at
+ * the start of the next malloc) unmaps it and it becomes a hole. */
+#include <stdint.h>
+
+#include "pool_test.h"
+
+static void open64(struct pt *t)
+{
+	struct pt_setup su = { .va_pages = 64 };
+	pt_open(t, &su);
+}
+
+/* [2][1], free the 2, +3: the 2 pages move behind the guard. */
+static CUdeviceptr make_zombie(struct pt *t, CUstream s, CUdeviceptr *old)
+{
+	*old = PT_MALLOC(t, 2, s);
+	PT_MALLOC(t, 1, s);
+	PT_FREE(t, *old, s);
+	CUdeviceptr q = PT_MALLOC(t, 3, s);
+	PT_LAYOUT_IS(t, "[~2][1][3][*58]");
+	return q;
+}
+
+Test(zombie, unmapped_only_after_its_event_completes)
+{
+	struct pt t;
+	open64(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUstream other = vpmm_host_stream_create(t.drv);
+	CUdeviceptr old;
+	make_zombie(&t, s, &old);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.zombies, 2 * t.page);
+	cr_assert_eq(st.mapped, 3 * t.page + t.page,
+		     "mapped %llu: a zombie is no extra physical memory",
+		     (unsigned long long)st.mapped);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(&t, old, &r));
+	cr_assert_eq(r.kind, VPMM_REGION_ZOMBIE);
+
+	int n = vpmm_pool_reclaim(t.pool);
+	PT_CHECK(&t);
+	cr_assert_eq(n, 0);
+	PT_LAYOUT_IS(&t, "[~2][1][3][*58]");
+	vpmm_host_stream_complete(t.drv, other);
+	n = vpmm_pool_reclaim(t.pool);
+	PT_CHECK(&t);
+	cr_assert_eq(n, 0, "a zombie reclaimed after an unrelated stream completed");
+	struct vpmm_host_live l0, l1;
+	vpmm_host_live(t.drv, &l0);
+
+	vpmm_host_complete_all(t.drv);
+	n = vpmm_pool_reclaim(t.pool);
+	PT_CHECK(&t);
+	cr_assert_gt(n, 0);
+	PT_LAYOUT_IS(&t, "[*2][1][3][*58]");
+	st = pt_stats(&t);
+	cr_assert_eq(st.zombies, 0);
+	cr_assert_eq(st.holes, 60 * t.page);
+	cr_assert_geq(st.zombies_reclaimed, 1);
+	vpmm_host_live(t.drv, &l1);
+	cr_assert_eq(l1.mappings + 2, l0.mappings,
+		     "driver mappings %zu -> %zu: the 2 old pages not unmapped",
+		     l0.mappings, l1.mappings);
+	cr_assert_eq(l1.handles, l0.handles, "reclaim released physical pages");
+	n = vpmm_pool_reclaim(t.pool);
+	cr_assert_eq(n, 0, "a second reclaim found more");
+	pt_close(&t);
+}
+
+Test(zombie, reclaimed_zombie_merges_with_adjacent_holes)
+{
+	struct pt t;
+	open64(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 2, s);
+	CUdeviceptr b = PT_MALLOC(&t, 2, s);
+	PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, a, s);
+	PT_MALLOC(&t, 3, s);
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*2][2][1][3][*56]");
+	PT_FREE(&t, b, s);
+	PT_MALLOC(&t, 4, s);
+	PT_LAYOUT_IS(&t, "[*2][~2][1][3][4][*52]");
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*4][1][3][4][*52]");
+	pt_close(&t);
+}
+
+Test(zombie, next_malloc_reclaims_completed_zombies)
+{
+	struct pt t;
+	open64(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr old;
+	make_zombie(&t, s, &old);
+	vpmm_host_complete_all(t.drv);
+	struct vpmm_stats s0 = pt_stats(&t);
+	PT_LAYOUT_IS(&t, "[~2][1][3][*58]");
+	/* Phase 0 turns the zombie into a 2-page hole, the smallest that fits. */
+	CUdeviceptr p = PT_MALLOC(&t, 1, s);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_gt(s1.zombies_reclaimed, s0.zombies_reclaimed);
+	cr_assert_eq(p, old);
+	PT_LAYOUT_IS(&t, "[1][*1][1][3][*58]");
+	pt_close(&t);
+}
+
+Test(zombie, reclaimed_per_event)
+{
+	struct pt t;
+	open64(&t);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p[4];
+	for (int i = 0; i < 4; i++) {
+		p[i] = PT_MALLOC(&t, 1, a);
+		PT_MALLOC(&t, 1, a);
+	}
+	PT_FREE(&t, p[0], a);
+	PT_FREE(&t, p[1], a);
+	PT_FREE(&t, p[2], b);
+	PT_FREE(&t, p[3], b);
+	PT_LAYOUT_IS(&t, "[-1][1][-1][1][-1][1][-1][1][*56]");
+	PT_MALLOC(&t, 2, a);
+	PT_LAYOUT_IS(&t, "[~1][1][~1][1][-1][1][-1][1][2][*54]");
+	PT_MALLOC(&t, 2, b);
+	PT_LAYOUT_IS(&t, "[~1][1][~1][1][~1][1][~1][1][2][2][*52]");
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, a), 0);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0);
+	vpmm_host_stream_complete(t.drv, a);
+	int n = vpmm_pool_reclaim(t.pool);
+	PT_CHECK(&t);
+	cr_assert_gt(n, 0);
+	PT_LAYOUT_IS(&t, "[*1][1][*1][1][~1][1][~1][1][2][2][*52]");
+	vpmm_host_stream_complete(t.drv, b);
+	cr_assert_gt(vpmm_pool_reclaim(t.pool), 0);
+	PT_CHECK(&t);
+	PT_LAYOUT_IS(&t, "[*1][1][*1][1][*1][1][*1][1][2][2][*52]");
+	pt_close(&t);
+}
+
+/* Remapping moves physical pages, not bytes: the harvested pages come first
+ * in the new allocation and carry what was written through the old address;
+ * while the old address is a zombie both show the same memory. */
+Test(zombie, remapped_pages_are_the_same_memory)
+{
+	struct pt t;
+	open64(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 2, s);
+	size_t words = 2 * t.page / sizeof(uint64_t);
+	uint64_t *old = (uint64_t *)(uintptr_t)a;
+	for (size_t i = 0; i < words; i++)
+		old[i] = 0xabcd000000000000ull + i;
+	PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, a, s);
+	CUdeviceptr q = PT_MALLOC(&t, 3, s);
+	cr_assert_neq(q, a);
+	uint64_t *neu = (uint64_t *)(uintptr_t)q;
+	for (size_t i = 0; i < words; i++)
+		cr_assert_eq(neu[i], 0xabcd000000000000ull + i,
+			     "word %zu of the remapped pages: %#llx", i,
+			     (unsigned long long)neu[i]);
+	neu[7] = 42;
+	cr_assert_eq(old[7], 42, "old and new address are not the same page");
+	/* The created third page is usable too. */
+	neu[words + 3] = 7;
+	cr_assert_eq(neu[words + 3], 7);
+	pt_settle(&t);
+	cr_assert_eq(neu[0], 0xabcd000000000000ull, "reclaim touched the new mapping");
+	pt_close(&t);
+}
+
+/* An unmap that fails leaves a zombie that a later reclaim finishes. */
+Test(zombie, failed_unmap_is_retried_later)
+{
+	for (unsigned long nth = 1; nth <= 2; nth++) {
+		struct pt t;
+		open64(&t);
+		CUstream s = vpmm_host_stream_create(t.drv);
+		CUdeviceptr old;
+		make_zombie(&t, s, &old);
+		vpmm_host_complete_all(t.drv);
+		vpmm_host_fail(t.drv, VPMM_OP_UNMAP, nth, CUDA_ERROR_UNKNOWN);
+		unsigned long c0 = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+		int n = vpmm_pool_reclaim(t.pool);
+		PT_CHECK(&t);
+		unsigned long c1 = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+		vpmm_host_fail(t.drv, VPMM_OP_UNMAP, 0, CUDA_SUCCESS);
+		if (c1 - c0 < nth) {
+			/* One unmap for the whole zombie: nth 2 never came. */
+			cr_assert_geq(n, 0);
+			pt_close(&t);
+			continue;
+		}
+		cr_assert(n == -EIO || n >= 0, "nth %lu: reclaim = %d", nth, n);
+		if (n == -EIO)
+			cr_assert_eq(vpmm_pool_last_result(t.pool), CUDA_ERROR_UNKNOWN);
+		int n2 = vpmm_pool_reclaim(t.pool);
+		PT_CHECK(&t);
+		cr_assert_geq(n2, 0);
+		cr_assert(n > 0 || n2 > 0, "nth %lu: the zombie was never reclaimed", nth);
+		PT_LAYOUT_IS(&t, "[*2][1][3][*58]");
+		pt_close(&t);
+	}
+}

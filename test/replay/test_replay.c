@@ -1,0 +1,573 @@
+/* test_replay.c — runs the built vpmm-replay ($VPMM_REPLAY) on logs written
+ * here in RMM's CSV format and checks what it reports. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define GiB ((uint64_t)1 << 30)
+#define MiB ((uint64_t)1 << 20)
+#define HEADER "Thread,Time,Action,Pointer,Size,Stream\n"
+
+static char dir[] = "/tmp/vpmm-replay-test.XXXXXX";
+
+static void setup(void)
+{
+	cr_assert_not_null(getenv("VPMM_REPLAY"), "VPMM_REPLAY not set (run through meson test)");
+	cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", dir);
+}
+
+TestSuite(replay, .init = setup, .fini = teardown);
+
+/* Writes `text` to DIR/name; returns the path (static buffer per call slot). */
+static const char *write_file(const char *name, const char *text)
+{
+	static char paths[8][256];
+	static int slot;
+	char *p = paths[slot++ % 8];
+	snprintf(p, 256, "%s/%s", dir, name);
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f, "%s: %s", p, strerror(errno));
+	fputs(text, f);
+	cr_assert_eq(fclose(f), 0);
+	return p;
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&buf, &len);
+	int c;
+	while ((c = fgetc(f)) != EOF)
+		fputc(c, m);
+	fclose(f);
+	fclose(m);
+	return buf;
+}
+
+struct run {
+	int status; /* exit status, or -1 if killed */
+	char *out, *err;
+};
+
+static void run_free(struct run *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+/* Runs `prog` with args (NULL-terminated) and only PATH plus `env` (NULL-
+ * terminated, may be NULL) in its environment: no VPMM_* of ours leaks in. */
+static struct run run_prog(const char *prog, const char *const *args,
+			   const char *const *env)
+{
+	char out[300], err[300];
+	snprintf(out, sizeof(out), "%s/stdout", dir);
+	snprintf(err, sizeof(err), "%s/stderr", dir);
+
+	const char *argv[32];
+	size_t n = 0;
+	argv[n++] = prog;
+	for (; args && args[0]; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+
+	char path_var[1024];
+	const char *envp[16];
+	size_t e = 0;
+	snprintf(path_var, sizeof(path_var), "PATH=%s",
+		 getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+	envp[e++] = path_var;
+	for (; env && env[0]; env++)
+		envp[e++] = *env;
+	envp[e] = NULL;
+
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
+			_exit(126);
+		execve(prog, (char *const *)argv, (char *const *)envp);
+		_exit(127);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	struct run r = { WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err) };
+	cr_assert_neq(r.status, 127, "could not execute %s", prog);
+	return r;
+}
+
+static struct run replay(const char *const *args, const char *const *env)
+{
+	return run_prog(getenv("VPMM_REPLAY"), args, env);
+}
+
+/* The value of "key": N in a JSON object (fails the test when absent). */
+static uint64_t json_u64(const char *json, const char *key)
+{
+	char pat[64];
+	snprintf(pat, sizeof(pat), "\"%s\": ", key);
+	const char *p = strstr(json, pat);
+	cr_assert_not_null(p, "no %s in %s", key, json);
+	char *end;
+	errno = 0;
+	uint64_t v = strtoull(p + strlen(pat), &end, 10);
+	cr_assert(errno == 0 && end != p + strlen(pat), "%s is not a number in %s", key, json);
+	return v;
+}
+
+/* A log of lines built with printf formats. */
+struct logbuf {
+	char *buf;
+	size_t len;
+	FILE *f;
+};
+
+static void log_open(struct logbuf *l)
+{
+	l->buf = NULL;
+	l->f = open_memstream(&l->buf, &l->len);
+	cr_assert_not_null(l->f);
+	fputs(HEADER, l->f);
+}
+
+__attribute__((format(printf, 2, 3)))
+static void log_add(struct logbuf *l, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(l->f, fmt, ap);
+	va_end(ap);
+	fputc('\n', l->f);
+}
+
+static const char *log_write(struct logbuf *l, const char *name)
+{
+	fclose(l->f);
+	const char *p = write_file(name, l->buf);
+	free(l->buf);
+	return p;
+}
+
+/* The spec's scenario in GiB on one stream: +10 +1 -10 +4 +11, as RMM's
+ * adaptor writes it (thread, time, action, pointer, size, stream). */
+static const char *spec_log(void)
+{
+	struct logbuf l;
+	log_open(&l);
+	log_add(&l, "140213,10:00:00.000001,allocate,0x7f0000000000,%" PRIu64 ",0x0", 10 * GiB);
+	log_add(&l, "140213,10:00:00.000002,allocate,0x7f0280000000,%" PRIu64 ",0x0", 1 * GiB);
+	log_add(&l, "140213,10:00:00.000003,free,0x7f0000000000,%" PRIu64 ",0x0", 10 * GiB);
+	log_add(&l, "140213,10:00:00.000004,allocate,0x7f0000000000,%" PRIu64 ",0x0", 4 * GiB);
+	log_add(&l, "140213,10:00:00.000005,allocate,0x7f0400000000,%" PRIu64 ",0x0", 11 * GiB);
+	return log_write(&l, "spec.csv");
+}
+
+Test(replay, spec_scenario_maps_16_gib)
+{
+	const char *log = spec_log();
+	struct run r = replay((const char *[]){ "--page-size", "1G", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	/* Pages on demand: 11 for +10 +1, +4 reuses the freed 10, +11 takes the
+	 * 6 left over and creates the 5 it lacks: 16 GiB, all of it live. */
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 16 * GiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_live_bytes"), 16 * GiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_requested_bytes"), 16 * GiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_created"), 16, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_remapped"), 6, "%s", r.out);
+	cr_expect_geq(json_u64(r.out, "defrags"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "ops"), 5, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "failures"), 0, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "page_size"), GiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "streams"), 1, "%s", r.out);
+	cr_expect(strstr(r.out, "\"ns_per_op\": ") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "\"ratio\": 1.0") != NULL, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, spec_scenario_with_enough_pages_needs_no_defrag)
+{
+	/* Case A with X = 11: 22 pages mapped up front, +11 fits after [1]. */
+	const char *log = spec_log();
+	struct run r = replay((const char *[]){ "--page-size", "1G", "--pages", "22",
+						"--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 22 * GiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_created"), 22, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_remapped"), 0, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, config_defaults_come_from_the_environment)
+{
+	const char *log = spec_log();
+	struct run r = replay((const char *[]){ "--json", log, NULL },
+			      (const char *[]){ "VPMM_PAGE_SIZE=1G", NULL });
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "page_size"), GiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 16 * GiB, "%s", r.out);
+	run_free(&r);
+
+	/* The command line wins over the environment. */
+	r = replay((const char *[]){ "--page-size", "2M", "--json", log, NULL },
+		   (const char *[]){ "VPMM_PAGE_SIZE=1G", NULL });
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "page_size"), 2 * MiB, "%s", r.out);
+	run_free(&r);
+
+	r = replay((const char *[]){ log, NULL }, (const char *[]){ "VPMM_PAGE_SIZE=3X", NULL });
+	cr_expect_eq(r.status, 2);
+	cr_expect(strstr(r.err, "VPMM_PAGE_SIZE=\"3X\"") != NULL, "%s", r.err);
+	run_free(&r);
+}
+
+Test(replay, text_output)
+{
+	const char *log = spec_log();
+	struct run r = replay((const char *[]){ "--page-size", "1G", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "peak mapped         17179869184 bytes (16.00 GiB)") != NULL,
+		  "%s", r.out);
+	cr_expect(strstr(r.out, "peak live") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "pages remapped      6\n") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "mapped / live       1.000") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "time per operation") != NULL, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, json_parses_with_python)
+{
+	const char *log = spec_log();
+	const char *py = getenv("PYTHON3");
+	cr_assert_not_null(py, "PYTHON3 not set (run through meson test)");
+	struct run r = replay((const char *[]){ "--page-size", "1G", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	const char *json = write_file("out.json", r.out);
+	run_free(&r);
+
+	const char *script =
+		"import json, sys\n"
+		"d = json.load(open(sys.argv[1]))\n"
+		"keys = ['peak_live_bytes', 'peak_mapped_bytes', 'ops', 'pages_created',\n"
+		"        'pages_remapped', 'defrags', 'ns_per_op', 'peak_requested_bytes',\n"
+		"        'ratio', 'failures', 'unknown_frees']\n"
+		"missing = [k for k in keys if k not in d]\n"
+		"assert not missing, missing\n"
+		"assert d['peak_mapped_bytes'] == 16 << 30, d\n"
+		"assert abs(d['ratio'] - 1.0) < 1e-9, d\n"
+		"assert d['ns_per_op'] >= 0, d\n"
+		"print('ok')\n";
+	r = run_prog(py, (const char *[]){ "-c", script, json, NULL }, NULL);
+	cr_expect_eq(r.status, 0, "python: %s", r.err);
+	cr_expect_str_eq(r.out, "ok\n");
+	run_free(&r);
+}
+
+Test(replay, pointer_and_stream_spellings)
+{
+	/* Newer RMM: %llx without 0x; older: fmt's 0x...; decimal; glibc's (nil)
+	 * for a null stream. Each pair must match up: nothing unknown. */
+	const char *log = write_file("spell.csv", HEADER
+		"1,00:00:00.0,allocate,7f3a40000000,4194304,0\n"
+		"1,00:00:00.0,allocate,0x7F3A40400000,4194304,0x0\n"
+		"1,00:00:00.0,allocate,123456789,4194304,(nil)\n"
+		"1,00:00:00.0,free,0x7f3a40000000,4194304,0\n"
+		"1,00:00:00.0,free,7f3a40400000,4194304,0\n"
+		"1,00:00:00.0,free,123456789,4194304,0x0\n");
+	struct run r = replay((const char *[]){ "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "unknown_frees"), 0, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "ops"), 6, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "frees"), 3, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "streams"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_requested_bytes"), 12 * MiB, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, rounding_peak_live_versus_requested)
+{
+	const char *log = write_file("round.csv", HEADER
+		"1,t,allocate,0x1000,1,0x0\n"
+		"1,t,allocate,0x2000,3145728,0x0\n");
+	struct run r = replay((const char *[]){ "--page-size", "2M", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "peak_requested_bytes"), 3 * MiB + 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_live_bytes"), 6 * MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 6 * MiB, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, crlf_blank_lines_and_repeated_header)
+{
+	const char *log = write_file("crlf.csv",
+		"Thread,Time,Action,Pointer,Size,Stream\r\n"
+		"1,t,allocate,0x1000,2097152,0x0\r\n"
+		"\r\n"
+		"Thread,Time,Action,Pointer,Size,Stream\r\n"
+		"1,t,free,0x1000,2097152,0x0\r\n");
+	struct run r = replay((const char *[]){ "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "ops"), 2, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, log_failures_and_zero_sizes_are_skipped_and_counted)
+{
+	const char *log = write_file("fail.csv", HEADER
+		"1,t,allocate failure,0x0,99999999999,0x0\n"
+		"1,t,allocate,0x1000,2097152,0x0\n"
+		"1,t,allocate failure,0,1024,0x5\n"
+		"1,t,allocate,0x0,0,0x0\n"
+		"1,t,free,0x0,0,0x0\n"
+		"1,t,free,0x1000,2097152,0x0\n");
+	struct run r = replay((const char *[]){ "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "log_failures"), 2, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "zero_sized"), 2, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "ops"), 2, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "failures"), 0, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, unknown_free_is_a_counted_warning)
+{
+	const char *log = write_file("unknown.csv", HEADER
+		"1,t,allocate,0x1000,2097152,0x0\n"
+		"1,t,free,0xdead0000,2097152,0x0\n"
+		"1,t,free,0x1000,2097152,0x0\n"
+		"1,t,free,0x1000,2097152,0x0\n");
+	struct run r = replay((const char *[]){ "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "unknown_frees"), 2, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "ops"), 2, "%s", r.out);
+	char want[512];
+	snprintf(want, sizeof(want), "%s:3: warning: free of 0xdead0000", log);
+	cr_expect(strstr(r.err, want) != NULL, "stderr: %s", r.err);
+	snprintf(want, sizeof(want), "%s:5: warning: free of 0x1000", log);
+	cr_expect(strstr(r.err, want) != NULL, "stderr: %s", r.err);
+	run_free(&r);
+}
+
+Test(replay, pool_out_of_memory_is_counted_and_the_replay_goes_on)
+{
+	/* A 4 GiB device: the 10 GiB request fails, its free is skipped, the
+	 * rest replays. */
+	const char *log = write_file("oom.csv", HEADER
+		"1,t,allocate,0x1000,10737418240,0x0\n"
+		"1,t,allocate,0x2000,1073741824,0x0\n"
+		"1,t,free,0x1000,10737418240,0x0\n"
+		"1,t,free,0x2000,1073741824,0x0\n");
+	struct run r = replay((const char *[]){ "--capacity", "4G", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "failures"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "allocs"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "frees"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), GiB, "%s", r.out);
+	run_free(&r);
+
+	r = replay((const char *[]){ "--capacity", "4G", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "failed allocations  1") != NULL, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, cross_stream_reuse_follows_completion)
+{
+	/* Freed on stream A, wanted on stream B. With the device keeping up, the
+	 * event has completed and phase 1 reuses the page in place; with a device
+	 * that never finishes, the page can only move through a defragmentation
+	 * that makes B wait. Either way nothing new is mapped. */
+	const char *log = write_file("streams.csv", HEADER
+		"1,t,allocate,0x1000,2097152,0xa\n"
+		"1,t,free,0x1000,2097152,0xa\n"
+		"2,t,allocate,0x2000,2097152,0xb\n");
+	struct run r = replay((const char *[]){ "--complete-every", "1", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "streams"), 2, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 2 * MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_remapped"), 0, "%s", r.out);
+	run_free(&r);
+
+	r = replay((const char *[]){ "--complete-every", "0", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 2 * MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_remapped"), 1, "%s", r.out);
+	run_free(&r);
+}
+
+Test(replay, no_stream_value_frees_settled_memory)
+{
+	/* 0xffffffffffffffff is VPMM_NO_STREAM (cudaFree in a VPMM_TRACE): its
+	 * free is settled at once, so another stream reuses the page in place
+	 * even on a device that never finishes anything. */
+	const char *log = write_file("nostream.csv", HEADER
+		"1,t,allocate,0x1000,2097152,0xffffffffffffffff\n"
+		"1,t,free,0x1000,2097152,0xffffffffffffffff\n"
+		"2,t,allocate,0x2000,2097152,0xb\n");
+	struct run r = replay((const char *[]){ "--complete-every", "0", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 2 * MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "pages_remapped"), 0, "%s", r.out);
+	run_free(&r);
+}
+
+/* A random multi-stream log, replayed with the pool's check after every
+ * operation; the requested-bytes peak is computed here independently. */
+Test(replay, random_log_stays_consistent)
+{
+	struct logbuf l;
+	enum { N = 3000, SLOTS = 64 };
+	uint64_t ptrs[SLOTS] = { 0 }, sizes[SLOTS] = { 0 }, streams[SLOTS] = { 0 };
+	uint64_t live = 0, peak = 0, next_ptr = 0x7f0000000000, allocs = 0, frees = 0;
+	unsigned seed = 12345;
+
+	log_open(&l);
+	for (int i = 0; i < N; i++) {
+		unsigned k = (unsigned)rand_r(&seed) % SLOTS;
+		if (!ptrs[k]) {
+			uint64_t size = 1 + (uint64_t)rand_r(&seed) % (9 * MiB);
+			uint64_t stream = (uint64_t)rand_r(&seed) % 4; /* 0 and 3 others */
+			ptrs[k] = next_ptr;
+			next_ptr += 16 * MiB;
+			sizes[k] = size;
+			streams[k] = stream;
+			log_add(&l, "7,12:00:%02d.%06d,allocate,0x%" PRIx64 ",%" PRIu64 ",0x%" PRIx64,
+				i / 1000000 % 60, i % 1000000, ptrs[k], size, stream);
+			live += size;
+			peak = live > peak ? live : peak;
+			allocs++;
+		} else {
+			log_add(&l, "7,12:00:00.000000,free,0x%" PRIx64 ",%" PRIu64 ",0x%" PRIx64,
+				ptrs[k], sizes[k], streams[k]);
+			live -= sizes[k];
+			ptrs[k] = 0;
+			frees++;
+		}
+	}
+	const char *log = log_write(&l, "random.csv");
+	const char *lags[] = { "1", "7", "0" };
+	for (size_t j = 0; j < 3; j++) {
+		struct run r = replay((const char *[]){ "--check", "--complete-every", lags[j],
+							"--json", log, NULL }, NULL);
+		cr_assert_eq(r.status, 0, "lag %s: exit %d: %s", lags[j], r.status, r.err);
+		cr_expect(strstr(r.out, "check_violations") == NULL, "%s", r.out);
+		cr_expect_eq(json_u64(r.out, "peak_requested_bytes"), peak, "%s", r.out);
+		cr_expect_eq(json_u64(r.out, "ops"), allocs + frees, "%s", r.out);
+		cr_expect_eq(json_u64(r.out, "failures"), 0, "%s", r.out);
+		cr_expect_geq(json_u64(r.out, "peak_live_bytes"), peak, "%s", r.out);
+		cr_expect_geq(json_u64(r.out, "peak_mapped_bytes"),
+			      json_u64(r.out, "peak_live_bytes"), "%s", r.out);
+		run_free(&r);
+	}
+}
+
+/* ---- malformed input: exit 2, FILE:LINE ------------------------------------------ */
+
+struct bad_log {
+	const char *name;
+	const char *text;
+	int line;
+	const char *says;
+};
+
+Test(replay, malformed_lines_name_file_and_line)
+{
+	static const struct bad_log bad[] = {
+		{ "action.csv", HEADER "1,t,allocate,0x1000,4096,0x0\n1,t,alloc,0x2000,4096,0x0\n",
+		  3, "unknown action" },
+		{ "fields.csv", HEADER "1,t,allocate,0x1000,4096\n", 2, "expected 6" },
+		{ "extra.csv", HEADER "1,t,allocate,0x1000,4096,0x0,9\n", 2, "expected 6" },
+		{ "size.csv", HEADER "1,t,allocate,0x1000,12a,0x0\n", 2, "bad size" },
+		{ "negsize.csv", HEADER "1,t,allocate,0x1000,-5,0x0\n", 2, "bad size" },
+		{ "bigsize.csv", HEADER "1,t,allocate,0x1000,99999999999999999999,0x0\n", 2,
+		  "bad size" },
+		{ "ptr.csv", HEADER "1,t,allocate,0xZZ,4096,0x0\n", 2, "bad pointer" },
+		{ "emptyptr.csv", HEADER "1,t,free,,4096,0x0\n", 2, "bad pointer" },
+		{ "longptr.csv", HEADER "1,t,free,0x11112222333344445,4096,0x0\n", 2,
+		  "bad pointer" },
+		{ "stream.csv", HEADER "1,t,allocate,0x1000,4096,stream1\n", 2, "bad stream" },
+		{ "header.csv", "Thread,Time,Action,Pointer,Size\n1,t,allocate,0x1,1,0x0\n", 1,
+		  "expected the header" },
+		{ "noheader.csv", "1,t,allocate,0x1000,4096,0x0\n", 1, "expected the header" },
+		{ "empty.csv", "", 1, "empty log" },
+		{ "nullalloc.csv", HEADER "1,t,allocate,0x0,4096,0x0\n", 2, "null pointer" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *log = write_file(bad[i].name, bad[i].text);
+		struct run r = replay((const char *[]){ log, NULL }, NULL);
+		char want[512];
+		snprintf(want, sizeof(want), "%s:%d: ", log, bad[i].line);
+		cr_expect_eq(r.status, 2, "%s: exit %d", bad[i].name, r.status);
+		cr_expect(strstr(r.err, want) != NULL, "%s: stderr lacks \"%s\": %s",
+			  bad[i].name, want, r.err);
+		cr_expect(strstr(r.err, bad[i].says) != NULL, "%s: stderr lacks \"%s\": %s",
+			  bad[i].name, bad[i].says, r.err);
+		cr_expect_str_empty(r.out, "%s: printed results for a malformed log", bad[i].name);
+		run_free(&r);
+	}
+}
+
+Test(replay, unreadable_file_and_bad_usage)
+{
+	char missing[300];
+	snprintf(missing, sizeof(missing), "%s/no-such.csv", dir);
+	struct run r = replay((const char *[]){ missing, NULL }, NULL);
+	cr_expect_eq(r.status, 2);
+	cr_expect(strstr(r.err, "cannot open") && strstr(r.err, missing), "%s", r.err);
+	run_free(&r);
+
+	const char *log = spec_log();
+	const char *const *bad_args[] = {
+		(const char *[]){ NULL },
+		(const char *[]){ "--page-size", "3X", "x.csv", NULL },
+		(const char *[]){ "--va-size", "0", "x.csv", NULL },
+		(const char *[]){ "--defrag", "some", "x.csv", NULL },
+		(const char *[]){ "--pages", "-1", "x.csv", NULL },
+		(const char *[]){ "--complete-every", "x", "x.csv", NULL },
+		(const char *[]){ "--no-such-option", "x.csv", NULL },
+		(const char *[]){ "a.csv", "b.csv", NULL },
+	};
+	for (size_t i = 0; i < sizeof(bad_args) / sizeof(bad_args[0]); i++) {
+		r = replay(bad_args[i], NULL);
+		cr_expect_eq(r.status, 2, "case %zu: exit %d: %s", i, r.status, r.err);
+		cr_expect_str_empty(r.out, "case %zu", i);
+		run_free(&r);
+	}
+
+	r = replay((const char *[]){ "--help", NULL }, NULL);
+	cr_expect_eq(r.status, 0);
+	cr_expect(strstr(r.out, "usage: vpmm-replay") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "--complete-every") != NULL, "%s", r.out);
+	run_free(&r);
+
+	/* The log from standard input. */
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "'%s' --page-size 1G --json - < '%s' > '%s/stdin.json'",
+		 getenv("VPMM_REPLAY"), log, dir);
+	cr_expect_eq(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd), "%s/stdin.json", dir);
+	char *out = slurp(cmd);
+	cr_expect_eq(json_u64(out, "peak_mapped_bytes"), 16 * GiB, "%s", out);
+	free(out);
+}
