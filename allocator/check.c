@@ -37,7 +37,8 @@ static bool region_in_tree(const struct vpmm_tree *t, const struct region *r)
 
 /* Regions partition each chunk; each region is in the index of its kind. */
 static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
-			    size_t *nfree, size_t *nholes, size_t *nzombies)
+			    size_t *nfree, size_t *nholes, size_t *nzombies,
+			    size_t *nbusy)
 {
 	size_t bad = 0, runs = 0;
 	CUdeviceptr expect = 0;
@@ -71,6 +72,15 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			bad += complain(log, "region %#" PRIx64 " crosses its chunk",
 					(uint64_t)r->va);
 		expect = r->va + r->size;
+		if (r->kind == R_BUSY) {
+			(*nbusy)++;
+			if (r->was == R_BUSY || r->was == R_LIVE)
+				bad += complain(log, "busy %#" PRIx64 " was %d",
+						(uint64_t)r->va, r->was);
+			sums[r->was] += r->size; /* counts as before meanwhile */
+			prev = r;
+			continue;
+		}
 		sums[r->kind] += r->size;
 
 		switch (r->kind) {
@@ -105,6 +115,7 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			(*nzombies)++;
 			break;
 		case R_LIVE:
+		case R_BUSY:
 			break;
 		}
 		prev = r;
@@ -120,6 +131,12 @@ static const struct region *region_at(vpmm_pool *p, CUdeviceptr va)
 {
 	struct region probe = {.va = va};
 	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+}
+
+/* What a region counts as: a busy one as what it was. */
+static enum rkind kind_of(const struct region *r)
+{
+	return r->kind == R_BUSY ? r->was : r->kind;
 }
 
 /* Mappings cover exactly the live, free and zombie regions; each slab has one
@@ -144,13 +161,13 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 		bool home = false, zombie = false;
 		unsigned chunk = r ? r->chunk : 0;
 		for (; r && r->va < end; r = REG(vpmm_tree_next(&r->by_va), by_va)) {
-			if (r->kind == R_HOLE || r->chunk != chunk) {
+			if (kind_of(r) == R_HOLE || r->chunk != chunk) {
 				bad += complain(log, "mapping %#" PRIx64 " over a hole or two chunks",
 						(uint64_t)m->va);
 				break;
 			}
-			home |= r->kind != R_ZOMBIE;
-			zombie |= r->kind == R_ZOMBIE;
+			home |= kind_of(r) != R_ZOMBIE;
+			zombie |= kind_of(r) == R_ZOMBIE;
 		}
 		if (home && zombie)
 			bad += complain(log, "mapping %#" PRIx64 " half zombie", (uint64_t)m->va);
@@ -163,7 +180,7 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 		const struct mapping *m = MAP(n);
 		const struct region *r = region_at(p, m->va);
 		m->slab->seen_maps++;
-		if (r && r->kind != R_ZOMBIE) {
+		if (r && kind_of(r) != R_ZOMBIE) {
 			m->slab->seen_homes++;
 			*physical += m->slab->size;
 		}
@@ -219,7 +236,10 @@ size_t vpmm_pool_check_locked(vpmm_pool *p, FILE *log)
 
 	bad += vpmm_tree_check(&p->regions) + vpmm_tree_check(&p->settled) +
 	       vpmm_tree_check(&p->holes) + vpmm_tree_check(&p->maps);
-	bad += check_regions(p, log, sums, &nfree, &nholes, &nzombies);
+	size_t nbusy = 0;
+	bad += check_regions(p, log, sums, &nfree, &nholes, &nzombies, &nbusy);
+	if (nbusy != p->busy)
+		bad += complain(log, "%zu busy regions, %zu counted", nbusy, p->busy);
 	bad += check_streams(p, log, &indexed_free);
 	bad += check_mappings(p, log, &mapped_va, &physical);
 	bad += vpmm_small_check_locked(p, log);
@@ -261,7 +281,7 @@ size_t vpmm_pool_check_locked(vpmm_pool *p, FILE *log)
 
 /* ---- the region map --------------------------------------------------------------- */
 
-static const enum vpmm_region_kind kinds[] = {
+static const enum vpmm_region_kind kinds[R_BUSY] = {
 	[R_LIVE] = VPMM_REGION_LIVE,
 	[R_FREE] = VPMM_REGION_FREE,
 	[R_HOLE] = VPMM_REGION_HOLE,
@@ -280,7 +300,7 @@ size_t vpmm_pool_regions(vpmm_pool *p, struct vpmm_region_info *out, size_t cap)
 		out[n] = (struct vpmm_region_info){
 			.va = r->va,
 			.size = r->size,
-			.kind = kinds[r->kind],
+			.kind = kinds[kind_of(r)],
 			.stream = r->stream ? r->stream->handle : 0,
 			.settled = r->kind == R_FREE && !r->stream,
 			.chunk = r->chunk,
@@ -315,6 +335,7 @@ size_t vpmm_pool_layout(vpmm_pool *p, char *buf, size_t n, size_t unit)
 {
 	static const char *const sym[] = {
 		[R_LIVE] = "", [R_FREE] = "-", [R_HOLE] = "*", [R_ZOMBIE] = "~",
+		[R_BUSY] = "!",
 	};
 	size_t len = 0;
 	int prev_chunk = -1;

@@ -325,6 +325,8 @@ static void free_absorb(vpmm_pool *p, struct region *r, struct region *other)
 			r->epoch = other->epoch;
 		r->stream = other->stream;
 	}
+	if (other->seq > r->seq)
+		r->seq = other->seq;
 	region_delete(p, other);
 }
 
@@ -454,108 +456,243 @@ static void zombie_append(vpmm_pool *p, struct region *z)
 	p->zombie_tail = z;
 }
 
-/* Unmap one zombie whose event completed; it becomes a hole. On a driver
- * error the part already unmapped becomes a hole and the rest stays. */
-static int zombie_reclaim(vpmm_pool *p, struct region *z)
+/* Split r at `at` (r->va < at < end): r keeps the front, a new region of the
+ * same kind and class takes the back. r must be out of every index but the
+ * address tree, whose order this keeps. Region structs must be reserved. */
+static struct region *split_off(vpmm_pool *p, struct region *r, CUdeviceptr at)
 {
-	CUdeviceptr end = z->va + z->size;
-	struct mapping *m = mapping_ceil(p, z->va);
-	while (m && m->va < end) {
-		struct mapping *next = mapping_next(m);
-		CUresult r = DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
-		if (r != CUDA_SUCCESS) {
-			p->last_result = r;
-			if (m->va > z->va) {
-				/* reserve_regions() ran at the operation's start */
-				size_t done = m->va - z->va;
-				struct region *h = region_new(p, R_HOLE, z->va,
-							      done, z->chunk);
-				(void)h;
-				vpmm_tree_remove(&p->regions, &z->by_va);
-				z->va += done;
-				z->size -= done;
-				vpmm_tree_insert(&p->regions, &z->by_va);
-				GAUGE_SUB(p, zombies, done);
-				GAUGE_ADD(p, holes, done);
-				hole_insert(p, h);
-			}
-			return -EIO;
-		}
-		mapping_forget(p, m);
-		m = next;
-	}
-	zombie_unlink(p, z);
-	event_unref(p, z->ev);
-	z->ev = NULL;
-	z->kind = R_HOLE;
-	GAUGE_SUB(p, zombies, z->size);
-	GAUGE_ADD(p, holes, z->size);
-	p->st.zombies_reclaimed++;
-	hole_insert(p, z);
-	return 0;
+	struct region *n = region_new(p, r->kind, at, r->va + r->size - at, r->chunk);
+	n->was = r->was;
+	n->stream = r->stream;
+	n->epoch = r->epoch;
+	n->seq = r->seq;
+	r->size = at - r->va;
+	return n;
 }
 
-/* Phase 0: reclaim the zombies whose events completed (or all, waiting on
- * the CPU, when `wait`). Returns how many were reclaimed. */
+/* Take r out of circulation while the lock is dropped for driver work on it;
+ * busy_return() puts it back as it was, merged with its neighbours. */
+static void busy_take(vpmm_pool *p, struct region *r)
+{
+	if (r->kind == R_FREE)
+		free_unindex(p, r);
+	else if (r->kind == R_HOLE)
+		vpmm_tree_remove(&p->holes, &r->by_size);
+	else if (r->kind == R_ZOMBIE)
+		zombie_unlink(p, r);
+	r->was = r->kind;
+	r->kind = R_BUSY;
+	p->busy++;
+}
+
+/* A free region coming back: what completed meanwhile is settled. */
+static struct region *free_restore(vpmm_pool *p, struct region *r)
+{
+	if (r->stream && r->epoch <= r->stream->done) {
+		r->stream = NULL;
+		r->epoch = 0;
+	}
+	return free_insert(p, r);
+}
+
+static void busy_return(vpmm_pool *p, struct region *r)
+{
+	r->kind = r->was;
+	p->busy--;
+	if (r->kind == R_FREE)
+		free_restore(p, r);
+	else if (r->kind == R_HOLE)
+		hole_insert(p, r);
+	else if (r->kind == R_ZOMBIE)
+		zombie_append(p, r);
+}
+
+/* ---- zombies ------------------------------------------------------------------- */
+
+static bool zombie_ready(vpmm_pool *p, struct region *z, bool wait)
+{
+	struct event *ev = z->ev;
+	if (!ev || ev->done)
+		return true;
+	poll_stream(p, ev->stream);
+	if (!ev->done && wait) {
+		CUresult r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, ev->ev);
+		if (r == CUDA_SUCCESS)
+			ev->done = true;
+		else
+			p->last_result = r;
+	}
+	return ev->done;
+}
+
+struct unmap_job {
+	struct region *z;
+	struct mapping *m;
+	CUdeviceptr va;
+	size_t size;
+	CUresult r;
+	bool tried;
+};
+
+/* Phase 0: unmap the zombies whose events completed (all of them, waiting
+ * on the CPU, when `wait`); they become holes. The unmapping runs with the
+ * lock dropped. Returns how many ranges were reclaimed. */
 static int reclaim_zombies(vpmm_pool *p, bool wait)
 {
+	struct region *batch = NULL, **tail = &batch;
+	struct unmap_job *job;
+	size_t njobs = 0, k = 0;
 	int n = 0;
-	struct region *z = p->zombie_head;
-	while (z) {
-		struct region *next = z->next;
-		struct event *ev = z->ev;
-		if (ev && !ev->done) {
-			poll_stream(p, ev->stream);
-			if (!ev->done && wait) {
-				CUresult r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, ev->ev);
-				if (r == CUDA_SUCCESS)
-					ev->done = true;
-				else
-					p->last_result = r;
-			}
-		}
-		if ((!ev || ev->done) && reserve_regions(p, 1) == 0 &&
-		    zombie_reclaim(p, z) == 0)
-			n++;
-		z = next;
+
+	for (struct region *z = p->zombie_head, *next; z; z = next) {
+		next = z->next;
+		if (!zombie_ready(p, z, wait))
+			continue;
+		busy_take(p, z);
+		*tail = z;
+		tail = &z->next;
+		for (struct mapping *m = mapping_ceil(p, z->va);
+		     m && m->va < z->va + z->size; m = mapping_next(m))
+			njobs++;
 	}
+	*tail = NULL;
+	if (!batch)
+		return 0;
+	job = calloc(njobs ? njobs : 1, sizeof(*job));
+	if (!job) { /* no room to plan: give them back for the next try */
+		for (struct region *z = batch, *next; z; z = next) {
+			next = z->next;
+			busy_return(p, z);
+		}
+		return -ENOMEM;
+	}
+	for (struct region *z = batch; z; z = z->next)
+		for (struct mapping *m = mapping_ceil(p, z->va);
+		     m && m->va < z->va + z->size; m = mapping_next(m))
+			job[k++] = (struct unmap_job){.z = z, .m = m, .va = m->va,
+						      .size = m->slab->size};
+
+	/* A zombie stops at its first failed unmap: what is unmapped stays a
+	 * prefix, which becomes a hole; the rest remains a zombie. */
+	pthread_mutex_unlock(&p->lock);
+	for (k = 0; k < njobs; k++) {
+		if (k && job[k - 1].z == job[k].z && job[k - 1].r != CUDA_SUCCESS) {
+			job[k].r = job[k - 1].r;
+			continue;
+		}
+		job[k].r = p->drv->unmap(p->drv, job[k].va, job[k].size);
+		job[k].tried = true;
+	}
+	pthread_mutex_lock(&p->lock);
+
+	k = 0;
+	for (struct region *z = batch, *next; z; z = next) {
+		CUdeviceptr ok_to = z->va;
+		bool failed = false;
+		next = z->next;
+		for (; k < njobs && job[k].z == z; k++) {
+			p->st.driver_calls += job[k].tried;
+			p->driver_calls[VPMM_OP_UNMAP] += job[k].tried;
+			if (job[k].r != CUDA_SUCCESS) {
+				p->last_result = job[k].r;
+				failed = true;
+			} else if (!failed) {
+				ok_to = job[k].va + job[k].size;
+			}
+			if (job[k].r == CUDA_SUCCESS)
+				mapping_forget(p, job[k].m);
+		}
+		if (failed) {
+			/* A failed unmap keeps the rest a zombie, ready for the
+			 * next try; what is unmapped before it becomes a hole. */
+			struct region *rest = z;
+			if (ok_to > z->va && reserve_regions(p, 1) == 0) {
+				rest = split_off(p, z, ok_to);
+				GAUGE_SUB(p, zombies, z->size);
+				GAUGE_ADD(p, holes, z->size);
+				z->kind = R_HOLE;
+				p->busy--;
+				p->st.zombies_reclaimed++;
+				hole_insert(p, z);
+				p->busy++; /* rest is busy too */
+			}
+			event_unref(p, rest->ev);
+			rest->ev = NULL;
+			busy_return(p, rest);
+			continue;
+		}
+		event_unref(p, z->ev);
+		z->ev = NULL;
+		z->kind = R_HOLE;
+		p->busy--;
+		GAUGE_SUB(p, zombies, z->size);
+		GAUGE_ADD(p, holes, z->size);
+		p->st.zombies_reclaimed++;
+		hole_insert(p, z);
+		n++;
+	}
+	free(job);
 	return n;
 }
 
 /* ---- chunks ---------------------------------------------------------------------- */
 
-static int chunk_add(vpmm_pool *p, size_t min, struct region **hole)
+/* Reserve another VA chunk (lock dropped for the driver call) and add it as
+ * one hole. */
+static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 {
 	size_t size = p->cfg.va_size > min ? p->cfg.va_size : min;
 	CUdeviceptr va;
-	if (p->nchunks == p->chunks_cap) {
-		unsigned cap = p->chunks_cap ? p->chunks_cap * 2 : 4;
-		struct chunk *c = realloc(p->chunks, cap * sizeof(*c));
-		if (!c)
-			return -ENOMEM;
-		p->chunks = c;
-		p->chunks_cap = cap;
-	}
-	CUresult r = DRV(p, VPMM_OP_VA_RESERVE, va_reserve, size, &va);
+	CUresult r;
+	int rc;
+
+	pthread_mutex_unlock(&p->lock);
+	r = p->drv->va_reserve(p->drv, size, &va);
+	pthread_mutex_lock(&p->lock);
+	p->st.driver_calls++;
+	p->driver_calls[VPMM_OP_VA_RESERVE]++;
 	if (r != CUDA_SUCCESS) {
 		p->last_result = r;
 		return cu_errno(r);
 	}
+	rc = reserve_regions(p, 1);
+	if (!rc && p->nchunks == p->chunks_cap) {
+		unsigned cap = p->chunks_cap ? p->chunks_cap * 2 : 4;
+		struct chunk *c = realloc(p->chunks, cap * sizeof(*c));
+		if (c) {
+			p->chunks = c;
+			p->chunks_cap = cap;
+		} else {
+			rc = -ENOMEM;
+		}
+	}
+	if (rc) {
+		DRV(p, VPMM_OP_VA_FREE, va_free, va, size);
+		return rc;
+	}
 	p->chunks[p->nchunks] = (struct chunk){.va = va, .size = size};
-	*hole = region_new(p, R_HOLE, va, size, p->nchunks);
-	p->nchunks++;
-	vpmm_tree_insert(&p->holes, &(*hole)->by_size);
+	struct region *hole = region_new(p, R_HOLE, va, size, p->nchunks);
+	*index = p->nchunks++;
+	vpmm_tree_insert(&p->holes, &hole->by_size);
 	GAUGE_ADD(p, reserved, size);
 	GAUGE_ADD(p, holes, size);
 	return 0;
 }
 
-/* Undo chunk_add() of the last chunk, whose only region is `hole`. */
-static void chunk_drop_last(vpmm_pool *p, struct region *hole)
+/* Give back chunk `index` if it is the last one and nothing but a hole: a
+ * failed request leaves no VA behind. */
+static void chunk_drop_if_unused(vpmm_pool *p, unsigned index)
 {
-	struct chunk *c = &p->chunks[--p->nchunks];
+	struct chunk *c = &p->chunks[index];
+	struct region probe = {.va = c->va}, *hole;
+	if (index + 1 != p->nchunks)
+		return;
+	hole = REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+	if (!hole || hole->kind != R_HOLE || hole->va != c->va || hole->size != c->size)
+		return;
 	vpmm_tree_remove(&p->holes, &hole->by_size);
 	region_delete(p, hole);
+	p->nchunks--;
 	DRV(p, VPMM_OP_VA_FREE, va_free, c->va, c->size);
 	GAUGE_SUB(p, reserved, c->size);
 	GAUGE_SUB(p, holes, c->size);
@@ -622,11 +759,32 @@ static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 		if (r != skip && pl->taken < pl->target)
 			rc = plan_region(p, pl, r);
 	}
-	for (struct stream *s = p->streams; s && !rc; s = s->next)
-		if (s != caller)
+	/* Other streams: oldest free first across all of them (each fifo is in
+	 * free order already, so this merges their heads). */
+	struct region *cur[64];
+	unsigned n = 0;
+	for (struct stream *s = p->streams; s; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (n == 64) { /* more streams than the merge holds: in turn */
 			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
 				if (r != skip && pl->taken < pl->target)
 					rc = plan_region(p, pl, r);
+			continue;
+		}
+		cur[n++] = s->fifo_head;
+	}
+	while (!rc && pl->taken < pl->target) {
+		unsigned best = n;
+		for (unsigned i = 0; i < n; i++)
+			if (cur[i] && (best == n || cur[i]->seq < cur[best]->seq))
+				best = i;
+		if (best == n)
+			break;
+		if (cur[best] != skip)
+			rc = plan_region(p, pl, cur[best]);
+		cur[best] = cur[best]->next;
+	}
 	return rc;
 }
 
@@ -644,6 +802,9 @@ static int plan_events(vpmm_pool *p, struct plan *pl, struct stream *caller)
 		rc = cover_event(p, s, h->r->epoch, &h->ev);
 		if (rc)
 			return rc;
+		/* Held across the unlocked driver work, handed to the zombie. */
+		if (h->ev)
+			h->ev->refs++;
 		if (!h->ev || s == caller || h->ev == waited)
 			continue;
 		CUresult r;
@@ -672,27 +833,43 @@ struct fresh { /* a range mapped by this defragmentation */
 	struct mapping *rec; /* preallocated record */
 };
 
+static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
+{
+	if (!fr)
+		return;
+	for (size_t i = 0; i < n; i++)
+		free(fr[i].rec);
+	for (size_t i = nmove; i < n; i++)
+		free(fr[i].slab);
+	free(fr);
+}
+
 /* Phase 2. Makes a FREE region of at least `need` bytes usable by `caller`
- * (NULL: by anyone) and returns it. On failure nothing has changed but
- * events recorded and waits inserted, which only order work conservatively. */
+ * (NULL: by anyone) and returns it.
+ *
+ * Under the lock it plans, records the events the plan needs and takes every
+ * region it touches out of circulation (busy); it drops the lock for the
+ * driver work (create, map, set access: tens of microseconds a handle) and
+ * takes it again to commit. On failure every busy region goes back as it
+ * was; only events recorded and waits inserted remain, which order work
+ * conservatively and nothing more. */
 static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		  struct region **out)
 {
 	struct plan pl = {0};
 	struct fresh *fr = NULL;
 	size_t nfr = 0, nmove = 0, nmapped = 0, shortfall, lack, have = 0, off, k;
+	size_t calls_create = 0, calls_map = 0, calls_access = 0;
 	struct region *hole, *adj;
-	bool new_chunk = false;
-	CUresult r;
+	unsigned new_chunk = UINT32_MAX;
+	CUresult r = CUDA_SUCCESS;
 	int rc;
 
 	struct region probe = {.size = need};
-	hole = REG(vpmm_tree_ceil(&p->holes, &probe.by_size), by_size);
-	if (!hole) {
-		rc = chunk_add(p, need, &hole);
+	while (!(hole = REG(vpmm_tree_ceil(&p->holes, &probe.by_size), by_size))) {
+		rc = chunk_add(p, need, &new_chunk);
 		if (rc)
 			return rc;
-		new_chunk = true;
 	}
 	/* A usable free region ending where the hole starts lends its bytes:
 	 * only the rest has to be remapped or created. */
@@ -708,12 +885,13 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	pl.target = p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
 	rc = plan_harvest(p, &pl, caller, adj);
 	if (rc)
-		goto fail;
+		goto out;
 	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
-	if (shortfall && p->cfg.limit && p->st.mapped + shortfall > p->cfg.limit) {
+	if (shortfall && p->cfg.limit &&
+	    p->st.mapped + p->inflight + shortfall > p->cfg.limit) {
 		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
 		rc = -ENOMEM;
-		goto fail;
+		goto out;
 	}
 	/* Every struct the commit needs, before the first driver call. */
 	size_t nnew = (shortfall + p->cfg.handle_size - 1) / p->cfg.handle_size;
@@ -721,157 +899,209 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		for (struct mapping *m = mapping_ceil(p, pl.h[i].a);
 		     m && m->va < pl.h[i].b; m = mapping_next(m))
 			nmove++;
-	rc = reserve_regions(p, (unsigned)(3 * pl.n + 2));
-	if (rc)
-		goto fail;
-	fr = calloc(nmove + nnew, sizeof(*fr));
-	if (!fr && nmove + nnew) {
+	nfr = nmove + nnew;
+	rc = reserve_regions(p, (unsigned)(2 * pl.n + 2));
+	fr = rc ? NULL : calloc(nfr, sizeof(*fr));
+	if (!fr) {
 		rc = -ENOMEM;
-		goto fail;
+		goto out;
 	}
-	for (size_t i = 0; i < nmove + nnew; i++) {
-		fr[i].rec = malloc(sizeof(*fr[i].rec));
-		if (!fr[i].rec || (i >= nmove && !(fr[i].slab = calloc(1, sizeof(struct slab))))) {
-			nfr = nmove + nnew;
+	for (k = 0; k < nfr; k++) {
+		fr[k].rec = malloc(sizeof(*fr[k].rec));
+		if (!fr[k].rec || (k >= nmove && !(fr[k].slab = calloc(1, sizeof(struct slab))))) {
 			rc = -ENOMEM;
-			goto fail;
+			goto out;
 		}
 	}
-	nfr = nmove + nnew;
-
 	rc = plan_events(p, &pl, caller);
 	if (rc)
-		goto fail;
+		goto out;
 
-	/* Create the shortfall, then map harvested pages first, new ones after. */
+	/* Out of circulation: the harvested pieces, the lending neighbour and
+	 * the part of the hole that will be mapped. */
 	off = hole->va;
 	k = 0;
-	for (size_t i = 0; i < pl.n; i++)
-		for (struct mapping *m = mapping_ceil(p, pl.h[i].a);
-		     m && m->va < pl.h[i].b; m = mapping_next(m)) {
+	for (size_t i = 0; i < pl.n; i++) {
+		struct harvest *h = &pl.h[i];
+		struct region *src = h->r;
+		free_unindex(p, src);
+		if (h->b < src->va + src->size)
+			free_index(p, split_off(p, src, h->b));
+		if (src->va < h->a) {
+			struct region *mid = split_off(p, src, h->a);
+			free_index(p, src);
+			src = mid;
+		}
+		src->was = R_FREE; /* busy; unindexed above */
+		src->kind = R_BUSY;
+		p->busy++;
+		h->r = src;
+		for (struct mapping *m = mapping_ceil(p, h->a); m && m->va < h->b;
+		     m = mapping_next(m)) {
 			fr[k].slab = m->slab;
 			fr[k++].va = off;
 			off += m->slab->size;
 		}
+	}
+	if (adj)
+		busy_take(p, adj);
+	vpmm_tree_remove(&p->holes, &hole->by_size);
+	if (hole->size > pl.taken + shortfall)
+		vpmm_tree_insert(&p->holes,
+				 &split_off(p, hole, hole->va + pl.taken + shortfall)->by_size);
+	hole->was = R_HOLE;
+	hole->kind = R_BUSY;
+	p->busy++;
+	p->inflight += shortfall;
+	CUdeviceptr base = hole->va;
+
+	pthread_mutex_unlock(&p->lock);
+	/* Create the shortfall; map harvested pages first, new ones after. */
 	for (size_t left = shortfall; k < nfr; k++) {
 		size_t sz = left < p->cfg.handle_size ? left : p->cfg.handle_size;
-		sz = (sz + p->page - 1) / p->page * p->page;
 		fr[k].slab->size = sz;
-		r = DRV(p, VPMM_OP_MEM_CREATE, mem_create, p->cfg.device, sz,
-			&fr[k].slab->handle);
+		r = p->drv->mem_create(p->drv, p->cfg.device, sz, &fr[k].slab->handle);
+		calls_create++;
 		if (r != CUDA_SUCCESS)
-			goto driver_fail;
+			break;
 		fr[k].created = true;
 		fr[k].va = off;
 		off += sz;
-		left -= sz < left ? sz : left;
+		left -= sz;
 	}
-	for (k = 0; k < nfr; k++, nmapped++) {
-		r = DRV(p, VPMM_OP_MAP, map, fr[k].va, fr[k].slab->size,
-			fr[k].slab->handle);
-		if (r != CUDA_SUCCESS)
-			goto driver_fail;
-		fr[k].slab->nmaps++; /* undone below on failure */
+	for (k = 0; r == CUDA_SUCCESS && k < nfr; k++) {
+		r = p->drv->map(p->drv, fr[k].va, fr[k].slab->size, fr[k].slab->handle);
+		calls_map++;
+		nmapped += r == CUDA_SUCCESS;
 	}
-	r = DRV(p, VPMM_OP_SET_ACCESS, set_access, hole->va, off - hole->va,
-		&p->cfg.device, 1);
-	if (r != CUDA_SUCCESS)
-		goto driver_fail;
+	if (r == CUDA_SUCCESS) {
+		r = p->drv->set_access(p->drv, base, off - base, &p->cfg.device, 1);
+		calls_access++;
+	}
+	if (r != CUDA_SUCCESS) {
+		for (k = nmapped; k-- > 0;)
+			p->drv->unmap(p->drv, fr[k].va, fr[k].slab->size);
+		for (k = nmove; k < nfr; k++)
+			if (fr[k].created)
+				p->drv->mem_release(p->drv, fr[k].slab->handle);
+	}
+	pthread_mutex_lock(&p->lock);
+	p->inflight -= shortfall;
+	p->st.driver_calls += calls_create + calls_map + calls_access;
+	p->driver_calls[VPMM_OP_MEM_CREATE] += calls_create;
+	p->driver_calls[VPMM_OP_MAP] += calls_map;
+	p->driver_calls[VPMM_OP_SET_ACCESS] += calls_access;
+	if (r != CUDA_SUCCESS) { /* the undo calls above */
+		p->st.driver_calls += nmapped;
+		p->driver_calls[VPMM_OP_UNMAP] += nmapped;
+		for (k = nmove; k < nfr; k++)
+			if (fr[k].created) {
+				p->st.driver_calls++;
+				p->driver_calls[VPMM_OP_MEM_RELEASE]++;
+			}
+	}
+
+	if (r != CUDA_SUCCESS) {
+		p->last_result = r;
+		rc = cu_errno(r);
+		for (size_t i = 0; i < pl.n; i++)
+			busy_return(p, pl.h[i].r);
+		if (adj)
+			busy_return(p, adj);
+		busy_return(p, hole);
+		goto out;
+	}
 
 	/* Commit: nothing below can fail. */
-	size_t mapped_len = off - hole->va, created = 0;
+	size_t mapped_len = off - base, created = 0;
 	bool pending = false;
 	for (k = 0; k < nfr; k++) {
 		fr[k].rec->va = fr[k].va;
 		fr[k].rec->slab = fr[k].slab;
+		fr[k].slab->nmaps++;
 		vpmm_tree_insert(&p->maps, &fr[k].rec->by_va);
+		fr[k].rec = NULL;
 		if (fr[k].created) {
 			created += fr[k].slab->size;
 			p->st.handles_created++;
+			fr[k].slab = NULL; /* owned by the pool now */
 		}
 	}
 	for (size_t i = 0; i < pl.n; i++) {
-		struct harvest *h = &pl.h[i];
-		struct region *src = h->r, *z;
-		CUdeviceptr end = src->va + src->size;
-		pending |= src->stream != NULL;
-		free_unindex(p, src);
-		if (h->b < end) { /* tail stays free, same stream order */
-			struct region *t = region_new(p, R_FREE, h->b, end - h->b, src->chunk);
-			t->stream = src->stream;
-			t->epoch = src->epoch;
-			free_index(p, t);
-		}
-		if (src->va < h->a) {
-			struct region *t = region_new(p, R_FREE, src->va, h->a - src->va,
-						      src->chunk);
-			t->stream = src->stream;
-			t->epoch = src->epoch;
-			free_index(p, t);
-			vpmm_tree_remove(&p->regions, &src->by_va);
-			src->va = h->a;
-			vpmm_tree_insert(&p->regions, &src->by_va);
-		}
-		z = src;
-		z->size = h->b - h->a;
+		struct region *z = pl.h[i].r;
+		pending |= z->stream != NULL;
+		p->busy--;
 		z->kind = R_ZOMBIE;
 		z->stream = NULL;
 		z->epoch = 0;
-		z->ev = h->ev;
-		if (z->ev)
-			z->ev->refs++;
+		z->ev = pl.h[i].ev; /* plan_events' reference */
+		pl.h[i].ev = NULL;
 		zombie_append(p, z);
 		GAUGE_SUB(p, reusable, z->size);
 		GAUGE_ADD(p, zombies, z->size);
 		p->st.pages_remapped += z->size / p->page;
 	}
-	/* The hole keeps what was not mapped (the reference leaked it). */
-	CUdeviceptr base = hole->va;
-	unsigned chunk = hole->chunk;
-	vpmm_tree_remove(&p->holes, &hole->by_size);
-	if (hole->size == mapped_len) {
-		region_delete(p, hole);
-	} else {
-		hole->va += mapped_len; /* its place among regions is unchanged */
-		hole->size -= mapped_len;
-		vpmm_tree_insert(&p->holes, &hole->by_size);
+	if (pl.n)
+		pthread_cond_signal(&p->reclaim_cond);
+	if (adj) {
+		p->busy--;
+		adj->kind = R_FREE;
+		if (adj->stream && adj->epoch <= adj->stream->done) {
+			adj->stream = NULL;
+			adj->epoch = 0;
+		}
+		free_index(p, adj);
 	}
+	p->busy--;
+	hole->kind = R_FREE;
+	hole->stream = caller && pending ? caller : NULL;
+	hole->epoch = caller && pending ? caller->epoch : 0;
 	GAUGE_SUB(p, holes, mapped_len);
-	struct region *n = region_new(p, R_FREE, base, mapped_len, chunk);
-	if (caller && pending) {
-		n->stream = caller;
-		n->epoch = caller->epoch;
-	}
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
 	p->st.pages_created += created / p->page;
-	*out = free_insert(p, n);
-	free(fr);
+	*out = free_insert(p, hole);
+	new_chunk = UINT32_MAX;
+	rc = 0;
+out:
+	for (size_t i = 0; i < pl.n; i++)
+		event_unref(p, pl.h[i].ev);
+	fresh_free(fr, nfr, nmove);
 	free(pl.h);
-	return 0;
-
-driver_fail:
-	p->last_result = r;
-	rc = cu_errno(r);
-	for (k = nmapped; k-- > 0;) {
-		DRV(p, VPMM_OP_UNMAP, unmap, fr[k].va, fr[k].slab->size);
-		fr[k].slab->nmaps--;
-	}
-	for (k = nmove; k < nfr; k++)
-		if (fr[k].created)
-			DRV(p, VPMM_OP_MEM_RELEASE, mem_release, fr[k].slab->handle);
-fail:
-	if (fr) {
-		for (size_t i = 0; i < nfr; i++)
-			free(fr[i].rec);
-		for (size_t i = nmove; i < nfr; i++)
-			free(fr[i].slab);
-		free(fr);
-	}
-	free(pl.h);
-	if (new_chunk)
-		chunk_drop_last(p, hole);
+	if (new_chunk != UINT32_MAX)
+		chunk_drop_if_unused(p, new_chunk);
 	return rc;
+}
+
+/* The background reclaimer: unmaps zombies off the callers' threads. While
+ * some are pending it polls their events every RECLAIM_POLL_NS; otherwise
+ * it sleeps until a defragmentation makes new ones. */
+#define RECLAIM_POLL_NS 100000
+
+static void *reclaimer_main(void *arg)
+{
+	vpmm_pool *p = arg;
+	pthread_mutex_lock(&p->lock);
+	while (!p->stopping) {
+		if (p->zombie_head && reserve_regions(p, 2) == 0)
+			reclaim_zombies(p, false);
+		if (p->stopping)
+			break;
+		if (p->zombie_head) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += RECLAIM_POLL_NS;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&p->reclaim_cond, &p->lock, &ts);
+		} else {
+			pthread_cond_wait(&p->reclaim_cond, &p->lock);
+		}
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
 }
 
 /* ---- public operations --------------------------------------------------------- */
@@ -910,22 +1140,33 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	p->st.page_size = p->page;
 	if (pthread_mutex_init(&p->lock, NULL))
 		goto fail;
+	if (pthread_cond_init(&p->reclaim_cond, NULL)) {
+		pthread_mutex_destroy(&p->lock);
+		goto fail;
+	}
 	vpmm_tree_init(&p->regions, region_by_va, 1);
 	vpmm_tree_init(&p->settled, region_by_size, 2);
 	vpmm_tree_init(&p->holes, region_by_size, 3);
 	vpmm_tree_init(&p->maps, mapping_by_va, 4);
 
-	struct region *hole, *first;
+	struct region *first;
+	unsigned chunk;
+	pthread_mutex_lock(&p->lock);
 	rc = reserve_regions(p, 4);
 	if (!rc)
 		rc = vpmm_small_init(p);
 	if (!rc)
-		rc = chunk_add(p, p->cfg.va_size, &hole);
+		rc = chunk_add(p, p->cfg.va_size, &chunk);
 	if (!rc && cfg->initial_pages) {
 		if (cfg->initial_pages > SIZE_MAX / p->page)
 			rc = -EINVAL;
 		else
 			rc = defrag(p, NULL, cfg->initial_pages * p->page, &first);
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (!rc && cfg->background) {
+		rc = -pthread_create(&p->reclaimer, NULL, reclaimer_main, p);
+		p->reclaimer_running = !rc;
 	}
 	if (rc) {
 		vpmm_pool_destroy(p);
@@ -943,6 +1184,13 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	if (!p)
 		return;
 	struct vpmm_tnode *n;
+	if (p->reclaimer_running) {
+		pthread_mutex_lock(&p->lock);
+		p->stopping = true;
+		pthread_cond_signal(&p->reclaim_cond);
+		pthread_mutex_unlock(&p->lock);
+		pthread_join(p->reclaimer, NULL);
+	}
 	vpmm_small_fini(p);
 	while ((n = vpmm_tree_first(&p->maps))) {
 		struct mapping *m = MAP(n);
@@ -974,6 +1222,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	}
 	free(p->stream_hash);
 	free(p->chunks);
+	pthread_cond_destroy(&p->reclaim_cond);
 	pthread_mutex_destroy(&p->lock);
 	free(p);
 }
@@ -1040,7 +1289,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	int rc = reserve_regions(p, 4);
 	if (rc)
 		return rc;
-	if (p->zombie_head)
+	if (p->zombie_head && !p->reclaimer_running)
 		reclaim_zombies(p, false);
 	r = best_fit(p, caller, need);
 	if (!r) {
@@ -1064,6 +1313,7 @@ void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s)
 	r->small = NULL;
 	r->stream = s;
 	r->epoch = s ? s->epoch : 0;
+	r->seq = ++p->free_seq;
 	GAUGE_SUB(p, live, r->size);
 	GAUGE_ADD(p, reusable, r->size);
 	free_insert(p, r);

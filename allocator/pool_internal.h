@@ -9,7 +9,10 @@
 #include "vpmm.h"
 #include "tree.h"
 
-enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE };
+/* R_BUSY: out of every index while the lock is dropped for driver work on
+ * it (a defragmentation mapping into it, a zombie being unmapped); `was`
+ * says what it counts as meanwhile. */
+enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;
@@ -66,15 +69,21 @@ struct region {
 	CUdeviceptr va;
 	size_t size;              /* > 0, multiple of page_size */
 	enum rkind kind;
+	enum rkind was;           /* BUSY: its kind before, and after a failure */
 	unsigned chunk;           /* index into pool->chunks; never spans two */
 	struct stream *stream;    /* pending FREE only; NULL = settled */
 	uint64_t epoch;           /* pending FREE: its stream's epoch at the free */
+	uint64_t seq;             /* FREE: pool-wide order of its (latest) free */
 	struct event *ev;         /* ZOMBIE: unmap once done; NULL = at once */
 	struct small_slab *small; /* LIVE only: carved into sub-page blocks */
 };
 
 struct vpmm_pool {
-	pthread_mutex_t lock; /* guards everything below */
+	pthread_mutex_t lock; /* guards everything below; dropped only around
+			       * driver work on busy regions (pool.c) */
+	pthread_cond_t reclaim_cond; /* zombies appeared, or stop */
+	pthread_t reclaimer;
+	bool reclaimer_running, stopping;
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
 	size_t page;
@@ -98,6 +107,9 @@ struct vpmm_pool {
 	struct event *events;        /* every event created */
 
 	struct small_state *small;
+	size_t busy;     /* regions in R_BUSY */
+	uint64_t free_seq; /* counter behind region->seq */
+	size_t inflight; /* bytes being created by defragmentations, for the limit */
 
 	CUresult last_result;
 	struct vpmm_stats st;

@@ -41,6 +41,9 @@ struct vpmm_config {
 	/* A free records an event on its stream only if the stream's last event
 	 * is older than this; sooner frees join the open epoch. 0 = every free. */
 	uint64_t event_interval_ns;
+	/* A thread of the pool unmaps zombies once their events complete;
+	 * otherwise the next malloc (or vpmm_pool_reclaim) does. */
+	bool background;
 };
 
 /* The defaults the options table documents (no environment read). */
