@@ -375,6 +375,7 @@ static void settle_stream(vpmm_pool *p, struct stream *s)
 	while (s->fifo_head && s->fifo_head->epoch <= s->done) {
 		struct region *r = s->fifo_head;
 		free_unindex(p, r);
+		p->settled_count++;
 		r->stream = NULL;
 		r->epoch = 0;
 		free_insert(p, r);
@@ -1298,6 +1299,18 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	}
 	if (!r) {
 		rc = defrag(p, caller, need, &r);
+		if (rc == -ENOMEM) {
+			/* Last resort before failing: empty sub-page slabs go
+			 * back, every stream is asked what completed, and if
+			 * that freed anything the request is planned again. */
+			uint64_t settled = p->settled_count;
+			size_t trimmed = vpmm_small_trim_locked(p);
+			poll_others(p, caller);
+			if (trimmed || settled != p->settled_count) {
+				r = best_fit(p, caller, need);
+				rc = r ? 0 : defrag(p, caller, need, &r);
+			}
+		}
 		if (rc)
 			return rc;
 		p->st.defrags++;

@@ -109,6 +109,7 @@ struct vpmm_pool {
 	struct small_state *small;
 	size_t busy;     /* regions in R_BUSY */
 	uint64_t free_seq; /* counter behind region->seq */
+	uint64_t settled_count; /* free regions settled so far */
 	size_t inflight; /* bytes being created by defragmentations, for the limit */
 
 	CUresult last_result;
@@ -141,5 +142,7 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size);
 size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log);
+/* Give every empty slab back to the pool (even the last of its class). */
+size_t vpmm_small_trim_locked(vpmm_pool *p);
 
 #endif

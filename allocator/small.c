@@ -287,6 +287,34 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 	return 0;
 }
 
+static size_t trim_list(vpmm_pool *p, struct small_slab **head)
+{
+	size_t n = 0;
+	for (struct small_slab *sl = *head, *next; sl; sl = next) {
+		next = sl->next;
+		if (sl->nfree == sl->nblocks && !sl->deferred) {
+			slab_release(p, sl);
+			n++;
+		}
+	}
+	return n;
+}
+
+size_t vpmm_small_trim_locked(vpmm_pool *p)
+{
+	struct small_state *s = st_of(p);
+	size_t n = 0;
+	if (!s)
+		return 0;
+	for (unsigned c = 0; c < s->nclasses; c++)
+		n += trim_list(p, &s->sync_partial[c]);
+	for (struct stream *st = p->streams; st; st = st->next)
+		if (st->small_partial)
+			for (unsigned c = 0; c < s->nclasses; c++)
+				n += trim_list(p, &st->small_partial[c]);
+	return n;
+}
+
 int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size)
 {
