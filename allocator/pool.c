@@ -1074,6 +1074,99 @@ out:
 	return rc;
 }
 
+/* ---- giving memory back -------------------------------------------------------- */
+
+struct release_job {
+	struct region *r;   /* busy piece holding exactly this slab */
+	struct mapping *m;
+	CUresult r_unmap;
+};
+
+/* Unmap and release settled free slabs until at most `keep` reusable bytes
+ * remain. Only slabs wholly inside a settled region with no zombie mapping
+ * qualify: nothing can still touch them. Lock held; dropped for the driver
+ * work. Returns the bytes given back. */
+static size_t trim_locked(vpmm_pool *p, size_t keep)
+{
+	struct release_job *job = NULL;
+	size_t n = 0, cap = 0, want, got = 0;
+
+	for (struct stream *s = p->streams; s; s = s->next)
+		poll_stream(p, s);
+	if (p->st.reusable <= keep)
+		return 0;
+	want = p->st.reusable - keep;
+	/* Largest settled regions first: they are the least likely to be
+	 * reused soon, and free whole slabs. */
+	for (struct vpmm_tnode *t = vpmm_tree_last(&p->settled); t && got < want;) {
+		struct region *r = REG(t, by_size);
+		struct mapping *m = mapping_ceil(p, r->va);
+		t = vpmm_tree_prev(t);
+		/* The first slab wholly inside r that no zombie still maps. */
+		while (m && m->va < r->va + r->size &&
+		       (m->slab->nmaps != 1 || m->va + m->slab->size > r->va + r->size))
+			m = mapping_next(m);
+		if (!m || m->va >= r->va + r->size)
+			continue;
+		if (reserve_regions(p, 2))
+			break;
+		if (n == cap) {
+			size_t c = cap ? cap * 2 : 16;
+			struct release_job *j = realloc(job, c * sizeof(*j));
+			if (!j)
+				break;
+			job = j;
+			cap = c;
+		}
+		/* Split that slab's range off and take it. */
+		free_unindex(p, r);
+		if (m->va > r->va) {
+			struct region *mid = split_off(p, r, m->va);
+			free_index(p, r);
+			r = mid;
+		}
+		if (m->slab->size < r->size)
+			free_index(p, split_off(p, r, m->va + m->slab->size));
+		r->was = R_FREE;
+		r->kind = R_BUSY;
+		p->busy++;
+		job[n++] = (struct release_job){.r = r, .m = m};
+		got += m->slab->size;
+		t = vpmm_tree_last(&p->settled); /* indexes changed: start over */
+	}
+	if (!n) {
+		free(job);
+		return 0;
+	}
+	pthread_mutex_unlock(&p->lock);
+	for (size_t i = 0; i < n; i++)
+		job[i].r_unmap = p->drv->unmap(p->drv, job[i].m->va, job[i].m->slab->size);
+	pthread_mutex_lock(&p->lock);
+	got = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct region *r = job[i].r;
+		p->st.driver_calls++;
+		p->driver_calls[VPMM_OP_UNMAP]++;
+		if (job[i].r_unmap != CUDA_SUCCESS) {
+			p->last_result = job[i].r_unmap;
+			busy_return(p, r);
+			continue;
+		}
+		got += r->size;
+		mapping_forget(p, job[i].m); /* releases the handle: last mapping */
+		p->busy--;
+		r->kind = R_HOLE;
+		r->stream = NULL;
+		GAUGE_SUB(p, reusable, r->size);
+		GAUGE_SUB(p, mapped, r->size);
+		GAUGE_ADD(p, holes, r->size);
+		p->st.pages_released += r->size / p->page;
+		hole_insert(p, r);
+	}
+	free(job);
+	return got;
+}
+
 /* The background reclaimer: unmaps zombies off the callers' threads. While
  * some are pending it polls their events every RECLAIM_POLL_NS; otherwise
  * it sleeps until a defragmentation makes new ones. */
@@ -1086,9 +1179,13 @@ static void *reclaimer_main(void *arg)
 	while (!p->stopping) {
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
 			reclaim_zombies(p, false);
+		if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
+			trim_locked(p, p->cfg.release_threshold);
 		if (p->stopping)
 			break;
-		if (p->zombie_head) {
+		/* Poll while zombies wait, or free memory waits to settle. */
+		if (p->zombie_head ||
+		    (p->cfg.release && p->st.reusable > p->cfg.release_threshold)) {
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
 			ts.tv_nsec += RECLAIM_POLL_NS;
@@ -1335,6 +1432,8 @@ void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s)
 	if (s && (!p->cfg.event_interval_ns ||
 		  now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
 		close_epoch(p, s, NULL);
+	if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
+		pthread_cond_signal(&p->reclaim_cond);
 }
 
 int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
@@ -1467,6 +1566,16 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false);
 	pthread_mutex_unlock(&p->lock);
 	return n;
+}
+
+long long vpmm_pool_trim(vpmm_pool *p, size_t keep)
+{
+	if (!p)
+		return -EINVAL;
+	pthread_mutex_lock(&p->lock);
+	size_t got = trim_locked(p, keep);
+	pthread_mutex_unlock(&p->lock);
+	return (long long)got;
 }
 
 size_t vpmm_pool_page_size(const vpmm_pool *p)

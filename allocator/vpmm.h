@@ -44,6 +44,11 @@ struct vpmm_config {
 	/* A thread of the pool unmaps zombies once their events complete;
 	 * otherwise the next malloc (or vpmm_pool_reclaim) does. */
 	bool background;
+	/* Free memory beyond release_threshold bytes is unmapped and released
+	 * to the driver once its work completed (by the background thread, or
+	 * by vpmm_pool_trim). Off: the pool keeps every page it made. */
+	bool release;
+	size_t release_threshold;
 };
 
 /* The defaults the options table documents (no environment read). */
@@ -72,6 +77,9 @@ int vpmm_pool_free(vpmm_pool *pool, CUdeviceptr ptr, CUstream stream);
 /* Phase 0 on demand: unmap the zombies whose events completed (they become
  * holes). Returns how many ranges were reclaimed, or a negative errno. */
 int vpmm_pool_reclaim(vpmm_pool *pool);
+/* Unmap and release free pages whose work completed until at most `keep`
+ * reusable bytes remain. Returns the bytes released, or a negative errno. */
+long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);
 /* The live allocation containing `ptr`: its base and its (rounded) size.
  * -EINVAL if none. */
 int vpmm_pool_find(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,
@@ -104,6 +112,7 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(defrags, "allocations that remapped or grew")                       \
 	X(pages_created, "pages of physical memory created")                  \
 	X(pages_remapped, "pages moved to a new address")                     \
+	X(pages_released, "pages unmapped and given back to the driver")      \
 	X(handles_created, "physical handles created")                        \
 	X(zombies_reclaimed, "old ranges unmapped")                           \
 	X(events_recorded, "events recorded")                                 \
