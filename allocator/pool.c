@@ -1179,12 +1179,15 @@ static void *reclaimer_main(void *arg)
 	while (!p->stopping) {
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
 			reclaim_zombies(p, false);
+		if (vpmm_small_deferred(p))
+			vpmm_small_drain_locked(p);
 		if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
 			trim_locked(p, p->cfg.release_threshold);
 		if (p->stopping)
 			break;
-		/* Poll while zombies wait, or free memory waits to settle. */
-		if (p->zombie_head ||
+		/* Poll while zombies, deferred blocks or free memory beyond the
+		 * threshold wait for work to complete. */
+		if (p->zombie_head || vpmm_small_deferred(p) ||
 		    (p->cfg.release && p->st.reusable > p->cfg.release_threshold)) {
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
@@ -1563,6 +1566,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	pthread_mutex_lock(&p->lock);
 	for (struct stream *s = p->streams; s; s = s->next)
 		poll_stream(p, s);
+	vpmm_small_drain_locked(p);
 	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false);
 	pthread_mutex_unlock(&p->lock);
 	return n;

@@ -144,5 +144,8 @@ int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log);
 /* Give every empty slab back to the pool (even the last of its class). */
 size_t vpmm_small_trim_locked(vpmm_pool *p);
+/* Free deferred blocks whose stream completed; return surplus empty slabs. */
+void vpmm_small_drain_locked(vpmm_pool *p);
+size_t vpmm_small_deferred(const vpmm_pool *p);
 
 #endif

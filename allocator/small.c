@@ -48,11 +48,17 @@ struct small_state {
 	size_t slab_bytes[MAX_CLASSES];
 	struct small_slab *sync_partial[MAX_CLASSES]; /* owner NULL */
 	size_t slabs;
+	size_t deferred; /* blocks waiting for another stream's work */
 };
 
 static struct small_state *st_of(vpmm_pool *p)
 {
 	return p->small;
+}
+
+size_t vpmm_small_deferred(const vpmm_pool *p)
+{
+	return p->small ? p->small->deferred : 0;
 }
 
 size_t vpmm_small_max(const vpmm_pool *p)
@@ -155,6 +161,7 @@ static void drain_deferred(vpmm_pool *p, struct small_slab *sl)
 		struct deferred *d = *link;
 		if (vpmm_pool_event_done_locked(p, d->ev)) {
 			*link = d->next;
+			st_of(p)->deferred--;
 			block_clear(sl, d->block);
 			vpmm_pool_event_unref_locked(p, d->ev);
 			free(d);
@@ -275,6 +282,8 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		d->block = b;
 		d->next = sl->deferred;
 		sl->deferred = d;
+		st_of(p)->deferred++;
+		pthread_cond_signal(&p->reclaim_cond);
 	} else {
 		block_clear(sl, b);
 	}
@@ -287,11 +296,23 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 	return 0;
 }
 
-static size_t trim_list(vpmm_pool *p, struct small_slab **head)
+/* Visit every listed slab: blocks deferred to a stream whose work completed
+ * become free; empty slabs go back (all of them when `all`, else all but
+ * the last of their list). Returns how many went back. */
+static size_t sweep_list(vpmm_pool *p, struct small_slab **head, bool all)
 {
 	size_t n = 0;
 	for (struct small_slab *sl = *head, *next; sl; sl = next) {
 		next = sl->next;
+		if (sl->deferred)
+			drain_deferred(p, sl);
+		if (!all) {
+			if (sl->nfree == sl->nblocks && !sl->deferred && (sl != *head || sl->next)) {
+				slab_release(p, sl);
+				n++;
+			}
+			continue;
+		}
 		if (sl->nfree == sl->nblocks && !sl->deferred) {
 			slab_release(p, sl);
 			n++;
@@ -300,19 +321,29 @@ static size_t trim_list(vpmm_pool *p, struct small_slab **head)
 	return n;
 }
 
-size_t vpmm_small_trim_locked(vpmm_pool *p)
+static size_t sweep(vpmm_pool *p, bool all)
 {
 	struct small_state *s = st_of(p);
 	size_t n = 0;
 	if (!s)
 		return 0;
 	for (unsigned c = 0; c < s->nclasses; c++)
-		n += trim_list(p, &s->sync_partial[c]);
+		n += sweep_list(p, &s->sync_partial[c], all);
 	for (struct stream *st = p->streams; st; st = st->next)
 		if (st->small_partial)
 			for (unsigned c = 0; c < s->nclasses; c++)
-				n += trim_list(p, &st->small_partial[c]);
+				n += sweep_list(p, &st->small_partial[c], all);
 	return n;
+}
+
+size_t vpmm_small_trim_locked(vpmm_pool *p)
+{
+	return sweep(p, true);
+}
+
+void vpmm_small_drain_locked(vpmm_pool *p)
+{
+	sweep(p, false);
 }
 
 int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,

@@ -38,6 +38,7 @@ struct pt_setup {
 				   * use event_interval_ns (0: every free
 				   * records an event) */
 	uint64_t event_interval_ns;
+	size_t small_max;     /* sub-page classes up to this (0: whole pages) */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -85,7 +86,8 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 	cfg.initial_pages = s->initial_pages;
 	cfg.limit = s->limit_pages * cfg.page_size;
 	cfg.defrag = s->defrag;
-	cfg.small_max = 0; /* whole pages: the page-level rules under test */
+	cfg.small_max = s->small_max; /* default 0: whole pages, the page-level
+				       * rules under test */
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

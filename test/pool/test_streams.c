@@ -186,12 +186,13 @@ Test(streams, other_streams_harvested_oldest_first)
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
 	CUstream c = vpmm_host_stream_create(t.drv);
-	CUdeviceptr x = PT_MALLOC(&t, 2, a);
+	/* c is the first stream the pool sees; its free is the newer one. */
+	CUdeviceptr x = PT_MALLOC(&t, 2, c);
 	PT_MALLOC(&t, 1, a);
 	CUdeviceptr y = PT_MALLOC(&t, 2, a);
 	PT_MALLOC(&t, 1, a);
 	PT_FREE(&t, y, a); /* older */
-	PT_FREE(&t, x, c); /* newer, lower address */
+	PT_FREE(&t, x, c); /* newer, lower address, stream known first */
 	PT_LAYOUT_IS(&t, "[-2][1][-2][1][*58]");
 	PT_MALLOC(&t, 2, b);
 	PT_LAYOUT_IS(&t, "[-2][1][~2][1][2][*56]");
@@ -204,6 +205,47 @@ Test(streams, other_streams_harvested_oldest_first)
 	cr_assert_eq(n, 0, "zombie reclaimed before stream a completed");
 	cr_assert_gt(pt_settle(&t), 0);
 	PT_LAYOUT_IS(&t, "[-2][1][*2][1][2][*56]");
+	pt_close(&t);
+}
+
+/* A pending region of another stream right in front of the hole is no
+ * place to start an allocation: its pages are harvested behind a wait.
+ * Once its stream completed (and the pool learned it) it is. */
+Test(streams, pending_region_of_another_stream_is_no_prefix)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr x = PT_MALLOC(&t, 2, a);
+	PT_FREE(&t, x, a);
+	PT_LAYOUT_IS(&t, "[-2][*62]");
+	CUdeviceptr q = PT_MALLOC(&t, 3, b);
+	cr_assert_neq(q, x, "stream b's allocation starts in a's pending region");
+	PT_LAYOUT_IS(&t, "[~2][3][*59]");
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 1);
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*2][3][*59]");
+	pt_close(&t);
+}
+
+Test(streams, completed_region_of_another_stream_is_a_prefix)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr x = PT_MALLOC(&t, 2, a);
+	PT_FREE(&t, x, a);
+	vpmm_host_stream_complete(t.drv, a);
+	struct vpmm_stats s0 = pt_stats(&t);
+	CUdeviceptr q = PT_MALLOC(&t, 3, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(q, x, "the completed region in front of the hole was not used");
+	PT_LAYOUT_IS(&t, "[3][*61]");
+	cr_assert_eq(s1.pages_created - s0.pages_created, 1);
+	cr_assert_eq(s1.pages_remapped, s0.pages_remapped);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0);
 	pt_close(&t);
 }
 
@@ -246,6 +288,58 @@ Test(streams, epoch_join_never_hands_out_memory_early)
 		cr_assert_eq(n, 0, "p2's old address unmapped on the strength of "
 			     "an event older than its free");
 	}
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* VPMM_NO_STREAM (cudaFree): the caller synchronized, so the memory is
+ * settled at once and any stream takes it without a wait. */
+Test(streams, free_on_no_stream_is_settled_at_once)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p, VPMM_NO_STREAM);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(&t, p, &r));
+	cr_assert_eq(r.kind, VPMM_REGION_FREE);
+	cr_assert(r.settled, "a free on VPMM_NO_STREAM is not settled");
+	CUdeviceptr q = PT_MALLOC(&t, 4, b);
+	cr_assert_eq(q, p);
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0);
+	pt_close(&t);
+}
+
+/* VPMM_NO_STREAM (cudaMalloc): what it gets has no pending work, whatever
+ * it took; stream a's pending free is waited for on the CPU, not handed out
+ * in place. */
+Test(streams, malloc_on_no_stream_gets_no_pending_memory)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p, a);
+	CUdeviceptr q = PT_MALLOC(&t, 4, VPMM_NO_STREAM);
+	struct vpmm_stats st = pt_stats(&t);
+	if (q == p) {
+		/* Taken in place: only after a CPU wait for a's work. */
+		cr_assert_gt(vpmm_host_calls(t.drv, VPMM_OP_EVENT_SYNC), 0);
+	} else {
+		cr_assert_not(inside(q, p, 4 * t.page));
+	}
+	if (st.pages_remapped) {
+		cr_assert_gt(vpmm_host_calls(t.drv, VPMM_OP_EVENT_SYNC), 0,
+			     "a's pending pages given to a stream-less caller "
+			     "without a wait");
+	}
+	cr_assert_eq(vpmm_host_stream_complete(t.drv, a), 0,
+		     "stream a still had pending work before the memory it freed");
+	PT_FREE(&t, q, VPMM_NO_STREAM);
 	pt_settle(&t);
 	pt_close(&t);
 }

@@ -1,0 +1,41 @@
+/* snapshot.h — a consistent copy of one pool's state (configuration, stats,
+ * VA chunks and every region) taken under a single hold of the pool's lock,
+ * for readers that format it later without the lock (the vpmm-dump server).
+ *
+ * vpmm_pool_stats() and vpmm_pool_regions() each copy under the lock, but two
+ * calls may straddle an allocation; a snapshot never does: the sums of the
+ * regions by kind equal the gauges of its stats.
+ */
+#ifndef VPMM_SNAPSHOT_H
+#define VPMM_SNAPSHOT_H
+
+#include "vpmm.h"
+
+struct vpmm_chunk_info { /* one VA reservation */
+	CUdeviceptr va;
+	size_t size;
+};
+
+struct vpmm_snapshot {
+	struct vpmm_config cfg; /* as the pool runs it (page_size resolved) */
+	struct vpmm_stats stats;
+	struct vpmm_chunk_info *chunks; /* by index (= region.chunk) */
+	size_t nchunks;
+	struct vpmm_region_info *regions; /* ascending VA */
+	size_t nregions;
+};
+
+/* Fills *out (the arrays are malloc'd; release with vpmm_snapshot_free).
+ * Allocates outside the lock and retries if the pool grew meanwhile.
+ * 0, or -ENOMEM (then *out holds nothing). */
+int vpmm_pool_snapshot(vpmm_pool *pool, struct vpmm_snapshot *out);
+void vpmm_snapshot_free(struct vpmm_snapshot *s);
+
+/* The configuration and stats alone (cheap: no region walk). */
+void vpmm_pool_summary(vpmm_pool *pool, struct vpmm_config *cfg,
+		       struct vpmm_stats *stats);
+
+/* "live", "free", "hole", "zombie" — the names of the JSON documents. */
+const char *vpmm_region_kind_name(enum vpmm_region_kind kind);
+
+#endif
