@@ -243,6 +243,7 @@ size_t vpmm_pool_check_locked(vpmm_pool *p, FILE *log)
 	bad += check_streams(p, log, &indexed_free);
 	bad += check_mappings(p, log, &mapped_va, &physical);
 	bad += vpmm_small_check_locked(p, log);
+	bad += vpmm_front_check_locked(p, log);
 
 	for (const struct region *z = p->zombie_head; z; z = z->next, zlist++)
 		if (z->kind != R_ZOMBIE)

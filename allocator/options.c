@@ -139,6 +139,8 @@ void vpmm_config_default(struct vpmm_config *cfg)
 	cfg->handle_size = 0;
 	cfg->limit = 0;
 	cfg->small_max = 2 * MIB;
+	cfg->front_entries = 16;
+	cfg->front_bytes = GIB;
 	cfg->device = 0;
 	cfg->defrag = VPMM_DEFRAG_LACKING;
 	cfg->event_interval_ns = (uint64_t)DEFAULT_EVENT_INTERVAL_US * 1000u;

@@ -153,7 +153,7 @@ static int stream_hash_grow(vpmm_pool *p)
 
 /* The stream record of `h`, created on first sight; NULL if the host is out
  * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
-static struct stream *stream_get(vpmm_pool *p, CUstream h)
+struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h)
 {
 	struct stream *s = p->last_stream;
 	if (s && s->handle == h)
@@ -168,6 +168,10 @@ static struct stream *stream_get(vpmm_pool *p, CUstream h)
 	if (!s)
 		return NULL;
 	s->handle = h;
+	if (pthread_mutex_init(&s->front.lock, NULL)) {
+		free(s);
+		return NULL;
+	}
 	s->id = p->nstreams++;
 	s->epoch = 1;
 	vpmm_tree_init(&s->free_by_size, region_by_size, s->id + 1);
@@ -209,6 +213,10 @@ static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 		ev->all_next = p->events;
 		p->events = ev;
 	}
+	/* The epoch moves before the record: a lock-free free that reads the
+	 * old epoch did so before this record was issued, so the event covers
+	 * its work (front.c). If the record fails, the next event covers both. */
+	uint64_t e = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
 	r = DRV(p, VPMM_OP_EVENT_RECORD, event_record, ev->ev, s->handle);
 	if (r != CUDA_SUCCESS) {
 		ev->next = p->event_cache;
@@ -217,7 +225,7 @@ static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 		return cu_errno(r);
 	}
 	ev->stream = s;
-	ev->epoch = s->epoch++;
+	ev->epoch = e;
 	ev->refs = 1;
 	ev->done = false;
 	ev->next = NULL;
@@ -656,24 +664,18 @@ static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 		p->last_result = r;
 		return cu_errno(r);
 	}
-	rc = reserve_regions(p, 1);
-	if (!rc && p->nchunks == p->chunks_cap) {
-		unsigned cap = p->chunks_cap ? p->chunks_cap * 2 : 4;
-		struct chunk *c = realloc(p->chunks, cap * sizeof(*c));
-		if (c) {
-			p->chunks = c;
-			p->chunks_cap = cap;
-		} else {
-			rc = -ENOMEM;
-		}
-	}
+	struct chunk *c = &p->chunks[p->nchunks];
+	*c = (struct chunk){.va = va, .size = size};
+	rc = p->nchunks == VPMM_MAX_CHUNKS ? -ENOMEM : reserve_regions(p, 1);
+	if (!rc)
+		rc = vpmm_pmap_create(p, c);
 	if (rc) {
 		DRV(p, VPMM_OP_VA_FREE, va_free, va, size);
 		return rc;
 	}
-	p->chunks[p->nchunks] = (struct chunk){.va = va, .size = size};
 	struct region *hole = region_new(p, R_HOLE, va, size, p->nchunks);
-	*index = p->nchunks++;
+	*index = p->nchunks;
+	__atomic_store_n(&p->nchunks, p->nchunks + 1, __ATOMIC_RELEASE);
 	vpmm_tree_insert(&p->holes, &hole->by_size);
 	GAUGE_ADD(p, reserved, size);
 	GAUGE_ADD(p, holes, size);
@@ -693,7 +695,8 @@ static void chunk_drop_if_unused(vpmm_pool *p, unsigned index)
 		return;
 	vpmm_tree_remove(&p->holes, &hole->by_size);
 	region_delete(p, hole);
-	p->nchunks--;
+	__atomic_store_n(&p->nchunks, p->nchunks - 1, __ATOMIC_RELEASE);
+	vpmm_pmap_destroy(p, c);
 	DRV(p, VPMM_OP_VA_FREE, va_free, c->va, c->size);
 	GAUGE_SUB(p, reserved, c->size);
 	GAUGE_SUB(p, holes, c->size);
@@ -1074,6 +1077,26 @@ out:
 	return rc;
 }
 
+/* Phase 1, other streams: close their open epochs so completion can be seen,
+ * then let what completed settle. */
+static void poll_others(vpmm_pool *p, struct stream *caller)
+{
+	for (struct stream *s = p->streams; s; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (s->fifo_tail->epoch == s->epoch) {
+			bool capturing = false;
+			/* Recording on a stream another thread is capturing
+			 * would put our event into its graph. */
+			DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle,
+			    &capturing);
+			if (!capturing)
+				close_epoch(p, s, NULL);
+		}
+		poll_stream(p, s);
+	}
+}
+
 /* ---- giving memory back -------------------------------------------------------- */
 
 struct release_job {
@@ -1091,8 +1114,8 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
 	struct release_job *job = NULL;
 	size_t n = 0, cap = 0, want, got = 0;
 
-	for (struct stream *s = p->streams; s; s = s->next)
-		poll_stream(p, s);
+	vpmm_front_flush_locked(p);
+	poll_others(p, NULL); /* closes open epochs: completion shows next time */
 	if (p->st.reusable <= keep)
 		return 0;
 	want = p->st.reusable - keep;
@@ -1171,6 +1194,19 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
  * some are pending it polls their events every RECLAIM_POLL_NS; otherwise
  * it sleeps until a defragmentation makes new ones. */
 #define RECLAIM_POLL_NS 100000
+#define RELEASE_POLL_NS 10000000
+
+static void timed_wait(vpmm_pool *p, long ns)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += ns;
+	while (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(&p->reclaim_cond, &p->lock, &ts);
+}
 
 static void *reclaimer_main(void *arg)
 {
@@ -1181,22 +1217,24 @@ static void *reclaimer_main(void *arg)
 			reclaim_zombies(p, false);
 		if (vpmm_small_deferred(p))
 			vpmm_small_drain_locked(p);
-		if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
+		uint64_t parked = 0, hits, parks;
+		if (p->cfg.release)
+			vpmm_front_counts_locked(p, &parked, &hits, &parks);
+		if (p->cfg.release && p->st.reusable + parked > p->cfg.release_threshold)
 			trim_locked(p, p->cfg.release_threshold);
 		if (p->stopping)
 			break;
+		if (p->cfg.release && !p->zombie_head && !vpmm_small_deferred(p)) {
+			/* Lock-free frees wake nobody: with a release threshold
+			 * look again every RELEASE_POLL_NS. */
+			timed_wait(p, RELEASE_POLL_NS);
+			continue;
+		}
 		/* Poll while zombies, deferred blocks or free memory beyond the
 		 * threshold wait for work to complete. */
 		if (p->zombie_head || vpmm_small_deferred(p) ||
 		    (p->cfg.release && p->st.reusable > p->cfg.release_threshold)) {
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_nsec += RECLAIM_POLL_NS;
-			if (ts.tv_nsec >= 1000000000) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000;
-			}
-			pthread_cond_timedwait(&p->reclaim_cond, &p->lock, &ts);
+			timed_wait(p, RECLAIM_POLL_NS);
 		} else {
 			pthread_cond_wait(&p->reclaim_cond, &p->lock);
 		}
@@ -1239,8 +1277,16 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	p->cfg.va_size = (p->cfg.va_size + p->page - 1) / p->page * p->page;
 	p->cfg.page_size = p->page;
 	p->st.page_size = p->page;
+	if (p->cfg.front_entries > VPMM_FRONT_MAX)
+		p->cfg.front_entries = VPMM_FRONT_MAX;
+	p->chunks = calloc(VPMM_MAX_CHUNKS, sizeof(*p->chunks));
+	if (!p->chunks) {
+		rc = -ENOMEM;
+		goto fail;
+	}
 	if (pthread_mutex_init(&p->lock, NULL))
 		goto fail;
+	vpmm_front_pool_init(p);
 	if (pthread_cond_init(&p->reclaim_cond, NULL)) {
 		pthread_mutex_destroy(&p->lock);
 		goto fail;
@@ -1276,6 +1322,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	*out = p;
 	return 0;
 fail:
+	free(p->chunks);
 	free(p);
 	return rc;
 }
@@ -1298,8 +1345,10 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
 		mapping_forget(p, m);
 	}
-	for (unsigned i = 0; i < p->nchunks; i++)
+	for (unsigned i = 0; i < p->nchunks; i++) {
 		DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
+		vpmm_pmap_destroy(p, &p->chunks[i]);
+	}
 	while ((n = vpmm_tree_first(&p->regions))) {
 		struct region *r = REG(n, by_va);
 		vpmm_tree_remove(&p->regions, n);
@@ -1313,6 +1362,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	for (struct stream *s = p->streams, *next; s; s = next) {
 		next = s->next;
 		free(s->small_partial);
+		pthread_mutex_destroy(&s->front.lock);
 		free(s);
 	}
 	/* Zombies and deferred blocks may hold events no list has any more. */
@@ -1323,6 +1373,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	}
 	free(p->stream_hash);
 	free(p->chunks);
+	pthread_mutex_destroy(&p->sync_front.lock);
 	pthread_cond_destroy(&p->reclaim_cond);
 	pthread_mutex_destroy(&p->lock);
 	free(p);
@@ -1343,8 +1394,10 @@ static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
 	r->kind = R_LIVE;
 	r->stream = NULL;
 	r->epoch = 0;
+	__atomic_store_n(&r->parked, 0, __ATOMIC_RELEASE);
 	GAUGE_SUB(p, reusable, need);
 	GAUGE_ADD(p, live, need);
+	vpmm_pmap_publish(p, r, true);
 	return r;
 }
 
@@ -1362,25 +1415,6 @@ static struct region *best_fit(vpmm_pool *p, struct stream *caller, size_t need)
 	return region_by_size(&a->by_size, &b->by_size) <= 0 ? a : b;
 }
 
-/* Phase 1, other streams: close their open epochs so completion can be seen,
- * then let what completed settle. */
-static void poll_others(vpmm_pool *p, struct stream *caller)
-{
-	for (struct stream *s = p->streams; s; s = s->next) {
-		if (s == caller || !s->fifo_head)
-			continue;
-		if (s->fifo_tail->epoch == s->epoch) {
-			bool capturing = false;
-			/* Recording on a stream another thread is capturing
-			 * would put our event into its graph. */
-			DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle,
-			    &capturing);
-			if (!capturing)
-				close_epoch(p, s, NULL);
-		}
-		poll_stream(p, s);
-	}
-}
 
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
@@ -1393,6 +1427,8 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	if (p->zombie_head && !p->reclaimer_running)
 		reclaim_zombies(p, false);
 	r = best_fit(p, caller, need);
+	if (!r && vpmm_front_flush_locked(p))
+		r = best_fit(p, caller, need);
 	if (!r) {
 		poll_others(p, caller);
 		r = best_fit(p, caller, need);
@@ -1419,13 +1455,18 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	return 0;
 }
 
-/* A live region becomes free on `s` (NULL: settled). Lock held. */
-void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s)
+/* A live region becomes free on `s` (NULL: settled), freed in `epoch` of s
+ * (0: now). Lock held. */
+void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
+			   uint64_t epoch)
 {
+	vpmm_pmap_publish(p, r, false);
 	r->kind = R_FREE;
-	r->small = NULL;
+	__atomic_store_n(&r->small, NULL, __ATOMIC_RELEASE);
+	if (s && epoch && epoch <= s->done)
+		s = NULL; /* parked while its work completed: settled */
 	r->stream = s;
-	r->epoch = s ? s->epoch : 0;
+	r->epoch = s ? (epoch ? epoch : s->epoch) : 0;
 	r->seq = ++p->free_seq;
 	GAUGE_SUB(p, live, r->size);
 	GAUGE_ADD(p, reusable, r->size);
@@ -1453,6 +1494,19 @@ bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
+bool vpmm_pool_event_wait_locked(vpmm_pool *p, struct event *ev)
+{
+	if (!ev || ev->done)
+		return true;
+	CUresult r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, ev->ev);
+	if (r != CUDA_SUCCESS) {
+		p->last_result = r;
+		return false;
+	}
+	poll_stream(p, ev->stream);
+	return ev->done;
+}
+
 void vpmm_pool_event_unref_locked(vpmm_pool *p, struct event *ev)
 {
 	event_unref(p, ev);
@@ -1468,9 +1522,11 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		return -EINVAL;
 	if (size > SIZE_MAX - p->page)
 		return -ENOMEM;
+	if (p->cfg.front_entries && vpmm_front_malloc(p, size, stream, out) == 0)
+		return 0;
 
 	pthread_mutex_lock(&p->lock);
-	if (stream != VPMM_NO_STREAM && !(caller = stream_get(p, stream))) {
+	if (stream != VPMM_NO_STREAM && !(caller = vpmm_stream_get_locked(p, stream))) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -1504,18 +1560,21 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 
 	if (!p)
 		return rc;
+	if (p->cfg.front_entries && vpmm_front_free(p, ptr, stream) == 0)
+		return 0;
 	pthread_mutex_lock(&p->lock);
 	r = find_region(p, ptr);
-	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small))
+	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small) ||
+	    __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
 		goto out;
-	if (stream != VPMM_NO_STREAM && !(s = stream_get(p, stream))) {
+	if (stream != VPMM_NO_STREAM && !(s = vpmm_stream_get_locked(p, stream))) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	if (r->small) {
-		rc = vpmm_small_free_locked(p, r, ptr, s);
+		rc = vpmm_small_free_locked(p, r, ptr, s, 0);
 	} else {
-		vpmm_pool_give_locked(p, r, s);
+		vpmm_pool_give_locked(p, r, s, 0);
 		rc = 0;
 	}
 	if (!rc)
@@ -1532,7 +1591,8 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 		return rc;
 	pthread_mutex_lock(&p->lock);
 	struct region *r = find_region(p, ptr);
-	if (r && r->kind == R_LIVE && ptr < r->va + r->size) {
+	if (r && r->kind == R_LIVE && ptr < r->va + r->size &&
+	    !__atomic_load_n(&r->parked, __ATOMIC_ACQUIRE)) {
 		if (r->small) {
 			rc = vpmm_small_find_locked(p, r, ptr, base, size);
 		} else {
@@ -1597,9 +1657,20 @@ CUresult vpmm_pool_last_result(vpmm_pool *p)
 
 void vpmm_pool_stats(vpmm_pool *p, struct vpmm_stats *out)
 {
+	uint64_t parked, hits, parks;
 	pthread_mutex_lock(&p->lock);
 	*out = p->st;
+	vpmm_front_counts_locked(p, &parked, &hits, &parks);
 	pthread_mutex_unlock(&p->lock);
+	/* Parked allocations are live to the pool's structures, free to the
+	 * program: report them as reusable. */
+	out->live -= parked;
+	out->reusable += parked;
+	out->parked = parked;
+	out->front_hits = hits;
+	out->front_parks = parks;
+	out->mallocs += hits;
+	out->frees += parks;
 }
 
 size_t vpmm_pool_check(vpmm_pool *p, FILE *log)

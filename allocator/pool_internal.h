@@ -14,9 +14,29 @@
  * says what it counts as meanwhile. */
 enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 
+#define VPMM_MAX_CHUNKS 1024 /* fixed: the fast path reads chunks unlocked */
+#define VPMM_FRONT_MAX 32    /* most entries of a stream's cache (front.c) */
+
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;
-	size_t size; /* multiple of page_size */
+	size_t size;          /* multiple of page_size */
+	struct region **pmap; /* page map (front.c): a live region's first page,
+			       * every page of a slab; NULL elsewhere */
+};
+
+struct fentry { /* an allocation parked in a stream's cache */
+	CUdeviceptr ptr;
+	size_t size;    /* rounded: the region's size or the block's class */
+	uint64_t epoch; /* its stream's epoch when it was freed */
+	struct region *r;
+};
+
+struct front { /* a stream's cache of parked allocations (front.c) */
+	pthread_mutex_t lock; /* guards this struct; taken after the pool lock */
+	unsigned n;
+	size_t bytes;
+	uint64_t hits, parks;
+	struct fentry e[VPMM_FRONT_MAX];
 };
 
 /* A physical handle. Mapped whole: at exactly one "home" address inside a
@@ -49,7 +69,8 @@ struct event {
 struct stream {
 	CUstream handle;
 	unsigned id;              /* creation order: "oldest stream first" */
-	uint64_t epoch;           /* open epoch: frees now are tagged with it */
+	uint64_t epoch;           /* open epoch: frees now are tagged with it
+				   * (atomic: read by front.c without the lock) */
 	uint64_t done;            /* every epoch <= done has completed; < epoch */
 	uint64_t last_record_ns;
 	struct event *ev_head, *ev_tail; /* recorded, not known complete */
@@ -58,6 +79,7 @@ struct stream {
 	struct vpmm_tree free_by_size;
 	struct region *fifo_head, *fifo_tail;
 	struct small_slab **small_partial; /* small.c: per class, slabs with room */
+	struct front front;
 	struct stream *hash_next;
 	struct stream *next; /* pool->streams, creation order */
 };
@@ -76,6 +98,8 @@ struct region {
 	uint64_t seq;             /* FREE: pool-wide order of its (latest) free */
 	struct event *ev;         /* ZOMBIE: unmap once done; NULL = at once */
 	struct small_slab *small; /* LIVE only: carved into sub-page blocks */
+	uint8_t parked;           /* LIVE, not small: freed into a stream's cache
+				   * (atomic; front.c) */
 };
 
 struct vpmm_pool {
@@ -88,8 +112,8 @@ struct vpmm_pool {
 	vpmm_driver *drv;
 	size_t page;
 
-	struct chunk *chunks;
-	unsigned nchunks, chunks_cap;
+	struct chunk *chunks; /* VPMM_MAX_CHUNKS of them */
+	unsigned nchunks;     /* written under the lock, read atomically */
 
 	struct vpmm_tree regions; /* by va: partitions every chunk */
 	struct vpmm_tree settled; /* settled FREE by (size, va) */
@@ -107,6 +131,8 @@ struct vpmm_pool {
 	struct event *events;        /* every event created */
 
 	struct small_state *small;
+	struct front sync_front; /* parked frees of VPMM_NO_STREAM */
+	uint64_t gen;            /* tells pools apart in thread-local caches */
 	size_t busy;     /* regions in R_BUSY */
 	uint64_t free_seq; /* counter behind region->seq */
 	uint64_t settled_count; /* free regions settled so far */
@@ -124,11 +150,29 @@ size_t vpmm_pool_check_locked(vpmm_pool *pool, FILE *log);
 /* pool.c, for small.c: whole pages in and out, events; lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			  struct region **out);
-void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s);
+void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
+			   uint64_t epoch);
 int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
 			   struct event **out);
 bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev);
+/* Wait on the CPU for ev; true once it completed. */
+bool vpmm_pool_event_wait_locked(vpmm_pool *p, struct event *ev);
 void vpmm_pool_event_unref_locked(vpmm_pool *p, struct event *ev);
+
+struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h);
+
+/* front.c */
+int vpmm_pmap_create(vpmm_pool *p, struct chunk *c);
+void vpmm_pmap_destroy(vpmm_pool *p, struct chunk *c);
+void vpmm_pmap_publish(vpmm_pool *p, struct region *r, bool publish);
+void vpmm_front_pool_init(vpmm_pool *p);
+/* 0, or -EAGAIN: take the locked path. */
+int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);
+int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
+size_t vpmm_front_flush_locked(vpmm_pool *p);
+void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
+			      uint64_t *hits, uint64_t *parks);
+size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log);
 
 /* small.c: allocations of at most vpmm_small_max() bytes, carved from pool
  * pages in size classes. Lock held. */
@@ -138,7 +182,7 @@ void vpmm_small_fini(vpmm_pool *p);
 int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 			     CUdeviceptr *out);
 int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
-			   struct stream *s);
+			   struct stream *s, uint64_t epoch);
 int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size);
 size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log);
@@ -147,5 +191,11 @@ size_t vpmm_small_trim_locked(vpmm_pool *p);
 /* Free deferred blocks whose stream completed; return surplus empty slabs. */
 void vpmm_small_drain_locked(vpmm_pool *p);
 size_t vpmm_small_deferred(const vpmm_pool *p);
+size_t vpmm_small_class_size(const vpmm_pool *p, size_t size);
+/* Lock-free marks of a block freed but not yet free (front.c). park: 0, or
+ * -EINVAL if ptr is not a handed-out, unparked block; *size = its class. */
+int vpmm_small_park(vpmm_pool *p, struct region *r, CUdeviceptr ptr, size_t *size);
+void vpmm_small_unpark(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
+bool vpmm_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
 
 #endif

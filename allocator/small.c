@@ -38,8 +38,17 @@ struct small_slab {
 				    * it has a free or a deferred block */
 	struct deferred *deferred; /* blocks freed elsewhere, still marked used */
 	struct small_slab *prev, *next; /* owner's partial list of cls */
-	uint64_t used[];           /* bit set = handed out or deferred */
+	/* Two bitmaps of `words` words each: used (handed out, parked or
+	 * deferred; written under the pool lock) then parked (freed but not yet
+	 * free: in a stream's cache or deferred; atomic, front.c sets it). */
+	uint32_t words;
+	uint64_t used[];
 };
+
+static uint64_t *parked_map(struct small_slab *sl)
+{
+	return sl->used + sl->words;
+}
 
 struct small_state {
 	size_t max;                   /* largest request served here */
@@ -148,20 +157,25 @@ static unsigned class_of(const struct small_state *s, size_t size)
 
 static void block_clear(struct small_slab *sl, uint32_t b)
 {
-	sl->used[b / 64] &= ~(1ull << (b % 64));
+	__atomic_fetch_and(&sl->used[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
 	sl->nfree++;
 	sl->hint = b / 64;
 }
 
 /* Deferred blocks whose stream completed become free. */
-static void drain_deferred(vpmm_pool *p, struct small_slab *sl)
+/* `wait`: block on the CPU for each pending event (the last resort before
+ * an allocation fails). */
+static void drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 {
 	struct deferred **link = &sl->deferred;
 	while (*link) {
 		struct deferred *d = *link;
-		if (vpmm_pool_event_done_locked(p, d->ev)) {
+		if (vpmm_pool_event_done_locked(p, d->ev) ||
+		    (wait && vpmm_pool_event_wait_locked(p, d->ev))) {
 			*link = d->next;
 			st_of(p)->deferred--;
+			__atomic_fetch_and(&parked_map(sl)[d->block / 64],
+					   ~(1ull << (d->block % 64)), __ATOMIC_RELEASE);
 			block_clear(sl, d->block);
 			vpmm_pool_event_unref_locked(p, d->ev);
 			free(d);
@@ -177,7 +191,7 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	struct small_state *s = st_of(p);
 	size_t nblocks = s->slab_bytes[cls] / s->block[cls];
 	size_t words = (nblocks + 63) / 64;
-	struct small_slab *sl = calloc(1, sizeof(*sl) + words * sizeof(uint64_t));
+	struct small_slab *sl = calloc(1, sizeof(*sl) + 2 * words * sizeof(uint64_t));
 	struct region *r;
 	int rc;
 	if (!sl)
@@ -191,7 +205,9 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	sl->owner = owner;
 	sl->cls = cls;
 	sl->nblocks = sl->nfree = (uint32_t)nblocks;
-	r->small = sl;
+	sl->words = (uint32_t)words;
+	__atomic_store_n(&r->small, sl, __ATOMIC_RELEASE);
+	vpmm_pmap_publish(p, r, true); /* now every page leads to the slab */
 	s->slabs++;
 	*out = sl;
 	return 0;
@@ -203,7 +219,7 @@ static void slab_release(vpmm_pool *p, struct small_slab *sl)
 	if (sl->listed && head)
 		list_del(head, sl);
 	st_of(p)->slabs--;
-	vpmm_pool_give_locked(p, sl->r, sl->owner);
+	vpmm_pool_give_locked(p, sl->r, sl->owner, 0);
 	free(sl);
 }
 
@@ -218,7 +234,7 @@ int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 		return -ENOMEM;
 	for (sl = *head; sl; sl = sl->next) {
 		if (!sl->nfree)
-			drain_deferred(p, sl);
+			drain_deferred(p, sl, false);
 		if (sl->nfree)
 			break;
 	}
@@ -232,7 +248,7 @@ int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 	while (!~sl->used[w] || w * 64 + (uint32_t)__builtin_ctzll(~sl->used[w]) >= sl->nblocks)
 		w = (w + 1) % words;
 	uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(~sl->used[w]);
-	sl->used[w] |= 1ull << (b % 64);
+	__atomic_fetch_or(&sl->used[w], 1ull << (b % 64), __ATOMIC_RELEASE);
 	sl->hint = w;
 	if (--sl->nfree == 0 && !sl->deferred)
 		list_del(head, sl);
@@ -254,17 +270,15 @@ static void maybe_release(vpmm_pool *p, struct small_slab *sl)
 }
 
 int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
-			   struct stream *s)
+			   struct stream *s, uint64_t epoch)
 {
 	struct small_slab *sl = r->small;
 	size_t bs = st_of(p)->block[sl->cls];
 	CUdeviceptr off = ptr - r->va;
 	uint32_t b = (uint32_t)(off / bs);
-	if (off % bs || b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))))
-		return -EINVAL;
-	for (struct deferred *d = sl->deferred; d; d = d->next)
-		if (d->block == b)
-			return -EINVAL; /* freed already, on another stream */
+	if (off % bs || b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))) ||
+	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))))
+		return -EINVAL; /* not handed out, or freed already */
 	/* Reuse by the owner is safe at once if the free is in its own stream
 	 * order, or if the caller synchronized (s == NULL). */
 	if (s && s != sl->owner) {
@@ -272,7 +286,7 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		int rc;
 		if (!d)
 			return -ENOMEM;
-		rc = vpmm_pool_cover_locked(p, s, s->epoch, &d->ev);
+		rc = vpmm_pool_cover_locked(p, s, epoch ? epoch : s->epoch, &d->ev);
 		if (rc) {
 			free(d);
 			return rc;
@@ -282,6 +296,7 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		d->block = b;
 		d->next = sl->deferred;
 		sl->deferred = d;
+		__atomic_fetch_or(&parked_map(sl)[b / 64], 1ull << (b % 64), __ATOMIC_RELEASE);
 		st_of(p)->deferred++;
 		pthread_cond_signal(&p->reclaim_cond);
 	} else {
@@ -297,15 +312,16 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 }
 
 /* Visit every listed slab: blocks deferred to a stream whose work completed
- * become free; empty slabs go back (all of them when `all`, else all but
- * the last of their list). Returns how many went back. */
+ * become free; empty slabs go back. `all` (the last resort before an
+ * allocation fails): wait for deferred blocks and return every empty slab;
+ * else keep the last of each list. Returns how many went back. */
 static size_t sweep_list(vpmm_pool *p, struct small_slab **head, bool all)
 {
 	size_t n = 0;
 	for (struct small_slab *sl = *head, *next; sl; sl = next) {
 		next = sl->next;
 		if (sl->deferred)
-			drain_deferred(p, sl);
+			drain_deferred(p, sl, all);
 		if (!all) {
 			if (sl->nfree == sl->nblocks && !sl->deferred && (sl != *head || sl->next)) {
 				slab_release(p, sl);
@@ -346,13 +362,54 @@ void vpmm_small_drain_locked(vpmm_pool *p)
 	sweep(p, false);
 }
 
+size_t vpmm_small_class_size(const vpmm_pool *p, size_t size)
+{
+	const struct small_state *s = p->small;
+	return s->block[class_of(s, size)];
+}
+
+/* Lock-free: only the marks are touched, the used bits are read. A block's
+ * used bit cannot change under us while the caller legitimately owns it. */
+int vpmm_small_park(vpmm_pool *p, struct region *r, CUdeviceptr ptr, size_t *size)
+{
+	struct small_slab *sl = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
+	size_t bs = st_of(p)->block[sl->cls];
+	CUdeviceptr off = ptr - r->va;
+	uint32_t b = (uint32_t)(off / bs);
+	uint64_t bit = 1ull << (b % 64);
+	if (ptr < r->va || off % bs || b >= sl->nblocks ||
+	    !(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit))
+		return -EINVAL;
+	if (__atomic_fetch_or(&parked_map(sl)[b / 64], bit, __ATOMIC_ACQ_REL) & bit)
+		return -EINVAL; /* parked already: a double free */
+	*size = bs;
+	return 0;
+}
+
+void vpmm_small_unpark(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
+{
+	struct small_slab *sl = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
+	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
+	__atomic_fetch_and(&parked_map(sl)[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
+}
+
+bool vpmm_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
+{
+	struct small_slab *sl = r->small;
+	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
+	return (ptr - r->va) % st_of(p)->block[sl->cls] == 0 && b < sl->nblocks &&
+	       (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))) &&
+	       (sl->used[b / 64] & (1ull << (b % 64)));
+}
+
 int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size)
 {
 	struct small_slab *sl = r->small;
 	size_t bs = st_of(p)->block[sl->cls];
 	uint32_t b = (uint32_t)((ptr - r->va) / bs);
-	if (b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))))
+	if (b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))) ||
+	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))))
 		return -EINVAL;
 	if (base)
 		*base = r->va + (CUdeviceptr)b * bs;

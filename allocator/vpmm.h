@@ -49,6 +49,11 @@ struct vpmm_config {
 	 * by vpmm_pool_trim). Off: the pool keeps every page it made. */
 	bool release;
 	size_t release_threshold;
+	/* Per-stream caches of freed allocations, reused by mallocs of the same
+	 * rounded size on the same stream without the pool lock: up to
+	 * front_entries (at most 32; 0 = off) and front_bytes per stream. */
+	unsigned front_entries;
+	size_t front_bytes;
 };
 
 /* The defaults the options table documents (no environment read). */
@@ -117,6 +122,8 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(zombies_reclaimed, "old ranges unmapped")                           \
 	X(events_recorded, "events recorded")                                 \
 	X(stream_waits, "device-side waits inserted")                         \
+	X(front_hits, "mallocs served from a stream's cache, lock-free")      \
+	X(front_parks, "frees parked in a stream's cache")                    \
 	X(driver_calls, "driver calls of any kind")
 
 struct vpmm_stats {
@@ -128,6 +135,7 @@ struct vpmm_stats {
 #undef X
 	uint64_t page_size;
 	uint64_t regions;
+	uint64_t parked; /* bytes in streams' caches: counted in reusable */
 };
 
 void vpmm_pool_stats(vpmm_pool *pool, struct vpmm_stats *out);

@@ -788,6 +788,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "vpmm-replay: %s\n", err);
 		return EXIT_INPUT;
 	}
+	/* One thread replays: the per-stream caches only add the lag of their
+	 * flush to cross-stream reuse, so the replay measures the pool itself. */
+	cfg.front_entries = 0;
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		const char *name = NULL;
 		for (size_t i = 0; longopts[i].name; i++)

@@ -88,6 +88,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 	cfg.defrag = s->defrag;
 	cfg.small_max = s->small_max; /* default 0: whole pages, the page-level
 				       * rules under test */
+	cfg.front_entries = 0; /* every free reaches the structures under test */
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

@@ -20,6 +20,7 @@ static void open_small(void)
 	cfg.page_size = PAGE;
 	cfg.va_size = 1024 * PAGE;
 	cfg.small_max = SIZE_MAX;
+	cfg.front_entries = 0; /* the slabs' own rules, not the front's */
 	cfg.event_interval_ns = 0;
 	cr_assert_eq(vpmm_pool_create(&cfg, t.drv, &t.pool), 0);
 }

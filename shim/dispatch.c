@@ -1,0 +1,622 @@
+/* dispatch.c — the shim's process state and the allocation semantics that
+ * every hook shares.
+ *
+ * Owns: the options (read once, on first use), the cuda driver layer (built
+ * over the real entry points), one pool per device, the fork handler, the
+ * hook counters, and the translation of pool errors to CUresult (the runtime
+ * hooks reuse the number: see shim.h).
+ *
+ * Decisions, and why:
+ *  - The pool of a call is the device of the context the call runs in: the
+ *    current context, or the stream's for an explicit stream (pushed for the
+ *    call if it differs, so the pool's events belong to the stream's
+ *    context). A runtime call on a thread with no context first lets the real
+ *    runtime set one up, by the real cudaFree(NULL) (the documented way to
+ *    initialise it), then proceeds; a driver call with no context goes to the
+ *    real function, which reports the error the program expects. A
+ *    pluggable-allocator call names its device and may come from a thread
+ *    that has no context yet (PyTorch's autograd threads): the device's
+ *    primary context, the one the runtime would bind, is pushed for it.
+ *  - Synchronous frees (cudaFree, cuMemFree_v2) synchronise the pool's
+ *    context, then free on VPMM_NO_STREAM (settled at once). This is what
+ *    the real calls do, and what programs such as PyTorch without caching
+ *    rely on: no kernel issued before the free may still touch the memory
+ *    when it is handed out again, on any stream. A cheaper scheme (an event
+ *    on the legacy default stream, which orders after every blocking stream)
+ *    does not cover streams created non-blocking, which PyTorch uses for its
+ *    side streams, so it was rejected.
+ *  - Per-thread default streams: CU_STREAM_PER_THREAD is one handle for as
+ *    many streams as threads, and the pool orders work by handle (it may
+ *    record an event on another stream's handle from any thread). So work on
+ *    a per-thread default stream is treated as synchronous: allocations take
+ *    settled memory (VPMM_NO_STREAM) and frees first synchronise the calling
+ *    thread's per-thread stream. Correct, but such frees block.
+ *  - Allocations on a capturing stream go to the real function (the graph
+ *    owns them). Freeing pool memory on a capturing stream is refused with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the free would happen at graph
+ *    launch, and the pool cannot order reuse after a launch it never sees.
+ *  - Teardown: once the driver answers CUDA_ERROR_DEINITIALIZED, or the
+ *    pool's context is gone (nothing of it can still run), frees of pool
+ *    memory succeed quietly.
+ *  - Fork: the child starts with no pools and no driver layer, as if nothing
+ *    had happened (CUDA itself is unusable in a child of an initialised
+ *    parent; the first hook call sets up again and the real calls report
+ *    that). The parent's structures are left alone, not freed: their locks
+ *    may have been held by threads that do not exist in the child.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define MAX_DEVICES 64
+
+struct dev_pool {
+	_Atomic(vpmm_pool *) pool;
+	_Atomic bool failed; /* creation failed: this device passes through */
+	_Atomic(CUcontext) ctx; /* the context the pool was created in */
+	_Atomic(CUcontext) primary; /* retained once, for callers with none */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	atomic_int ready;      /* options read and setup done (active or not) */
+	bool active;
+	atomic_bool torn_down; /* the driver said DEINITIALIZED */
+	atomic_int ndev;       /* 1 + highest device with a pool */
+	struct vpmm_config cfg;
+	vpmm_driver *drv;
+	struct dev_pool dev[MAX_DEVICES];
+} st = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Atomic uint64_t counts[VPMM_HOOK_COUNT];
+static const char *const hook_names[VPMM_HOOK_COUNT] = {
+#define X(n) #n,
+	VPMM_HOOKS(X)
+#undef X
+};
+
+__thread int vpmm_tls_inside;
+
+void vpmm_count(enum vpmm_hook h)
+{
+	atomic_fetch_add_explicit(&counts[h], 1, memory_order_relaxed);
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+static const char *env_get(const char *name)
+{
+	return getenv(name);
+}
+
+static void atfork_child(void)
+{
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	for (int i = 0; i < MAX_DEVICES; i++) {
+		atomic_store(&st.dev[i].pool, NULL);
+		atomic_store(&st.dev[i].failed, false);
+		atomic_store(&st.dev[i].primary, NULL);
+		atomic_store(&st.dev[i].ctx, NULL);
+	}
+	st.lock = fresh;
+	st.drv = NULL;
+	st.active = false;
+	atomic_store(&st.torn_down, false);
+	atomic_store(&st.ndev, 0);
+	atomic_store(&st.ready, 0);
+}
+
+/* Reads the options and builds the driver layer; st.active says whether it
+ * all worked. Every way out before the end leaves the shim passing through. */
+static void setup_locked(void)
+{
+	static bool atfork_registered;
+	char err[256] = "";
+	struct vpmm_env_options o;
+	CUresult r;
+
+	vpmm_env_options_default(&o);
+	if (vpmm_env_options_from_env(&o, env_get, err, sizeof err))
+		goto bad_option;
+	vpmm_log_level = (int)o.log_level;
+	if (o.disable) {
+		VPMM_LOGF(VPMM_LOG_INFO, "VPMM_DISABLE is set: passing everything through");
+		return;
+	}
+	vpmm_config_default(&st.cfg);
+	if (vpmm_config_from_env(&st.cfg, env_get, err, sizeof err))
+		goto bad_option;
+	vpmm_resolve();
+	if (!vpmm_real.libcuda)
+		return; /* resolve.c said why */
+	if (!vpmm_real.ctx_get_current || !vpmm_real.ctx_get_device ||
+	    !vpmm_real.ctx_synchronize || !vpmm_real.ctx_push || !vpmm_real.ctx_pop ||
+	    !vpmm_real.stream_is_capturing || !vpmm_real.stream_synchronize) {
+		vpmm_log(VPMM_LOG_WARN, "libcuda lacks context or stream entry points: passing everything through");
+		return;
+	}
+	r = vpmm_driver_cuda_create(vpmm_real_entry, NULL, &st.drv);
+	if (r != CUDA_SUCCESS) {
+		vpmm_log(VPMM_LOG_WARN, "libcuda lacks the virtual memory entry points (CUresult %d): passing everything through",
+			 (int)r);
+		return;
+	}
+	if (!atfork_registered && pthread_atfork(NULL, NULL, atfork_child) == 0)
+		atfork_registered = true;
+	st.active = true;
+	VPMM_LOGF(VPMM_LOG_INFO, "active (driver version %d, log level %s)",
+		  vpmm_real.driver_version, vpmm_log_level_name(o.log_level));
+	return;
+
+bad_option:
+	vpmm_log(VPMM_LOG_ERROR, "%s; passing everything through", err);
+}
+
+bool vpmm_active(void)
+{
+	if (atomic_load_explicit(&st.ready, memory_order_acquire))
+		return st.active;
+	pthread_mutex_lock(&st.lock);
+	if (!atomic_load_explicit(&st.ready, memory_order_relaxed)) {
+		setup_locked();
+		atomic_store_explicit(&st.ready, 1, memory_order_release);
+	}
+	pthread_mutex_unlock(&st.lock);
+	return st.active;
+}
+
+/* The pool of `dev`, created on first use in context `ctx`; NULL when the
+ * device passes through. */
+static vpmm_pool *pool_for(int dev)
+{
+	vpmm_pool *p;
+	if (dev < 0 || dev >= MAX_DEVICES)
+		return NULL;
+	p = atomic_load_explicit(&st.dev[dev].pool, memory_order_acquire);
+	if (p || atomic_load_explicit(&st.dev[dev].failed, memory_order_relaxed))
+		return p;
+
+	pthread_mutex_lock(&st.lock);
+	p = atomic_load_explicit(&st.dev[dev].pool, memory_order_relaxed);
+	if (!p && !atomic_load_explicit(&st.dev[dev].failed, memory_order_relaxed)) {
+		struct vpmm_config cfg = st.cfg;
+		CUcontext ctx = NULL;
+		int e;
+		cfg.device = dev;
+		vpmm_real.ctx_get_current(&ctx);
+		e = vpmm_pool_create(&cfg, st.drv, &p);
+		if (e) {
+			atomic_store(&st.dev[dev].failed, true);
+			vpmm_log(VPMM_LOG_WARN, "device %d: no pool (%s): passing its allocations through",
+				 dev, strerror(-e));
+			p = NULL;
+		} else {
+			atomic_store_explicit(&st.dev[dev].ctx, ctx, memory_order_relaxed);
+			atomic_store_explicit(&st.dev[dev].pool, p, memory_order_release);
+			if (atomic_load(&st.ndev) <= dev)
+				atomic_store(&st.ndev, dev + 1);
+			VPMM_LOGF(VPMM_LOG_INFO, "device %d: pool created, page size %zu",
+				  dev, vpmm_pool_page_size(p));
+		}
+	}
+	pthread_mutex_unlock(&st.lock);
+	return p;
+}
+
+static vpmm_pool *existing_pool(int dev)
+{
+	if (dev < 0 || dev >= MAX_DEVICES)
+		return NULL;
+	return atomic_load_explicit(&st.dev[dev].pool, memory_order_acquire);
+}
+
+static struct dev_pool *owner_of(CUdeviceptr ptr)
+{
+	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	for (int i = 0; i < n; i++) {
+		vpmm_pool *p = existing_pool(i);
+		if (p && vpmm_pool_owns(p, ptr))
+			return &st.dev[i];
+	}
+	return NULL;
+}
+
+/* ---- streams and contexts ----------------------------------------------------- */
+
+static bool default_stream(CUstream s)
+{
+	return !s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+/* The stream as the pool should key it: one handle per stream. */
+static CUstream pool_stream(CUstream s, enum vpmm_via via)
+{
+	if (s == VPMM_NO_STREAM || s == CU_STREAM_LEGACY)
+		return s == CU_STREAM_LEGACY ? NULL : s;
+	if (!s && (via == VPMM_VIA_DRIVER_PTSZ || via == VPMM_VIA_RUNTIME_PTSZ))
+		return CU_STREAM_PER_THREAD;
+	return s;
+}
+
+struct ctx_scope {
+	bool pushed;
+};
+
+/* Makes the context of `s` current for the call (pushing it if another one
+ * is) and gives its device. */
+static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
+{
+	CUcontext cur = NULL, sctx = NULL;
+	CUdevice dev;
+	CUresult r;
+
+	sc->pushed = false;
+	if (s != VPMM_NO_STREAM && !default_stream(s) && vpmm_real.stream_get_ctx) {
+		r = vpmm_real.stream_get_ctx(s, &sctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		r = vpmm_real.ctx_get_current(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (sctx && sctx != cur) {
+			r = vpmm_real.ctx_push(sctx);
+			if (r != CUDA_SUCCESS)
+				return r;
+			sc->pushed = true;
+		}
+	}
+	r = vpmm_real.ctx_get_device(&dev);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	*device = (int)dev;
+	return CUDA_SUCCESS;
+fail:
+	if (sc->pushed) {
+		vpmm_real.ctx_pop(&cur);
+		sc->pushed = false;
+	}
+	return r;
+}
+
+/* The primary context of `dev`, retained once for the process. */
+static CUcontext primary_of(int dev)
+{
+	CUcontext c = atomic_load_explicit(&st.dev[dev].primary, memory_order_acquire);
+	CUdevice d;
+	if (c || !vpmm_real.device_get || !vpmm_real.primary_retain)
+		return c;
+	pthread_mutex_lock(&st.lock);
+	c = atomic_load_explicit(&st.dev[dev].primary, memory_order_relaxed);
+	if (!c && vpmm_real.device_get(&d, dev) == CUDA_SUCCESS &&
+	    vpmm_real.primary_retain(&c, d) == CUDA_SUCCESS)
+		atomic_store_explicit(&st.dev[dev].primary, c, memory_order_release);
+	pthread_mutex_unlock(&st.lock);
+	return c;
+}
+
+/* Makes a context of device `dev` current for the call: the current one if
+ * it is on `dev`, else the device's primary context, pushed. */
+static CUresult enter_device(int dev, struct ctx_scope *sc)
+{
+	CUcontext cur = NULL, want;
+	CUdevice d;
+	CUresult r;
+
+	sc->pushed = false;
+	if (dev < 0 || dev >= MAX_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	r = vpmm_real.ctx_get_current(&cur);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (cur && (cur == atomic_load_explicit(&st.dev[dev].ctx, memory_order_relaxed) ||
+		    (vpmm_real.ctx_get_device(&d) == CUDA_SUCCESS && (int)d == dev)))
+		return CUDA_SUCCESS;
+	want = primary_of(dev);
+	if (!want)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	r = vpmm_real.ctx_push(want);
+	if (r == CUDA_SUCCESS)
+		sc->pushed = true;
+	return r;
+}
+
+static void leave(struct ctx_scope *sc)
+{
+	CUcontext c;
+	if (sc->pushed)
+		vpmm_real.ctx_pop(&c);
+	sc->pushed = false;
+}
+
+/* 1 capturing, 0 not, <0 the query failed (the real call will say why). */
+static int capturing(CUstream s)
+{
+	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (vpmm_real.stream_is_capturing(s, &cs) != CUDA_SUCCESS)
+		return -1;
+	return cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static CUresult pool_result(vpmm_pool *p, int e)
+{
+	CUresult r;
+	switch (e) {
+	case 0:
+		return CUDA_SUCCESS;
+	case -ENOMEM:
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	case -EINVAL:
+		return CUDA_ERROR_INVALID_VALUE;
+	case -EIO:
+		r = vpmm_pool_last_result(p);
+		return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+	default:
+		return CUDA_ERROR_UNKNOWN;
+	}
+}
+
+/* ---- the operations ------------------------------------------------------------ */
+
+bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
+		    enum vpmm_via via, int device, void *caller, CUresult *res)
+{
+	struct ctx_scope sc = {false};
+	vpmm_pool *pool;
+	CUstream ps;
+	CUresult r;
+	int dev = device, e;
+
+	if (vpmm_tls_inside || !out || !size || !vpmm_active())
+		return false;
+
+	if (via == VPMM_VIA_TORCH) {
+		if (enter_device(device, &sc) != CUDA_SUCCESS)
+			return false;
+	} else {
+		r = enter(stream, &dev, &sc);
+		if (r != CUDA_SUCCESS && via >= VPMM_VIA_RUNTIME &&
+		    (stream == VPMM_NO_STREAM || default_stream(stream))) {
+			cudaError_t ce = vpmm_runtime_init(caller);
+			if (ce != cudaSuccess) {
+				*res = (CUresult)ce;
+				return true;
+			}
+			r = enter(stream, &dev, &sc);
+		}
+		if (r != CUDA_SUCCESS)
+			return false;
+	}
+
+	ps = pool_stream(stream, via);
+	if (ps != VPMM_NO_STREAM && capturing(ps) != 0)
+		goto pass; /* the graph owns it, or the real call reports the error */
+	if (ps == CU_STREAM_PER_THREAD)
+		ps = VPMM_NO_STREAM;
+	pool = pool_for(dev);
+	if (!pool)
+		goto pass;
+	e = vpmm_pool_malloc(pool, size, ps, out);
+	leave(&sc);
+	*res = pool_result(pool, e);
+	if (!e)
+		vpmm_count(VPMM_HOOK_pool_malloc);
+	else
+		VPMM_LOGF(VPMM_LOG_DEBUG, "device %d: malloc of %zu failed (%d)", dev, size, e);
+	return true;
+pass:
+	leave(&sc);
+	return false;
+}
+
+/* Synchronise the pool's context, as the real synchronous free would. */
+static CUresult sync_context(struct dev_pool *dp)
+{
+	CUcontext cur = NULL, popped, ctx = atomic_load(&dp->ctx);
+	CUresult r;
+	vpmm_count(VPMM_HOOK_sync_free);
+	if (vpmm_real.ctx_synchronize_v2 && ctx)
+		return vpmm_real.ctx_synchronize_v2(ctx);
+	r = vpmm_real.ctx_get_current(&cur);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (cur == ctx || !ctx)
+		return vpmm_real.ctx_synchronize();
+	r = vpmm_real.ctx_push(ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = vpmm_real.ctx_synchronize();
+	vpmm_real.ctx_pop(&popped);
+	return r;
+}
+
+bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
+		  CUresult *res)
+{
+	struct ctx_scope sc = {false};
+	struct dev_pool *dp;
+	CUstream ps;
+	CUresult r;
+	int dev, e;
+
+	if (vpmm_tls_inside || !ptr || !vpmm_active())
+		return false;
+	dp = owner_of(ptr);
+	if (!dp)
+		return false;
+	if (atomic_load_explicit(&st.torn_down, memory_order_relaxed))
+		goto quiet;
+
+	ps = pool_stream(stream, via);
+	if (ps == VPMM_NO_STREAM) {
+		r = sync_context(dp);
+	} else if (ps == CU_STREAM_PER_THREAD) {
+		if (capturing(ps) == 1)
+			goto refuse;
+		r = vpmm_real.stream_synchronize(ps);
+		ps = VPMM_NO_STREAM;
+	} else {
+		r = via == VPMM_VIA_TORCH ? enter_device((int)(dp - st.dev), &sc)
+					  : enter(ps, &dev, &sc);
+		if (r != CUDA_SUCCESS)
+			return false; /* a bad stream: the real call says so */
+		if (capturing(ps) == 1)
+			goto refuse;
+		r = CUDA_SUCCESS;
+	}
+	switch (r) {
+	case CUDA_SUCCESS:
+		break;
+	case CUDA_ERROR_DEINITIALIZED:
+		atomic_store(&st.torn_down, true);
+		goto quiet;
+	case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+	case CUDA_ERROR_INVALID_CONTEXT:
+		/* The context is gone, so is all of its work: nothing can touch
+		 * the memory any more. Settle it, ignoring the pool's answer. */
+		vpmm_pool_free(atomic_load(&dp->pool), ptr, VPMM_NO_STREAM);
+		goto quiet;
+	default:
+		leave(&sc);
+		*res = r; /* e.g. a sticky kernel error, as the real call reports */
+		return true;
+	}
+	e = vpmm_pool_free(atomic_load(&dp->pool), ptr, ps);
+	leave(&sc);
+	*res = pool_result(atomic_load(&dp->pool), e);
+	if (!e)
+		vpmm_count(VPMM_HOOK_pool_free);
+	return true;
+refuse:
+	leave(&sc);
+	vpmm_log(VPMM_LOG_WARN, "freeing pool memory on a capturing stream is not supported");
+	*res = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	return true;
+quiet:
+	*res = CUDA_SUCCESS;
+	return true;
+}
+
+/* What the pool does not serve for the pluggable allocator (a capturing
+ * stream, the shim disabled) goes to the driver's own stream-ordered
+ * allocator, in a context of the device as the pool would use. */
+CUresult vpmm_torch_real(CUdeviceptr *inout, size_t size, int device, CUstream stream)
+{
+	struct ctx_scope sc = {false};
+	CUresult r;
+	vpmm_resolve();
+	if (!vpmm_real.alloc_async || !vpmm_real.free_async || !vpmm_real.ctx_get_current ||
+	    !vpmm_real.ctx_push || !vpmm_real.ctx_pop)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	vpmm_count(VPMM_HOOK_passthrough);
+	r = enter_device(device, &sc);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = size ? vpmm_real.alloc_async(inout, size, stream)
+		 : vpmm_real.free_async(*inout, stream);
+	leave(&sc);
+	return r;
+}
+
+void vpmm_add_reusable(size_t *free_bytes, size_t total)
+{
+	struct vpmm_stats s;
+	CUdevice dev;
+	vpmm_pool *p;
+	if (vpmm_tls_inside || !free_bytes || !vpmm_active())
+		return;
+	if (vpmm_real.ctx_get_device(&dev) != CUDA_SUCCESS)
+		return;
+	p = existing_pool((int)dev);
+	if (!p)
+		return;
+	vpmm_pool_stats(p, &s);
+	if (*free_bytes >= total)
+		return;
+	*free_bytes = s.reusable > total - *free_bytes ? total : *free_bytes + s.reusable;
+}
+
+bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+	struct dev_pool *dp;
+	if (vpmm_tls_inside || !vpmm_active())
+		return false;
+	dp = owner_of(ptr);
+	return dp && vpmm_pool_find(atomic_load(&dp->pool), ptr, base, size) == 0;
+}
+
+/* ---- the library's own API ------------------------------------------------------- */
+
+VPMM_EXPORT int vpmm_shim_active(void);
+VPMM_EXPORT int vpmm_shim_stats(int device, struct vpmm_stats *out);
+VPMM_EXPORT long vpmm_shim_stats_json(int device, char *buf, size_t len);
+VPMM_EXPORT long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit);
+VPMM_EXPORT unsigned long long vpmm_shim_hook_calls(const char *name);
+
+/* 1 when allocations go to the pool, 0 when everything passes through. */
+int vpmm_shim_active(void)
+{
+	return vpmm_active();
+}
+
+/* The stats of `device`'s pool: 0, or -ENODEV when it has none (yet). */
+int vpmm_shim_stats(int device, struct vpmm_stats *out)
+{
+	vpmm_pool *p = existing_pool(device);
+	if (!out)
+		return -EINVAL;
+	if (!p)
+		return -ENODEV;
+	vpmm_pool_stats(p, out);
+	return 0;
+}
+
+/* The stats as one JSON object; returns the length it needed (snprintf-like)
+ * or a negative errno. */
+long vpmm_shim_stats_json(int device, char *buf, size_t len)
+{
+	struct vpmm_stats s;
+	char *text = NULL;
+	size_t n = 0;
+	FILE *f;
+	int e = vpmm_shim_stats(device, &s);
+	if (e)
+		return e;
+	f = open_memstream(&text, &n);
+	if (!f)
+		return -ENOMEM;
+	vpmm_stats_print(&s, f, true);
+	if (fclose(f) || !text) {
+		free(text);
+		return -ENOMEM;
+	}
+	while (n && text[n - 1] == '\n')
+		text[--n] = '\0';
+	if (buf && len)
+		snprintf(buf, len, "%s", text);
+	free(text);
+	return (long)n;
+}
+
+/* The region map of `device`'s pool (vpmm_pool_layout's format). */
+long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit)
+{
+	vpmm_pool *p = existing_pool(device);
+	if (!p)
+		return -ENODEV;
+	return (long)vpmm_pool_layout(p, buf, len, unit);
+}
+
+/* How often a hook (or counter: "pool_malloc", "passthrough", ...) ran;
+ * ULLONG_MAX for a name that is none. */
+unsigned long long vpmm_shim_hook_calls(const char *name)
+{
+	for (int i = 0; name && i < VPMM_HOOK_COUNT; i++)
+		if (!strcmp(name, hook_names[i]))
+			return atomic_load_explicit(&counts[i], memory_order_relaxed);
+	return ~0ULL;
+}

@@ -1,0 +1,311 @@
+/* resolve.c — the real functions behind every hook, found once.
+ *
+ * Owns: glibc's dlsym, the libcuda handle, the real driver entry points
+ * (forwarding targets of the wrappers, and the helpers the dispatch layer
+ * calls), the set of pointers the real libcuda may hand out for each wrapped
+ * entry point, and the real runtime functions behind the runtime hooks.
+ *
+ * Why a set of pointers: a program asks for an entry point by base name,
+ * version and flags ("cuMemAllocAsync", 12000, per-thread) and libcuda picks
+ * the variant. Rather than re-deriving libcuda's rules, we ask libcuda for
+ * every variant we wrap, both ways a program may (dlsym of the exported name,
+ * cuGetProcAddress at the variant's first version with its flags), and later
+ * compare what it handed the program with those pointers. A v1 cuMemAlloc
+ * (32-bit sizes), a variant newer than ours, or any pointer we do not know is
+ * therefore passed through untouched.
+ */
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "shim.h"
+
+void *(*vpmm_real_dlsym_fn)(void *, const char *);
+struct vpmm_real vpmm_real;
+
+/* ---- dlsym ----------------------------------------------------------------- */
+
+static void *no_dlsym(void *handle, const char *name)
+{
+	(void)handle;
+	(void)name;
+	return NULL;
+}
+
+static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
+
+static void find_dlsym(void)
+{
+	/* glibc 2.34 moved dlsym into libc under a new version; older ones
+	 * keep the first version of each architecture. */
+	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5",
+					       "GLIBC_2.17", "GLIBC_2.0"};
+	void *p = NULL;
+	for (size_t i = 0; !p && i < sizeof versions / sizeof versions[0]; i++)
+		p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+	if (p) {
+		vpmm_real_dlsym_fn = VPMM_PTR_TO_FN(void *(*)(void *, const char *), p);
+	} else {
+		vpmm_log(VPMM_LOG_ERROR, "glibc's dlsym was not found: dlsym answers nothing");
+		vpmm_real_dlsym_fn = no_dlsym;
+	}
+}
+
+void vpmm_resolve_dlsym(void)
+{
+	pthread_once(&dlsym_once, find_dlsym);
+}
+
+/* ---- libcuda ---------------------------------------------------------------- */
+
+struct wrapped_def {
+	const char *sym;  /* exported name */
+	const char *base; /* cuGetProcAddress name */
+	int version;      /* first version with this variant */
+	cuuint64_t flags;
+};
+
+static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
+	[VPMM_W_GPA_V2] = {"cuGetProcAddress_v2", "cuGetProcAddress", 12000, 0},
+	[VPMM_W_GPA_V1] = {"cuGetProcAddress", "cuGetProcAddress", 11030, 0},
+	[VPMM_W_MEM_ALLOC] = {"cuMemAlloc_v2", "cuMemAlloc", 3020, 0},
+	[VPMM_W_MEM_FREE] = {"cuMemFree_v2", "cuMemFree", 3020, 0},
+	[VPMM_W_ALLOC_ASYNC] = {"cuMemAllocAsync", "cuMemAllocAsync", 11020,
+				CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+	[VPMM_W_ALLOC_ASYNC_PTSZ] = {"cuMemAllocAsync_ptsz", "cuMemAllocAsync", 11020,
+				     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+	[VPMM_W_FREE_ASYNC] = {"cuMemFreeAsync", "cuMemFreeAsync", 11020,
+			       CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+	[VPMM_W_FREE_ASYNC_PTSZ] = {"cuMemFreeAsync_ptsz", "cuMemFreeAsync", 11020,
+				    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+	[VPMM_W_MEM_GET_INFO] = {"cuMemGetInfo_v2", "cuMemGetInfo", 3020, 0},
+	[VPMM_W_ADDRESS_RANGE] = {"cuMemGetAddressRange_v2", "cuMemGetAddressRange",
+				  3020, 0},
+	[VPMM_W_PTR_ATTR] = {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
+	[VPMM_W_PTR_ATTRS] = {"cuPointerGetAttributes", "cuPointerGetAttributes", 7000, 0},
+};
+
+#define KNOWN_MAX 4
+static void *known[VPMM_W_COUNT][KNOWN_MAX];
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static __thread bool tls_resolving;
+
+bool vpmm_resolving(void)
+{
+	return tls_resolving;
+}
+
+bool vpmm_wrapped_name(const char *name)
+{
+	if (name[0] != 'c' || name[1] != 'u')
+		return false;
+	for (int i = 0; i < VPMM_W_COUNT; i++)
+		if (!strcmp(name, wrapped_defs[i].sym))
+			return true;
+	return false;
+}
+
+static void *lib_sym(const char *name)
+{
+	return vpmm_real_dlsym_fn(vpmm_real.libcuda, name);
+}
+
+/* The real cuGetProcAddress's answer, or NULL. */
+static void *proc(const char *base, int version, cuuint64_t flags)
+{
+	void *p = NULL;
+	CUdriverProcAddressQueryResult st;
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	if (vpmm_real.gpa_v2)
+		r = vpmm_real.gpa_v2(base, &p, version, flags, &st);
+	else if (vpmm_real.gpa_v1)
+		r = vpmm_real.gpa_v1(base, &p, version, flags);
+	return r == CUDA_SUCCESS ? p : NULL;
+}
+
+static void add_known(int w, void *p)
+{
+	if (!p)
+		return;
+	for (int k = 0; k < KNOWN_MAX; k++) {
+		if (known[w][k] == p)
+			return;
+		if (!known[w][k]) {
+			known[w][k] = p;
+			return;
+		}
+	}
+}
+
+/* One pointer in two entries' sets could only be mapped to one wrapper,
+ * possibly the wrong variant: pass it through instead. */
+static void drop_ambiguous(void)
+{
+	for (int a = 0; a < VPMM_W_COUNT; a++)
+		for (int i = 0; i < KNOWN_MAX; i++)
+			for (int b = a + 1; known[a][i] && b < VPMM_W_COUNT; b++)
+				for (int j = 0; j < KNOWN_MAX; j++)
+					if (known[b][j] == known[a][i]) {
+						vpmm_log(VPMM_LOG_WARN,
+							 "libcuda gives one function for %s and %s: neither is wrapped",
+							 wrapped_defs[a].sym, wrapped_defs[b].sym);
+						known[b][j] = NULL;
+						known[a][i] = NULL;
+						break;
+					}
+}
+
+#define SET(field, p) ((field) = VPMM_PTR_TO_FN(__typeof__(field), (p)))
+
+static void find_cuda(void)
+{
+	tls_resolving = true;
+	vpmm_resolve_dlsym();
+	vpmm_real.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!vpmm_real.libcuda) {
+		VPMM_LOGF(VPMM_LOG_INFO, "libcuda.so.1 not loadable (%s): passing everything through",
+			  dlerror());
+		goto out;
+	}
+	SET(vpmm_real.gpa_v2, lib_sym("cuGetProcAddress_v2"));
+	SET(vpmm_real.gpa_v1, lib_sym("cuGetProcAddress"));
+	{
+		CUresult (*version)(int *) = NULL;
+		SET(version, lib_sym("cuDriverGetVersion"));
+		if (!version || version(&vpmm_real.driver_version) != CUDA_SUCCESS)
+			vpmm_real.driver_version = 0;
+	}
+
+	/* Only at the variant's own version: a later version may answer with
+	 * a newer variant (cuGetProcAddress_v2 for "cuGetProcAddress" from
+	 * 12000 on), which must not be taken for this one. A program asking
+	 * at its own, later version gets the same pointer while this variant
+	 * is current, and an unknown one (passed through) once it is not. */
+	for (int w = 0; w < VPMM_W_COUNT; w++) {
+		const struct wrapped_def *d = &wrapped_defs[w];
+		add_known(w, lib_sym(d->sym));
+		add_known(w, proc(d->base, d->version, d->flags));
+	}
+	drop_ambiguous();
+
+	/* Forwarding targets: the exported symbol, else what cuGetProcAddress
+	 * gives at the variant's version. */
+#define TARGET(field, w)                                                      \
+	do {                                                                  \
+		void *p_ = lib_sym(wrapped_defs[w].sym);                      \
+		if (!p_)                                                      \
+			p_ = proc(wrapped_defs[w].base, wrapped_defs[w].version, \
+				  wrapped_defs[w].flags);                     \
+		SET(field, p_);                                               \
+	} while (0)
+	TARGET(vpmm_real.mem_alloc, VPMM_W_MEM_ALLOC);
+	TARGET(vpmm_real.mem_free, VPMM_W_MEM_FREE);
+	TARGET(vpmm_real.alloc_async, VPMM_W_ALLOC_ASYNC);
+	TARGET(vpmm_real.alloc_async_ptsz, VPMM_W_ALLOC_ASYNC_PTSZ);
+	TARGET(vpmm_real.free_async, VPMM_W_FREE_ASYNC);
+	TARGET(vpmm_real.free_async_ptsz, VPMM_W_FREE_ASYNC_PTSZ);
+	TARGET(vpmm_real.mem_get_info, VPMM_W_MEM_GET_INFO);
+	TARGET(vpmm_real.address_range, VPMM_W_ADDRESS_RANGE);
+	TARGET(vpmm_real.ptr_attr, VPMM_W_PTR_ATTR);
+	TARGET(vpmm_real.ptr_attrs, VPMM_W_PTR_ATTRS);
+#undef TARGET
+
+	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));
+	SET(vpmm_real.ctx_get_device, vpmm_real_entry("cuCtxGetDevice", NULL));
+	SET(vpmm_real.ctx_synchronize, vpmm_real_entry("cuCtxSynchronize", NULL));
+	SET(vpmm_real.ctx_synchronize_v2, vpmm_real_entry("cuCtxSynchronize_v2", NULL));
+	SET(vpmm_real.ctx_push, vpmm_real_entry("cuCtxPushCurrent_v2", NULL));
+	SET(vpmm_real.ctx_pop, vpmm_real_entry("cuCtxPopCurrent_v2", NULL));
+	SET(vpmm_real.stream_is_capturing, vpmm_real_entry("cuStreamIsCapturing", NULL));
+	SET(vpmm_real.stream_get_ctx, vpmm_real_entry("cuStreamGetCtx", NULL));
+	SET(vpmm_real.stream_synchronize, vpmm_real_entry("cuStreamSynchronize", NULL));
+	SET(vpmm_real.device_get, vpmm_real_entry("cuDeviceGet", NULL));
+	SET(vpmm_real.primary_retain, vpmm_real_entry("cuDevicePrimaryCtxRetain", NULL));
+out:
+	tls_resolving = false;
+}
+
+void vpmm_resolve(void)
+{
+	pthread_once(&cuda_once, find_cuda);
+}
+
+void *vpmm_wrapper_for(void *real_fn)
+{
+	if (!real_fn)
+		return NULL;
+	for (int w = 0; w < VPMM_W_COUNT; w++) {
+		void *mine = vpmm_fn_to_ptr(vpmm_wrappers[w]);
+		if (real_fn == mine)
+			return mine;
+		for (int k = 0; k < KNOWN_MAX && known[w][k]; k++)
+			if (known[w][k] == real_fn)
+				return mine;
+	}
+	return NULL;
+}
+
+void *vpmm_real_entry(const char *name, void *arg)
+{
+	void *p;
+	(void)arg;
+	if (!vpmm_real.libcuda)
+		return NULL;
+	p = lib_sym(name);
+	if (!p) {
+		/* Entry points libcuda does not export by name: ask for the
+		 * base name as this header knows it. */
+		p = proc(name, vpmm_real.driver_version ? vpmm_real.driver_version
+							: CUDA_VERSION, 0);
+	}
+	return p;
+}
+
+/* ---- the runtime ------------------------------------------------------------- */
+
+static const char *const rt_names[VPMM_RT_COUNT] = {
+	[VPMM_RT_MALLOC] = "cudaMalloc",
+	[VPMM_RT_FREE] = "cudaFree",
+	[VPMM_RT_MALLOC_ASYNC] = "cudaMallocAsync",
+	[VPMM_RT_FREE_ASYNC] = "cudaFreeAsync",
+	[VPMM_RT_MALLOC_ASYNC_PTSZ] = "cudaMallocAsync_ptsz",
+	[VPMM_RT_FREE_ASYNC_PTSZ] = "cudaFreeAsync_ptsz",
+	[VPMM_RT_MEM_GET_INFO] = "cudaMemGetInfo",
+};
+
+static _Atomic(void *) rt_cache[VPMM_RT_COUNT];
+
+/* Whether p lies in this library (our own hook, found again). */
+static bool ours(void *p)
+{
+	Dl_info a, b;
+	return dladdr(p, &a) && dladdr((void *)(uintptr_t)&vpmm_real_runtime, &b) &&
+	       a.dli_fbase == b.dli_fbase;
+}
+
+void *vpmm_real_runtime(enum vpmm_rt fn, void *caller)
+{
+	void *p = atomic_load_explicit(&rt_cache[fn], memory_order_acquire);
+	if (p)
+		return p;
+	vpmm_resolve_dlsym();
+	p = vpmm_real_dlsym_fn(RTLD_NEXT, rt_names[fn]);
+	if ((!p || ours(p)) && caller) {
+		Dl_info info;
+		struct link_map *lm = NULL;
+		p = NULL;
+		/* A link map is a dlsym handle in glibc: the lookup then runs
+		 * over the caller's own scope, its RTLD_LOCAL dependencies
+		 * included. */
+		if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
+			p = vpmm_real_dlsym_fn(lm, rt_names[fn]);
+	}
+	if (p && ours(p))
+		p = NULL;
+	if (p)
+		atomic_store_explicit(&rt_cache[fn], p, memory_order_release);
+	return p;
+}

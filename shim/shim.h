@@ -1,0 +1,230 @@
+/* shim.h — what the parts of libvpmm.so share (nothing here is exported).
+ *
+ *   log.c      "vpmm: " lines on stderr, filtered by VPMM_LOG
+ *   resolve.c  the real functions behind every hook, found once
+ *   dlsym.c    the dlsym hook (caller-preserving entry, wrapper lookup)
+ *   dispatch.c process state: options, the cuda driver, one pool per device,
+ *              the allocation semantics every hook shares, and the
+ *              library's own vpmm_shim_* API (stats, layout, hook counts)
+ *   hooks.c    the exported hooks: they only forward
+ *
+ * The runtime's types are declared here rather than taken from
+ * cuda_runtime.h: the shim needs an int and a handful of codes, and the
+ * runtime codes it returns are numerically the driver's (CUDA aligned the
+ * two enums for every code the shim forwards: 1, 2, 3, 4, 100, 201, 400, 700,
+ * 709, 800, 801, 900-907, 999).
+ */
+#ifndef VPMM_SHIM_H
+#define VPMM_SHIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda.h>
+
+#include "vpmm.h"
+#include "options.h"
+
+#define VPMM_EXPORT __attribute__((visibility("default")))
+#define VPMM_HIDDEN __attribute__((visibility("hidden")))
+
+typedef int cudaError_t;
+typedef CUstream cudaStream_t;
+enum {
+	cudaSuccess = 0,
+	cudaErrorInvalidValue = 1,
+	cudaErrorMemoryAllocation = 2,
+	cudaErrorInitializationError = 3,
+};
+
+/* ---- log.c ------------------------------------------------------------------ */
+
+extern int vpmm_log_level VPMM_HIDDEN; /* enum vpmm_log_level; WARN until set */
+void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define vpmm_log_on(level) (vpmm_log_level >= (level))
+#define VPMM_LOGF(level, ...)                                                 \
+	do {                                                                  \
+		if (vpmm_log_on(level))                                       \
+			vpmm_log(level, __VA_ARGS__);                         \
+	} while (0)
+
+/* ---- hook counters (dispatch.c) ------------------------------------------------ */
+
+#define VPMM_HOOKS(X)                                                         \
+	X(cudaMalloc)                                                         \
+	X(cudaFree)                                                           \
+	X(cudaMallocAsync)                                                    \
+	X(cudaFreeAsync)                                                      \
+	X(cudaMallocAsync_ptsz)                                               \
+	X(cudaFreeAsync_ptsz)                                                 \
+	X(cudaMemGetInfo)                                                     \
+	X(cuMemAlloc_v2)                                                      \
+	X(cuMemFree_v2)                                                       \
+	X(cuMemAllocAsync)                                                    \
+	X(cuMemAllocAsync_ptsz)                                               \
+	X(cuMemFreeAsync)                                                     \
+	X(cuMemFreeAsync_ptsz)                                                \
+	X(cuMemGetInfo_v2)                                                    \
+	X(cuMemGetAddressRange_v2)                                            \
+	X(cuPointerGetAttribute)                                              \
+	X(cuPointerGetAttributes)                                             \
+	X(cuGetProcAddress)                                                   \
+	X(cuGetProcAddress_v2)                                                \
+	X(dlsym_wrapped)            /* dlsym answers that were our wrappers */  \
+	X(proc_wrapped)             /* cuGetProcAddress answers likewise */     \
+	X(vpmm_torch_malloc)                                                  \
+	X(vpmm_torch_free)                                                    \
+	X(pool_malloc)              /* allocations the pool served */           \
+	X(pool_free)                /* frees the pool took */                   \
+	X(passthrough)              /* calls handed to the real function */     \
+	X(sync_free)                /* context synchronisations for a free */
+
+enum vpmm_hook {
+#define X(n) VPMM_HOOK_##n,
+	VPMM_HOOKS(X)
+#undef X
+	VPMM_HOOK_COUNT
+};
+
+void vpmm_count(enum vpmm_hook h);
+
+/* Non-zero while this thread runs a real function on a hook's behalf: the
+ * driver entry points the real runtime reaches through our wrappers then go
+ * straight to libcuda, so one allocation never passes two hooks. */
+extern __thread int vpmm_tls_inside VPMM_HIDDEN;
+
+/* ---- resolve.c --------------------------------------------------------------- */
+
+typedef CUresult (*vpmm_gpa_v2_fn)(const char *, void **, int, cuuint64_t,
+				    CUdriverProcAddressQueryResult *);
+typedef CUresult (*vpmm_gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+
+/* The driver entry points we wrap: their forwarding targets. */
+enum vpmm_wrapped {
+	VPMM_W_GPA_V2,
+	VPMM_W_GPA_V1,
+	VPMM_W_MEM_ALLOC,
+	VPMM_W_MEM_FREE,
+	VPMM_W_ALLOC_ASYNC,
+	VPMM_W_ALLOC_ASYNC_PTSZ,
+	VPMM_W_FREE_ASYNC,
+	VPMM_W_FREE_ASYNC_PTSZ,
+	VPMM_W_MEM_GET_INFO,
+	VPMM_W_ADDRESS_RANGE,
+	VPMM_W_PTR_ATTR,
+	VPMM_W_PTR_ATTRS,
+	VPMM_W_COUNT
+};
+
+struct vpmm_real {
+	void *libcuda; /* NULL: no driver here; every driver hook passes through */
+	int driver_version;
+	vpmm_gpa_v2_fn gpa_v2;
+	vpmm_gpa_v1_fn gpa_v1;
+	CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*alloc_async_ptsz)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*free_async)(CUdeviceptr, CUstream);
+	CUresult (*free_async_ptsz)(CUdeviceptr, CUstream);
+	CUresult (*mem_get_info)(size_t *, size_t *);
+	CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+	CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
+	CUresult (*ptr_attrs)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+	/* Helpers for the dispatch layer; any may be NULL on an old driver. */
+	CUresult (*ctx_get_current)(CUcontext *);
+	CUresult (*ctx_get_device)(CUdevice *);
+	CUresult (*ctx_synchronize)(void);
+	CUresult (*ctx_synchronize_v2)(CUcontext);
+	CUresult (*ctx_push)(CUcontext);
+	CUresult (*ctx_pop)(CUcontext *);
+	CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
+	CUresult (*stream_get_ctx)(CUstream, CUcontext *);
+	CUresult (*stream_synchronize)(CUstream);
+	CUresult (*device_get)(CUdevice *, int);
+	CUresult (*primary_retain)(CUcontext *, CUdevice);
+};
+
+extern struct vpmm_real vpmm_real VPMM_HIDDEN;
+
+/* glibc's dlsym (the real one); set by vpmm_resolve_dlsym(). */
+extern void *(*vpmm_real_dlsym_fn)(void *, const char *) VPMM_HIDDEN;
+void vpmm_resolve_dlsym(void);
+/* Everything else: libcuda and its entry points. Idempotent, thread-safe. */
+void vpmm_resolve(void);
+/* Whether this thread is inside vpmm_resolve() (dlopen of libcuda). */
+bool vpmm_resolving(void);
+
+/* Our wrapper for a pointer the real libcuda handed out, or NULL when the
+ * pointer is none of the wrapped entry points. */
+void *vpmm_wrapper_for(void *real_fn);
+/* Whether a symbol name is one a wrapper may stand for ("cuMemAlloc_v2"). */
+bool vpmm_wrapped_name(const char *name);
+/* A real driver entry point by exported name, never one of our wrappers:
+ * the resolver given to the cuda driver layer. */
+void *vpmm_real_entry(const char *name, void *arg);
+
+enum vpmm_rt {
+	VPMM_RT_MALLOC,
+	VPMM_RT_FREE,
+	VPMM_RT_MALLOC_ASYNC,
+	VPMM_RT_FREE_ASYNC,
+	VPMM_RT_MALLOC_ASYNC_PTSZ,
+	VPMM_RT_FREE_ASYNC_PTSZ,
+	VPMM_RT_MEM_GET_INFO,
+	VPMM_RT_COUNT
+};
+/* The real runtime function behind a runtime hook, found next after us in
+ * the global scope or else in the scope of `caller` (the hook's return
+ * address: a runtime loaded RTLD_LOCAL, as Python extensions load theirs);
+ * NULL when neither has one. */
+void *vpmm_real_runtime(enum vpmm_rt fn, void *caller);
+
+/* The wrappers (hooks.c), one per enum vpmm_wrapped. Function pointers
+ * travel as vpmm_fnptr; ISO C converts them to void * only through an
+ * integer, hence the two helpers. */
+typedef void (*vpmm_fnptr)(void);
+extern const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] VPMM_HIDDEN;
+static inline void *vpmm_fn_to_ptr(vpmm_fnptr f)
+{
+	return (void *)(uintptr_t)f;
+}
+#define VPMM_PTR_TO_FN(type, p) ((type)(uintptr_t)(p))
+
+/* ---- dispatch.c -------------------------------------------------------------- */
+
+/* Whether the shim routes anything (options valid, not disabled, libcuda
+ * and the cuda driver layer set up). Reads the options once; cheap after.
+ * When false, cuGetProcAddress and dlsym hand out real pointers untouched. */
+bool vpmm_active(void);
+
+/* How a call reached us: decides the default stream's meaning and what to
+ * do when the thread has no context. */
+enum vpmm_via {
+	VPMM_VIA_DRIVER,      /* cu* wrapper: legacy default stream */
+	VPMM_VIA_DRIVER_PTSZ, /* cu*_ptsz wrapper: per-thread default stream */
+	VPMM_VIA_RUNTIME,     /* runtime hook: may initialise the runtime */
+	VPMM_VIA_RUNTIME_PTSZ,
+	VPMM_VIA_TORCH,       /* CUDAPluggableAllocator: the device is given */
+};
+
+/* Each returns true when it handled the call (the result in *res) and false
+ * when the call must go to the real function unchanged. `stream` is as the
+ * caller gave it; VPMM_NO_STREAM for the synchronous calls. */
+bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
+		    enum vpmm_via via, int device, void *caller, CUresult *res);
+bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
+		  CUresult *res);
+/* The pluggable allocator's pass-through: size > 0 allocates into *inout,
+ * size 0 frees *inout, on `stream`, in a context of `device`. */
+CUresult vpmm_torch_real(CUdeviceptr *inout, size_t size, int device, CUstream stream);
+/* Adds the current device's reusable pool bytes to *free_bytes. */
+void vpmm_add_reusable(size_t *free_bytes, size_t total);
+/* The live pool allocation holding ptr: true with base and size. */
+bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+
+/* Calls the real runtime's cudaFree(NULL) to make the runtime set up its
+ * context on this thread (dispatch.c uses it; hooks.c defines it). */
+cudaError_t vpmm_runtime_init(void *caller);
+
+#endif

@@ -1,0 +1,150 @@
+"""shim_torch.py MODE [STEPS] -- a small transformer trained with random
+weights and data (fixed seed, deterministic kernels), for the shim's GPU check
+(scripts/gpu-shim.sh). Prints one JSON line: the loss of every step, the
+median step time and peak memory as the mode can see it.
+
+MODE says how memory is allocated; the environment must match it:
+  native      PyTorch's caching allocator
+  expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  nocache     PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cudaMalloc/cudaFree per tensor)
+  shim        nocache, with LD_PRELOAD=libvpmm.so
+  pluggable   CUDAPluggableAllocator over libvpmm.so (VPMM_LIB), no preload
+
+nvml_peak: device memory used at its highest during the run, above what was
+used once the context existed (sampled each millisecond, so a peak shorter
+than that may be missed); it includes cuBLAS workspaces and the kernels'
+modules, the same for every mode.
+"""
+import ctypes
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch  # noqa: E402
+
+mode = sys.argv[1]
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+
+if mode == "pluggable":
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        os.environ["VPMM_LIB"], "vpmm_torch_malloc", "vpmm_torch_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+
+
+def pool_stats():
+    """libvpmm.so's stats of device 0, or None."""
+    try:
+        if mode == "pluggable":
+            lib = ctypes.CDLL(os.environ["VPMM_LIB"])
+        else:
+            lib = ctypes.CDLL(None)
+        fn = lib.vpmm_shim_stats_json
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    buf = ctypes.create_string_buffer(4096)
+    if fn(0, buf, 4096) < 0:
+        return None
+    return json.loads(buf.value.decode())
+
+
+class NvmlPeak:
+    """Device memory in use (NVML), sampled every millisecond from a thread:
+    one measure of peak memory for every mode, whatever the allocator."""
+
+    def __init__(self):
+        import pynvml
+        pynvml.nvmlInit()
+        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.base = self.used()
+        self.peak, self.stop = 0, False
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def used(self):
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used
+
+    def run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.used() - self.base)
+            time.sleep(0.001)
+
+    def done(self):
+        self.stop = True
+        self.t.join()
+        return self.peak
+
+
+torch.empty(1, device="cuda:0").fill_(1)  # context and first module load
+torch.cuda.synchronize()
+nvml = NvmlPeak()
+
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True, warn_only=True)
+# attention as plain matrix products: deterministic, unlike the fused kernels
+torch.backends.cuda.enable_flash_sdp(False)
+torch.backends.cuda.enable_mem_efficient_sdp(False)
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+dev = torch.device("cuda:0")
+
+VOCAB, D, HEADS, LAYERS, SEQ, BATCH = 4096, 512, 8, 6, 256, 16
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, D)
+        self.pos = torch.nn.Parameter(torch.randn(SEQ, D) * 0.02)
+        layer = torch.nn.TransformerEncoderLayer(
+            D, HEADS, 4 * D, dropout=0.0, batch_first=True, norm_first=True)
+        self.body = torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(D, VOCAB)
+
+    def forward(self, x):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(SEQ, device=x.device)
+        h = self.emb(x) + self.pos
+        return self.head(self.body(h, mask=mask, is_causal=True))
+
+
+model = Model().to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+gen = torch.Generator(device="cpu").manual_seed(1)
+data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
+
+losses, times = [], []
+for step in range(steps):
+    batch = data[step % 64].to(dev)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    logits = model(batch[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())  # synchronises
+    times.append(time.perf_counter() - t0)
+
+out = {
+    "nvml_peak": nvml.done(),
+    "mode": mode,
+    "steps": steps,
+    "losses": losses,
+    "step_ms": statistics.median(times[10:]) * 1e3,
+    "card": torch.cuda.get_device_name(0),
+}
+if mode in ("native", "expandable", "nocache", "shim"):
+    out["max_allocated"] = torch.cuda.max_memory_allocated()
+    out["max_reserved"] = torch.cuda.max_memory_reserved()
+st = pool_stats()
+if st:
+    out["pool_mapped_peak"] = st["mapped_peak"]
+    out["pool_live_peak"] = st["live_peak"]
+    out["pool_mallocs"] = st["mallocs"]
+    out["pool_defrags"] = st["defrags"]
+print(json.dumps(out))

@@ -1,0 +1,261 @@
+/* drv_prog.c — an unmodified driver-API program: interposition path 2 (dlopen
+ * libcuda, dlsym "cuGetProcAddress_v2", everything through cuGetProcAddress,
+ * as the static runtime, CuPy and PyTorch do), plain dlsym of entry points,
+ * and direct calls to libcuda's exports (it is linked with the fake
+ * libcuda.so.1). `drv_prog SCENARIO`; see shimtest.h. */
+#include "shimtest.h"
+
+typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
+			  CUdriverProcAddressQueryResult *);
+
+#define P ((size_t)64 << 10)
+
+void *scope_lookup_next(void); /* libshimscope.so */
+#define PTSZ CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+
+static void *get(gpa_t gpa, const char *name, int version, cuuint64_t flags)
+{
+	void *p = NULL;
+	CUdriverProcAddressQueryResult st;
+	CHECK_EQ(gpa(name, &p, version, flags, &st), CUDA_SUCCESS);
+	CHECK(p);
+	return p;
+}
+
+#define GET(var, ...) ((var) = (__typeof__(var))(uintptr_t)get(__VA_ARGS__))
+#define FN(p) ((void *)(uintptr_t)(p))
+
+static void gpa_path(void)
+{
+	bool pool = expect_pool();
+	const char *wrapped = pool ? "libvpmm" : "libcuda";
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	gpa_t gpa0, gpa;
+	void *gpa_v1, *none = NULL;
+	CUresult (*init)(unsigned);
+	CUresult (*retain)(CUcontext *, CUdevice);
+	CUresult (*set_current)(CUcontext);
+	CUresult (*get_current)(CUcontext *);
+	CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+	CUresult (*mem_alloc_v1)(unsigned int *, unsigned int);
+	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*alloc_async_ptsz)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*free_async)(CUdeviceptr, CUstream);
+	CUresult (*free_async_ptsz)(CUdeviceptr, CUstream);
+	CUresult (*mem_info)(size_t *, size_t *);
+	CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
+	CUresult (*attr)(void *, CUpointer_attribute, CUdeviceptr);
+	CUresult (*attrs)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+	CUdriverProcAddressQueryResult st;
+	CUcontext ctx;
+	CUdeviceptr p, q, a, base = 0, abase = 0;
+	size_t size = 0, asize = 0, f, t, ff, ft;
+	unsigned int p32, memtype = 0;
+
+	CHECK(h);
+	gpa0 = (gpa_t)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
+	CHECK(fn_in(FN(gpa0), wrapped));
+	GET(gpa, gpa0, "cuGetProcAddress", 12000, 0);
+	CHECK(fn_in(FN(gpa), wrapped));
+	gpa_v1 = get(gpa, "cuGetProcAddress", 11030, 0);
+	CHECK(fn_in(gpa_v1, wrapped));
+	CHECK(gpa_v1 != FN(gpa));
+
+	GET(init, gpa, "cuInit", 12000, 0);
+	GET(retain, gpa, "cuDevicePrimaryCtxRetain", 12000, 0);
+	GET(set_current, gpa, "cuCtxSetCurrent", 12000, 0);
+	GET(get_current, gpa, "cuCtxGetCurrent", 12000, PTSZ);
+	GET(mem_alloc, gpa, "cuMemAlloc", 12000, 0);
+	GET(mem_alloc_v1, gpa, "cuMemAlloc", 2000, 0);
+	GET(mem_free, gpa, "cuMemFree", 12000, 0);
+	GET(alloc_async, gpa, "cuMemAllocAsync", 12000, 0);
+	GET(alloc_async_ptsz, gpa, "cuMemAllocAsync", 12000, PTSZ);
+	GET(free_async, gpa, "cuMemFreeAsync", 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+	GET(free_async_ptsz, gpa, "cuMemFreeAsync", 12000, PTSZ);
+	GET(mem_info, gpa, "cuMemGetInfo", 12000, 0);
+	GET(range, gpa, "cuMemGetAddressRange", 12000, 0);
+	GET(attr, gpa, "cuPointerGetAttribute", 12000, 0);
+	GET(attrs, gpa, "cuPointerGetAttributes", 12000, 0);
+	/* wrapped where they should be, untouched elsewhere */
+	CHECK(fn_in(FN(init), "libcuda") && fn_in(FN(get_current), "libcuda"));
+	CHECK(fn_in(FN(mem_alloc_v1), "libcuda"));
+	CHECK(fn_in(FN(mem_alloc), wrapped) && fn_in(FN(mem_free), wrapped));
+	CHECK(fn_in(FN(alloc_async), wrapped) && fn_in(FN(alloc_async_ptsz), wrapped));
+	CHECK(FN(alloc_async) != FN(alloc_async_ptsz));
+	CHECK(fn_in(FN(free_async), wrapped) && fn_in(FN(free_async_ptsz), wrapped));
+	CHECK(FN(free_async) != FN(free_async_ptsz));
+	CHECK(fn_in(FN(mem_info), wrapped) && fn_in(FN(range), wrapped));
+	CHECK(fn_in(FN(attr), wrapped) && fn_in(FN(attrs), wrapped));
+	CHECK_EQ(gpa("cuNoSuchEntryPoint", &none, 12000, 0, &st), CUDA_ERROR_NOT_FOUND);
+	CHECK_EQ(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+
+	CHECK_EQ(init(0), 0);
+	CHECK_EQ(retain(&ctx, 0), 0);
+	CHECK_EQ(set_current(ctx), 0);
+	controls_init();
+
+	CHECK_EQ(mem_alloc(&p, 3 * P + 10), 0);
+	touch((void *)(uintptr_t)p, 3 * P + 10, 11);
+	if (pool) {
+		CHECK_EQ(pool_stats(0).mallocs, 1);
+		CHECK_EQ(fake_calls("cuMemAlloc_v2"), 0);
+	}
+
+	/* the allocation's range, not one mapping's */
+	CHECK_EQ(range(&base, &size, p + P + 5), 0);
+	CHECK_EQ(base, p);
+	CHECK_EQ(size, pool ? 4 * P : 3 * P + 10);
+	CHECK_EQ(attr(&abase, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 2 * P), 0);
+	CHECK_EQ(attr(&asize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 2 * P), 0);
+	CHECK_EQ(abase, p);
+	CHECK_EQ(asize, size);
+	{
+		CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+						CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+						CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+		void *data[3] = {&memtype, &abase, &asize};
+		abase = 0;
+		asize = 0;
+		CHECK_EQ(attrs(3, which, data, p + 3 * P), 0);
+		CHECK_EQ(memtype, CU_MEMORYTYPE_DEVICE);
+		CHECK_EQ(abase, p);
+		CHECK_EQ(asize, size);
+	}
+	if (pool) {
+		CHECK_EQ(fake_calls("cuMemGetAddressRange_v2"), 0);
+		CHECK_EQ(fake_calls("cuPointerGetAttribute"), 0);
+		CHECK_EQ(fake_calls("cuPointerGetAttributes"), 1);
+		/* other attributes pass through */
+		CHECK_EQ(attr(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p), 0);
+		CHECK_EQ(fake_calls("cuPointerGetAttribute"), 1);
+	}
+
+	/* an old version's entry point passes through untouched */
+	CHECK_EQ(mem_alloc_v1(&p32, 1000), 0);
+	CHECK_EQ(fake_calls("cuMemAlloc"), 1);
+
+	/* no context: the driver's own answer */
+	CHECK_EQ(set_current(NULL), 0);
+	CHECK_EQ(mem_alloc(&q, P), CUDA_ERROR_INVALID_CONTEXT);
+	CHECK_EQ(set_current(ctx), 0);
+	/* size 0 and NULL: the driver's own answers */
+	CHECK_EQ(mem_alloc(&q, 0), CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ(mem_free(0), 0);
+	CHECK_EQ(mem_free(p), 0);
+
+	CHECK_EQ(alloc_async_ptsz(&a, P, NULL), 0);
+	CHECK_EQ(free_async_ptsz(a, NULL), 0);
+	CHECK_EQ(alloc_async(&a, P, NULL), 0);
+	touch((void *)(uintptr_t)a, P, 12);
+	CHECK_EQ(free_async(a, NULL), 0);
+
+	CHECK_EQ(mem_info(&f, &t), 0);
+	st_fake_mem_info(&ff, &ft);
+	if (pool) {
+		struct vpmm_stats s = pool_stats(0);
+		CHECK_EQ(s.mallocs, 3);
+		CHECK_EQ(s.frees, 3);
+		CHECK_EQ(f, ff + s.reusable);
+		CHECK_EQ(fake_calls("cuMemAllocAsync") + fake_calls("cuMemAllocAsync_ptsz"), 0);
+		CHECK_EQ(fake_calls("cuMemFreeAsync") + fake_calls("cuMemFreeAsync_ptsz"), 0);
+		CHECK_EQ(hook_calls("cuMemAllocAsync_ptsz"), 1);
+		CHECK_EQ(hook_calls("cuMemFreeAsync_ptsz"), 1);
+		CHECK_EQ(hook_calls("cuMemAllocAsync"), 1);
+		CHECK_EQ(hook_calls("cuMemFreeAsync"), 1);
+		CHECK_EQ(hook_calls("cuMemGetInfo_v2"), 1);
+		CHECK(hook_calls("proc_wrapped") >= 12);
+		CHECK_EQ(hook_calls("dlsym_wrapped"), 1);
+	} else {
+		CHECK_EQ(f, ff);
+		CHECK_EQ(fake_calls("cuMemAllocAsync_ptsz"), 1);
+		CHECK_EQ(fake_calls("cuMemFreeAsync_ptsz"), 1);
+	}
+}
+
+static void dlsym_path(void)
+{
+	bool pool = expect_pool();
+	const char *wrapped = pool ? "libvpmm" : "libcuda";
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+
+	CHECK(h);
+	controls_init();
+	/* Preloaded but disabled, RTLD_DEFAULT finds our export first; it
+	 * passes calls through. */
+	CHECK(fn_in(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"), wrapped) ||
+	      (!pool && fn_in(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"), "libvpmm")));
+	CHECK(fn_in(dlsym(h, "cuMemFree_v2"), wrapped));
+	CHECK(fn_in(dlsym(h, "cuMemAllocAsync_ptsz"), wrapped));
+	CHECK(fn_in(dlsym(h, "cuGetProcAddress"), wrapped));
+	CHECK(fn_in(dlsym(h, "cuCtxGetCurrent"), "libcuda"));
+	CHECK(fn_in(dlsym(h, "cuMemAlloc"), "libcuda")); /* v1 */
+	dlerror();
+	CHECK(dlsym(h, "no_such_symbol") == NULL);
+	CHECK(dlerror() != NULL);
+
+	/* Lookups relative to the caller keep their meaning: RTLD_NEXT from
+	 * the program is the object after the program, and from a library
+	 * the object after that library. */
+	CHECK(dlsym(RTLD_NEXT, "dlsym") == dlsym(RTLD_DEFAULT, "dlsym"));
+	CHECK(fn_in(scope_lookup_next(), "libshimscopedep"));
+	if (pool)
+		CHECK_EQ(hook_calls("dlsym_wrapped"), 4);
+}
+
+/* Calls straight to libcuda's exports, as a program linked with -lcuda. */
+static void linked(void)
+{
+	CUcontext ctx;
+	CUdeviceptr p;
+	void *fn = NULL;
+	CUdriverProcAddressQueryResult st;
+
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(ctx), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc_v2(&p, 2 * P), 0);
+	touch((void *)(uintptr_t)p, 2 * P, 13);
+
+	CHECK_EQ(cuMemFree_v2(p), 0);
+	CHECK_EQ(cuGetProcAddress_v2("cuMemAlloc", &fn, 12000, 0, &st), 0);
+	if (expect_pool()) {
+		CHECK_EQ(pool_stats(0).mallocs, 1);
+		CHECK_EQ(pool_stats(0).frees, 1);
+		CHECK_EQ(hook_calls("cuMemAlloc_v2"), 1);
+		CHECK_EQ(fake_calls("cuMemAlloc_v2"), 0);
+		CHECK(fn_in(fn, "libvpmm"));
+		if (getenv("SHIMTEST_PAGE")) { /* VPMM_PAGE_SIZE reached the pool */
+			size_t page = strtoull(getenv("SHIMTEST_PAGE"), NULL, 0), size = 0;
+			CHECK_EQ(pool_stats(0).page_size, page);
+			CHECK_EQ(cuMemAlloc_v2(&p, page + 1), 0);
+			CHECK_EQ(cuMemGetAddressRange_v2(NULL, &size, p), 0);
+			CHECK_EQ(size, 2 * page);
+			CHECK_EQ(cuMemFree_v2(p), 0);
+		}
+	} else {
+		CHECK_EQ(fake_calls("cuMemAlloc_v2"), 1);
+		CHECK(fn_in(fn, "libcuda"));
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+	} scenarios[] = {
+		{"gpa", gpa_path},
+		{"dlsym", dlsym_path},
+		{"linked", linked},
+	};
+	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
+		if (!strcmp(argv[1], scenarios[i].name)) {
+			scenarios[i].fn();
+			printf("ok %s\n", argv[1]);
+			return 0;
+		}
+	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+	return 2;
+}

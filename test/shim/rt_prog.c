@@ -1,0 +1,388 @@
+/* rt_prog.c — an unmodified CUDA program linked with (the fake) libcudart.so:
+ * interposition path 1, the exported runtime hooks. `rt_prog SCENARIO`
+ * exits 0 when every check holds, else prints "FAIL file:line ..." and
+ * exits non-zero. See shimtest.h for SHIMTEST_EXPECT. */
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shimtest.h"
+
+typedef int cudaError_t;
+typedef CUstream cudaStream_t;
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s);
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+
+#define P ((size_t)64 << 10) /* the fake driver's granularity: one pool page */
+
+static void basic(void)
+{
+	void *a, *b, *c, *z = &z;
+	size_t f, t, ff, ft;
+	struct vpmm_stats s;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaFree(NULL), 0); /* initialises the runtime */
+	controls_init();
+	CHECK_EQ(cudaMalloc(&a, 100), 0);
+	CHECK_EQ(cudaMalloc(&b, P), 0);
+	CHECK_EQ(cudaMalloc(&c, 3 * P + 100), 0);
+	CHECK(a && b && c);
+	touch(a, 100, 1);
+	touch(b, P, 2);
+	touch(c, 3 * P + 100, 3);
+	CHECK_EQ(cudaMalloc(&z, 0), 0);
+	CHECK(z == NULL);
+	CHECK_EQ(cudaMalloc(NULL, 10), 1);
+	if (pool) {
+		s = pool_stats(0);
+		CHECK_EQ(s.mallocs, 3);
+		CHECK(s.live >= 5 * P);
+		CHECK_EQ(fake_calls("cuMemAlloc_v2"), 0);
+		CHECK_EQ(hook_calls("cudaMalloc"), 5);
+		CHECK_EQ(hook_calls("pool_malloc"), 3);
+		CHECK_EQ(hook_calls("cuMemAlloc_v2"), 0); /* one hook per allocation */
+	} else {
+		CHECK_EQ(fake_calls("cuMemAlloc_v2"), 3);
+		CHECK(!has_pool(0));
+	}
+
+	/* cudaMemGetInfo counts the pool's reusable bytes as free, once. */
+	CHECK_EQ(cudaFree(b), 0);
+	CHECK_EQ(cudaMemGetInfo(&f, &t), 0);
+	st_fake_mem_info(&ff, &ft);
+	CHECK_EQ(t, ft);
+	CHECK_EQ(fake_calls("cuMemGetInfo_v2"), 1);
+	if (pool) {
+		s = pool_stats(0);
+		CHECK(s.reusable >= P);
+		CHECK_EQ(f, ff + s.reusable);
+		CHECK_EQ(hook_calls("cudaMemGetInfo"), 1);
+	} else {
+		CHECK_EQ(f, ff);
+	}
+
+	CHECK_EQ(cudaFree(a), 0);
+	CHECK_EQ(cudaFree(c), 0);
+	CHECK_EQ(cudaFree(NULL), 0);
+	if (pool) {
+		s = pool_stats(0);
+		CHECK_EQ(s.frees, 3);
+		CHECK(s.live <= P); /* at most the sub-page slab the pool keeps */
+		CHECK_EQ(fake_calls("cuMemFree_v2"), 0);
+		/* every synchronous free synchronised the context first */
+		CHECK_EQ(hook_calls("sync_free"), 3);
+		CHECK(fake_calls("cuCtxSynchronize") >= 3);
+	} else {
+		CHECK_EQ(fake_calls("cuMemFree_v2"), 3);
+	}
+}
+
+static void async(void)
+{
+	cudaStream_t s1, s2;
+	void *a, *b, *c, *d, *z = &z;
+	long long syncs;
+	struct vpmm_stats s;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaStreamCreate(&s1), 0);
+	CHECK_EQ(cudaStreamCreate(&s2), 0);
+	controls_init();
+	CHECK_EQ(cudaMallocAsync(&a, 2 * P, s1), 0);
+	touch(a, 2 * P, 5);
+	CHECK_EQ(cudaFreeAsync(a, s1), 0);
+	CHECK_EQ(cudaMallocAsync(&b, 2 * P, s1), 0);
+	if (pool)
+		CHECK(b == a); /* reused at once, in stream order */
+	CHECK_EQ(cudaMallocAsync(&c, 2 * P, s2), 0);
+	touch(c, 2 * P, 6);
+	CHECK_EQ(cudaFreeAsync(b, s1), 0);
+	CHECK_EQ(cudaFreeAsync(c, s2), 0);
+
+	/* the per-thread default stream */
+	CHECK_EQ(cudaMallocAsync_ptsz(&d, P, NULL), 0);
+	touch(d, P, 7);
+	syncs = fake_calls("cuStreamSynchronize");
+	CHECK_EQ(cudaFreeAsync_ptsz(d, NULL), 0);
+
+	CHECK_EQ(cudaMallocAsync(&z, 0, s1), 0);
+	CHECK(z == NULL);
+	CHECK_EQ(cudaFreeAsync(NULL, s1), 0);
+	if (pool) {
+		s = pool_stats(0);
+		CHECK_EQ(s.mallocs, 4);
+		CHECK_EQ(s.frees, 4);
+		CHECK_EQ(fake_calls("cuStreamSynchronize"), syncs + 1);
+		CHECK_EQ(fake_calls("cuMemAllocAsync") + fake_calls("cuMemAllocAsync_ptsz"), 0);
+		CHECK_EQ(fake_calls("cuMemFreeAsync_ptsz"), 0);
+		CHECK_EQ(fake_calls("cuMemFreeAsync"), 1); /* the NULL one */
+		CHECK_EQ(hook_calls("cudaMallocAsync"), 4);
+		CHECK_EQ(hook_calls("cudaMallocAsync_ptsz"), 1);
+		CHECK_EQ(hook_calls("cudaFreeAsync"), 4);
+		CHECK_EQ(hook_calls("cudaFreeAsync_ptsz"), 1);
+		/* stream-ordered frees never synchronise the device */
+		CHECK_EQ(fake_calls("cuCtxSynchronize"), 0);
+	} else {
+		CHECK_EQ(fake_calls("cuMemAllocAsync"), 3);
+		CHECK_EQ(fake_calls("cuMemAllocAsync_ptsz"), 1);
+		CHECK_EQ(fake_calls("cuMemFreeAsync_ptsz"), 1);
+	}
+}
+
+/* Pointers the pool does not own, or no longer holds, get the real answer. */
+static void foreign(void)
+{
+	char host[64];
+	void *p;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaFree(NULL), 0);
+	controls_init();
+	CHECK_EQ(cudaFree(host), 1);
+	CHECK_EQ(fake_calls("cuMemFree_v2"), 1);
+	CHECK_EQ(cudaFreeAsync(host, NULL), 1);
+	CHECK_EQ(fake_calls("cuMemFreeAsync"), 1);
+
+	CHECK_EQ(cudaMalloc(&p, 2 * P), 0);
+	CHECK_EQ(cudaFree((char *)p + 16), 1); /* inside, not the start */
+	CHECK_EQ(cudaFree(p), 0);
+	CHECK_EQ(cudaFree(p), 1); /* twice */
+	if (pool) {
+		CHECK_EQ(pool_stats(0).frees, 1);
+		CHECK_EQ(fake_calls("cuMemFree_v2"), 1);
+		CHECK(hook_calls("passthrough") >= 2);
+	}
+}
+
+static void capture(void)
+{
+	cudaStream_t s;
+	void *p, *q;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaStreamCreate(&s), 0);
+	controls_init();
+	CHECK_EQ(cudaMallocAsync(&q, P, s), 0);
+	st_fake_set_capturing(s, 1);
+	CHECK_EQ(cudaMallocAsync(&p, P, s), 0);
+	CHECK_EQ(fake_calls("cuMemAllocAsync"), pool ? 1 : 2);
+	CHECK_EQ(cudaFreeAsync(p, s), 0);
+	CHECK_EQ(fake_calls("cuMemFreeAsync"), 1);
+	if (pool) {
+		CHECK_EQ(pool_stats(0).mallocs, 1);
+		/* pool memory cannot be freed into a graph */
+		CHECK_EQ(cudaFreeAsync(q, s), 900);
+		CHECK_EQ(pool_stats(0).frees, 0);
+	}
+	st_fake_set_capturing(s, 0);
+	CHECK_EQ(cudaFreeAsync(q, s), 0);
+	if (pool)
+		CHECK_EQ(pool_stats(0).frees, 1);
+}
+
+/* Run with a small FAKECUDA_CAPACITY: the pool's OOM is exactly
+ * cudaErrorMemoryAllocation, and the pool keeps working. */
+static void oom(void)
+{
+	void *p = &p, *q;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaFree(NULL), 0);
+	controls_init();
+	CHECK_EQ(cudaMalloc(&p, (size_t)64 << 20), 2);
+	CHECK_EQ(cudaMallocAsync(&p, (size_t)64 << 20, NULL), 2);
+	if (pool) {
+		CHECK_EQ(pool_stats(0).failures, 2);
+		CHECK_EQ(fake_calls("cuMemAlloc_v2") + fake_calls("cuMemAllocAsync"), 0);
+	}
+	CHECK_EQ(cudaMalloc(&q, (size_t)1 << 20), 0);
+	touch(q, (size_t)1 << 20, 9);
+	CHECK_EQ(cudaFree(q), 0);
+}
+
+/* One pool per device, chosen by the current context (or the stream's). */
+static void devices(void)
+{
+	cudaStream_t s1;
+	void *p, *q, *r;
+
+	CHECK_EQ(cudaSetDevice(1), 0);
+	controls_init();
+	CHECK_EQ(cudaStreamCreate(&s1), 0);
+	CHECK_EQ(cudaMalloc(&p, P), 0);
+	CHECK(has_pool(1));
+	CHECK(!has_pool(0));
+	CHECK_EQ(cudaSetDevice(0), 0);
+	CHECK_EQ(cudaMalloc(&q, P), 0);
+	CHECK(p != q);
+	CHECK_EQ(pool_stats(0).mallocs, 1);
+	CHECK_EQ(cudaMallocAsync(&r, P, s1), 0); /* device 1's stream */
+	CHECK_EQ(pool_stats(1).mallocs, 2);
+	CHECK_EQ(cudaFree(p), 0); /* device 0 current, device 1's memory */
+	CHECK_EQ(cudaFreeAsync(r, s1), 0);
+	CHECK_EQ(pool_stats(1).frees, 2);
+	CHECK_EQ(cudaFree(q), 0);
+	CHECK_EQ(pool_stats(0).frees, 1);
+	CHECK_EQ(fake_calls("no_context"), 0);
+}
+
+static void *thread_main(void *arg)
+{
+	void *p;
+	(void)arg;
+	CHECK_EQ(cudaMalloc(&p, P), 0);
+	touch(p, P, 4);
+	CHECK_EQ(cudaFree(p), 0);
+	return NULL;
+}
+
+/* A thread with no context: the hook lets the runtime set one up first. */
+static void thread(void)
+{
+	pthread_t t;
+	CHECK_EQ(pthread_create(&t, NULL, thread_main, NULL), 0);
+	CHECK_EQ(pthread_join(t, NULL), 0);
+	controls_init();
+	if (expect_pool()) {
+		CHECK_EQ(pool_stats(0).mallocs, 1);
+		CHECK_EQ(pool_stats(0).frees, 1);
+		CHECK_EQ(fake_calls("no_context"), 0);
+	} else {
+		CHECK_EQ(fake_calls("cuMemAlloc_v2"), 1);
+	}
+}
+
+/* Several threads, each on its own stream and on the synchronous calls, all
+ * on one pool: every allocation's data intact, every allocation freed. */
+static void *worker(void *arg)
+{
+	unsigned seed = (unsigned)(uintptr_t)arg;
+	cudaStream_t s;
+	void *held[8] = {0};
+	CHECK_EQ(cudaStreamCreate(&s), 0);
+	for (int i = 0; i < 300; i++) {
+		int k = (int)(rand_r(&seed) % 8);
+		size_t n = (size_t)(rand_r(&seed) % (3 * P)) + 1;
+		if (held[k]) {
+			CHECK_EQ(k % 2 ? cudaFreeAsync(held[k], s) : cudaFree(held[k]), 0);
+			held[k] = NULL;
+		}
+		CHECK_EQ(k % 2 ? cudaMallocAsync(&held[k], n, s) : cudaMalloc(&held[k], n), 0);
+		touch(held[k], n < 4096 ? n : 4096, (unsigned char)k);
+	}
+	for (int k = 0; k < 8; k++)
+		if (held[k])
+			CHECK_EQ(k % 2 ? cudaFreeAsync(held[k], s) : cudaFree(held[k]), 0);
+	return NULL;
+}
+
+static void threads(void)
+{
+	pthread_t t[4];
+	struct vpmm_stats s;
+	CHECK_EQ(cudaFree(NULL), 0);
+	controls_init();
+	for (uintptr_t i = 0; i < 4; i++)
+		CHECK_EQ(pthread_create(&t[i], NULL, worker, (void *)(i + 1)), 0);
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ(pthread_join(t[i], NULL), 0);
+	if (expect_pool()) {
+		s = pool_stats(0);
+		CHECK_EQ(s.mallocs, 4 * 300);
+		CHECK_EQ(s.frees, 4 * 300);
+		CHECK_EQ(fake_calls("cuMemAlloc_v2") + fake_calls("cuMemAllocAsync"), 0);
+		CHECK_EQ(fake_calls("no_context"), 0);
+	}
+}
+
+static void *late_ptr;
+
+/* Runs after the runtime's exit teardown (atexit runs before destructors). */
+__attribute__((destructor)) static void late_free(void)
+{
+	char host[16];
+	int foreign, e;
+	if (!late_ptr)
+		return;
+	foreign = cudaFree(host);
+	e = cudaFree(late_ptr);
+	if (foreign != 4) {
+		fprintf(stderr, "FAIL: the runtime was not torn down (%d)\n", foreign);
+		_exit(3);
+	}
+	if (expect_pool() ? e != 0 : e != 4) {
+		fprintf(stderr, "FAIL: late free returned %d\n", e);
+		_exit(4);
+	}
+	printf("late free ok\n");
+	fflush(stdout);
+}
+
+static void teardown(void)
+{
+	CHECK_EQ(cudaMalloc(&late_ptr, P), 0);
+	controls_init();
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).mallocs, 1);
+}
+
+/* A forked child starts with no pool; the parent's is intact. */
+static void forked(void)
+{
+	void *p, *q;
+	pid_t pid;
+	int status;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaMalloc(&p, P), 0);
+	controls_init();
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		if (pool) {
+			CHECK(!has_pool(0));
+			CHECK_EQ(cudaFree(p), 1); /* not the child's pool's */
+		}
+		CHECK_EQ(cudaMalloc(&q, P), 0);
+		touch(q, P, 8);
+		if (pool) {
+			CHECK(has_pool(0));
+			CHECK_EQ(pool_stats(0).mallocs, 1);
+		}
+		_exit(0);
+	}
+	CHECK_EQ(waitpid(pid, &status, 0), pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK_EQ(cudaFree(p), 0);
+	if (pool)
+		CHECK_EQ(pool_stats(0).frees, 1);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+	} scenarios[] = {
+		{"basic", basic},     {"async", async},     {"foreign", foreign},
+		{"capture", capture}, {"oom", oom},         {"devices", devices},
+		{"thread", thread},   {"exit", teardown},   {"fork", forked},
+		{"threads", threads},
+	};
+	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
+		if (!strcmp(argv[1], scenarios[i].name)) {
+			scenarios[i].fn();
+			printf("ok %s\n", argv[1]);
+			return 0;
+		}
+	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+	return 2;
+}

@@ -1,0 +1,257 @@
+/* test_shim.c — libvpmm.so under LD_PRELOAD, on the host driver.
+ *
+ * Each test runs one of the unmodified test programs (rt_prog: linked with
+ * the fake libcudart.so; drv_prog: the driver API through dlopen, dlsym,
+ * cuGetProcAddress and direct calls; torch_prog: the pluggable-allocator
+ * way) in a clean environment, with the fake libcuda.so.1 found through
+ * LD_LIBRARY_PATH, and checks its exit status and output. The programs
+ * check the semantics themselves (see their scenarios); here we check how
+ * they ran: with the shim, without it, disabled, with bad options.
+ *
+ * Hooks and where they are exercised: cudaMalloc, cudaFree, cudaMemGetInfo
+ * (rt basic); cudaMallocAsync, cudaFreeAsync and the _ptsz pair (rt async);
+ * cuGetProcAddress(_v2), every cu* wrapper, cuMemGetInfo_v2, the address
+ * range and pointer attributes (drv gpa); dlsym (drv dlsym, drv gpa);
+ * exported cu* names (drv linked); vpmm_torch_* (torch).
+ */
+#include <criterion/criterion.h>
+#include <poll.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+struct run {
+	int status; /* exit code, or 128 + signal */
+	char out[1 << 16];
+};
+
+static struct run R;
+
+/* Runs `prog scenario` with the given extra VAR=value entries (NULL-ended),
+ * stdout and stderr both into R.out. */
+static void run(const char *prog, const char *scenario, bool preload,
+		const char *const *extra)
+{
+	const char *env[32];
+	char *argv[] = {(char *)prog, (char *)scenario, NULL};
+	posix_spawn_file_actions_t fa;
+	size_t n = 0, len = 0;
+	int fds[2], st;
+	pid_t pid;
+
+	env[n++] = "LD_LIBRARY_PATH=" FAKE_DIR;
+	if (preload)
+		env[n++] = "LD_PRELOAD=" LIBVPMM;
+	for (size_t i = 0; extra && extra[i] && n < 30; i++)
+		env[n++] = extra[i];
+	env[n] = NULL;
+
+	cr_assert_eq(pipe(fds), 0);
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+	posix_spawn_file_actions_addclose(&fa, fds[0]);
+	cr_assert_eq(posix_spawn(&pid, prog, &fa, NULL, argv, (char *const *)env),
+		     0, "cannot start %s", prog);
+	posix_spawn_file_actions_destroy(&fa);
+	close(fds[1]);
+	for (;;) {
+		ssize_t r = read(fds[0], R.out + len, sizeof R.out - 1 - len);
+		if (r <= 0)
+			break;
+		len += (size_t)r;
+		if (len == sizeof R.out - 1)
+			break;
+	}
+	R.out[len] = '\0';
+	close(fds[0]);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	R.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count_lines_with(const char *a, const char *b)
+{
+	int n = 0;
+	for (const char *line = R.out; *line;) {
+		const char *end = strchr(line, '\n');
+		size_t len = end ? (size_t)(end - line) : strlen(line);
+		char buf[1024];
+		snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), line);
+		if (strstr(buf, a) && (!b || strstr(buf, b)))
+			n++;
+		line += len + (end ? 1 : 0);
+	}
+	return n;
+}
+
+#define EXPECT_OK()                                                           \
+	cr_assert_eq(R.status, 0, "exit %d, output:\n%s", R.status, R.out)
+#define EXPECT_QUIET()                                                        \
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 0, "unexpected:\n%s", R.out)
+
+static const char *const REAL[] = {"SHIMTEST_EXPECT=real", NULL};
+
+/* ---- path 1: the runtime hooks --------------------------------------------------- */
+
+#define RT_SCENARIO(name)                                                     \
+	Test(shim_rt, name##_pool, .timeout = 30)                             \
+	{                                                                     \
+		run(RT_PROG, #name, true, NULL);                              \
+		EXPECT_OK();                                                  \
+		EXPECT_QUIET();                                               \
+	}                                                                     \
+	Test(shim_rt, name##_without_shim, .timeout = 30)                     \
+	{                                                                     \
+		run(RT_PROG, #name, false, REAL);                             \
+		EXPECT_OK();                                                  \
+	}
+
+RT_SCENARIO(basic)
+RT_SCENARIO(async)
+RT_SCENARIO(foreign)
+
+/* The one scenario that warns: freeing pool memory on a capturing stream. */
+Test(shim_rt, capture_pool, .timeout = 30)
+{
+	run(RT_PROG, "capture", true, NULL);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: warning:", "capturing stream"), 1, "%s", R.out);
+}
+
+Test(shim_rt, capture_without_shim, .timeout = 30)
+{
+	run(RT_PROG, "capture", false, REAL);
+	EXPECT_OK();
+}
+RT_SCENARIO(thread)
+RT_SCENARIO(fork)
+RT_SCENARIO(threads)
+
+Test(shim_rt, devices_pool, .timeout = 30)
+{
+	run(RT_PROG, "devices", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_rt, oom, .timeout = 30)
+{
+	const char *const small[] = {"FAKECUDA_CAPACITY=8M", NULL};
+	const char *const small_real[] = {"FAKECUDA_CAPACITY=8M", "SHIMTEST_EXPECT=real", NULL};
+	run(RT_PROG, "oom", true, small);
+	EXPECT_OK();
+	run(RT_PROG, "oom", false, small_real);
+	EXPECT_OK();
+}
+
+/* Frees after the runtime tore its context down at exit: accepted quietly. */
+Test(shim_rt, exit_teardown, .timeout = 30)
+{
+	run(RT_PROG, "exit", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+	cr_expect(strstr(R.out, "late free ok"), "%s", R.out);
+	run(RT_PROG, "exit", false, REAL);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "late free ok"), "%s", R.out);
+}
+
+/* ---- path 2: dlsym and cuGetProcAddress; direct calls --------------------------------- */
+
+#define DRV_SCENARIO(name)                                                    \
+	Test(shim_drv, name##_pool, .timeout = 30)                            \
+	{                                                                     \
+		run(DRV_PROG, #name, true, NULL);                             \
+		EXPECT_OK();                                                  \
+		EXPECT_QUIET();                                               \
+	}                                                                     \
+	Test(shim_drv, name##_without_shim, .timeout = 30)                    \
+	{                                                                     \
+		run(DRV_PROG, #name, false, REAL);                            \
+		EXPECT_OK();                                                  \
+	}
+
+DRV_SCENARIO(gpa)
+DRV_SCENARIO(dlsym)
+DRV_SCENARIO(linked)
+
+/* ---- the pluggable allocator ------------------------------------------------------------ */
+
+Test(shim_torch, pluggable, .timeout = 30)
+{
+	run(TORCH_PROG, NULL, false, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_torch, pluggable_disabled, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_DISABLE=1", "SHIMTEST_EXPECT=real", NULL};
+	run(TORCH_PROG, NULL, false, env);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+/* ---- options ---------------------------------------------------------------------------------- */
+
+/* VPMM_DISABLE=1: everything passes through, on both paths. */
+Test(shim_options, disabled, .timeout = 60)
+{
+	const char *const env[] = {"VPMM_DISABLE=1", "SHIMTEST_EXPECT=real", NULL};
+	const char *const rt[] = {"basic", "async", "capture", "exit"};
+	const char *const drv[] = {"gpa", "dlsym", "linked"};
+	for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) {
+		run(RT_PROG, rt[i], true, env);
+		EXPECT_OK();
+		EXPECT_QUIET();
+	}
+	for (size_t i = 0; i < sizeof drv / sizeof drv[0]; i++) {
+		run(DRV_PROG, drv[i], true, env);
+		EXPECT_OK();
+		EXPECT_QUIET();
+	}
+}
+
+/* A bad value: one clear line naming the variable; the program runs, with
+ * everything passed through. */
+Test(shim_options, bad_values, .timeout = 60)
+{
+	static const char *const bad[][2] = {
+		{"VPMM_PAGES=abc", "VPMM_PAGES"},
+		{"VPMM_PAGE_SIZE=12Q", "VPMM_PAGE_SIZE"},
+		{"VPMM_LOG=loud", "VPMM_LOG"},
+		{"VPMM_DISABLE=maybe", "VPMM_DISABLE"},
+		{"VPMM_VA_SIZE=-1", "VPMM_VA_SIZE"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		const char *const env[] = {bad[i][0], "SHIMTEST_EXPECT=real", NULL};
+		run(RT_PROG, "basic", true, env);
+		EXPECT_OK();
+		cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s:\n%s", bad[i][0], R.out);
+		cr_expect_eq(count_lines_with("vpmm:", bad[i][1]), 1, "%s:\n%s", bad[i][0], R.out);
+		run(DRV_PROG, "gpa", true, env);
+		EXPECT_OK();
+		cr_expect_eq(count_lines_with("vpmm:", bad[i][1]), 1, "%s:\n%s", bad[i][0], R.out);
+	}
+}
+
+Test(shim_options, log_info, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_LOG=info", NULL};
+	run(RT_PROG, "basic", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm: active", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: device 0: pool created", NULL), 1, "%s", R.out);
+}
+
+/* VPMM_PAGE_SIZE reaches the pool: sizes round to it. */
+Test(shim_options, page_size, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_PAGE_SIZE=256K", "SHIMTEST_PAGE=262144", NULL};
+	run(DRV_PROG, "linked", true, env);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}

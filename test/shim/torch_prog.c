@@ -1,0 +1,106 @@
+/* torch_prog.c — libvpmm.so used the way torch.cuda.memory.CUDAPluggableAllocator
+ * uses it: dlopen'ed RTLD_LOCAL (no LD_PRELOAD), vpmm_torch_malloc/free called
+ * with a device and a stream. The program sets up its context through the
+ * (fake) runtime, as PyTorch does. `torch_prog`; see shimtest.h. */
+#include <pthread.h>
+
+#include "shimtest.h"
+
+typedef int cudaError_t;
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaStreamCreate(CUstream *s);
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+
+#define P ((size_t)64 << 10)
+
+static void *(*tmalloc)(long, int, CUstream);
+static void (*tfree)(void *, long, int, CUstream);
+static CUstream st;
+
+/* PyTorch's autograd threads allocate before any CUDA call of their own:
+ * no current context. */
+static void *no_context_thread(void *arg)
+{
+	void *p = tmalloc((long)(3 * P), 0, st);
+	(void)arg;
+	CHECK(p);
+	touch(p, 3 * P, 23);
+	tfree(p, (long)(3 * P), 0, st);
+	return NULL;
+}
+
+int main(void)
+{
+	void *lib, *a, *b, *c, *plain;
+	int (*stats)(int, struct vpmm_stats *);
+	struct vpmm_stats s;
+	long long ctx_syncs, stream_syncs;
+	pthread_t thread;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaSetDevice(0), 0);
+	CHECK_EQ(cudaStreamCreate(&st), 0);
+	st_shim_not_global = true;
+	controls_init();
+	lib = dlopen(SHIMTEST_LIBVPMM, RTLD_NOW | RTLD_LOCAL);
+	CHECK(lib);
+	LOOKUP(tmalloc, lib, "vpmm_torch_malloc");
+	LOOKUP(tfree, lib, "vpmm_torch_free");
+	LOOKUP(stats, lib, "vpmm_shim_stats");
+	CHECK(tmalloc && tfree && stats);
+	/* not preloaded: the library's hooks are not in the program's way */
+	CHECK(!dlsym(RTLD_DEFAULT, "vpmm_shim_stats"));
+
+	ctx_syncs = fake_calls("cuCtxSynchronize");
+	stream_syncs = fake_calls("cuStreamSynchronize");
+	a = tmalloc((long)(2 * P), 0, st);
+	CHECK(a);
+	touch(a, 2 * P, 21);
+	tfree(a, (long)(2 * P), 0, st);
+	b = tmalloc((long)(2 * P), 0, st);
+	CHECK(b);
+	tfree(b, (long)(2 * P), 0, st);
+	CHECK(tmalloc(0, 0, st) == NULL);
+	/* stream-ordered: no synchronisation of any kind */
+	CHECK_EQ(fake_calls("cuCtxSynchronize"), ctx_syncs);
+	CHECK_EQ(fake_calls("cuStreamSynchronize"), stream_syncs);
+	if (pool) {
+		CHECK(b == a); /* reused at once on the same stream */
+		CHECK_EQ(stats(0, &s), 0);
+		CHECK_EQ(s.mallocs, 2);
+		CHECK_EQ(s.frees, 2);
+		CHECK_EQ(fake_calls("cuMemAllocAsync"), 0);
+	} else {
+		CHECK_EQ(stats(0, &s), -ENODEV);
+		CHECK_EQ(fake_calls("cuMemAllocAsync"), 2);
+		CHECK_EQ(fake_calls("cuMemFreeAsync"), 2);
+	}
+
+	CHECK_EQ(pthread_create(&thread, NULL, no_context_thread, NULL), 0);
+	CHECK_EQ(pthread_join(thread, NULL), 0);
+	CHECK_EQ(fake_calls("no_context"), 0); /* the thread got one for its calls */
+	if (pool) {
+		CHECK_EQ(stats(0, &s), 0);
+		CHECK_EQ(s.mallocs, 3);
+		CHECK_EQ(s.frees, 3);
+	}
+
+	/* a capturing stream: the driver's stream-ordered allocator */
+	st_fake_set_capturing(st, 1);
+	c = tmalloc((long)P, 0, st);
+	CHECK(c);
+	tfree(c, (long)P, 0, st);
+	st_fake_set_capturing(st, 0);
+	if (pool) {
+		CHECK_EQ(fake_calls("cuMemAllocAsync"), 1);
+		CHECK_EQ(fake_calls("cuMemFreeAsync"), 1);
+	}
+
+	/* the program's own runtime calls are its own */
+	CHECK_EQ(cudaMalloc(&plain, P), 0);
+	CHECK_EQ(cudaFree(plain), 0);
+	CHECK_EQ(fake_calls("cuMemAlloc_v2"), 1);
+	printf("ok torch\n");
+	return 0;
+}
