@@ -35,6 +35,12 @@ static bool region_in_tree(const struct vpmm_tree *t, const struct region *r)
 	return n == t->root;
 }
 
+/* What a region counts as: a busy one as what it was. */
+static enum rkind kind_of(const struct region *r)
+{
+	return r->kind == R_BUSY ? r->was : r->kind;
+}
+
 /* Regions partition each chunk; each region is in the index of its kind. */
 static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			    size_t *nfree, size_t *nholes, size_t *nzombies,
@@ -65,9 +71,14 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 		if (r->va != expect)
 			bad += complain(log, "gap or overlap at %#" PRIx64 " (expected %#" PRIx64 ")",
 					(uint64_t)r->va, (uint64_t)expect);
-		if (!r->size || r->size % p->page)
-			bad += complain(log, "region %#" PRIx64 " size %zu not whole pages",
+		if (!r->size || r->size % p->grain)
+			bad += complain(log, "region %#" PRIx64 " size %zu not whole grains",
 					(uint64_t)r->va, r->size);
+		/* Unmapped or remapped VA comes in whole pages. */
+		if ((kind_of(r) == R_HOLE || kind_of(r) == R_ZOMBIE) &&
+		    ((r->va - c->va) % p->page || r->size % p->page))
+			bad += complain(log, "%s %#" PRIx64 " not page-aligned",
+					kind_of(r) == R_HOLE ? "hole" : "zombie", (uint64_t)r->va);
 		if (r->va < c->va || r->va + r->size > c->va + c->size)
 			bad += complain(log, "region %#" PRIx64 " crosses its chunk",
 					(uint64_t)r->va);
@@ -133,11 +144,6 @@ static const struct region *region_at(vpmm_pool *p, CUdeviceptr va)
 	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
 }
 
-/* What a region counts as: a busy one as what it was. */
-static enum rkind kind_of(const struct region *r)
-{
-	return r->kind == R_BUSY ? r->was : r->kind;
-}
 
 /* Mappings cover exactly the live, free and zombie regions; each slab has one
  * home (in live or free memory) plus one mapping per zombie holding it. */

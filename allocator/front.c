@@ -26,7 +26,7 @@
 
 int vpmm_pmap_create(vpmm_pool *p, struct chunk *c)
 {
-	size_t bytes = c->size / p->page * sizeof(struct region *);
+	size_t bytes = c->size / p->grain * sizeof(struct region *);
 	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (m == MAP_FAILED)
@@ -38,7 +38,7 @@ int vpmm_pmap_create(vpmm_pool *p, struct chunk *c)
 void vpmm_pmap_destroy(vpmm_pool *p, struct chunk *c)
 {
 	if (c->pmap)
-		munmap(c->pmap, c->size / p->page * sizeof(struct region *));
+		munmap(c->pmap, c->size / p->grain * sizeof(struct region *));
 	c->pmap = NULL;
 }
 
@@ -48,17 +48,17 @@ static struct region **pmap_slot(vpmm_pool *p, CUdeviceptr va)
 	for (unsigned i = 0; i < n; i++) {
 		struct chunk *c = &p->chunks[i];
 		if (va >= c->va && va - c->va < c->size)
-			return &c->pmap[(va - c->va) / p->page];
+			return &c->pmap[(va - c->va) / p->grain];
 	}
 	return NULL;
 }
 
-/* Every page of a slab, else the first page of the allocation. */
+/* Every grain of a slab, else the first grain of the allocation. */
 void vpmm_pmap_publish(vpmm_pool *p, struct region *r, bool publish)
 {
-	size_t pages = r->small ? r->size / p->page : 1;
+	size_t n = r->small ? r->size / p->grain : 1;
 	struct region **slot = pmap_slot(p, r->va);
-	for (size_t i = 0; slot && i < pages; i++)
+	for (size_t i = 0; slot && i < n; i++)
 		__atomic_store_n(&slot[i], publish ? r : NULL, __ATOMIC_RELEASE);
 }
 
@@ -109,7 +109,7 @@ static size_t rounded(const vpmm_pool *p, size_t size)
 {
 	if (size <= vpmm_small_max(p))
 		return vpmm_small_class_size(p, size);
-	return (size + p->page - 1) / p->page * p->page;
+	return (size + p->grain - 1) / p->grain * p->grain;
 }
 
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)

@@ -40,6 +40,10 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "page size: every allocation is rounded up to it; a power of two, "  \
 	  "a multiple of the driver's granularity (0: the granularity, "       \
 	  "typically 2M)")                                                     \
+	X(GRAIN, "VPMM_GRAIN", G_POOL, T_SIZE, NULL, "64K",                    \
+	  "rounding unit of allocations, a power of two from 512 up to the "  \
+	  "page (0 or more: the page); under the page, allocations share "    \
+	  "pages' tails") \
 	X(VA_SIZE, "VPMM_VA_SIZE", G_POOL, T_SIZE, NULL, "8T",                 \
 	  "virtual address space reserved per chunk; more chunks are "         \
 	  "reserved on demand")                                                \
@@ -139,6 +143,7 @@ void vpmm_config_default(struct vpmm_config *cfg)
 	cfg->handle_size = 0;
 	cfg->limit = 0;
 	cfg->small_max = 2 * MIB;
+	cfg->grain = 64 * KIB;
 	cfg->front_entries = 16;
 	cfg->front_bytes = GIB;
 	cfg->device = 0;
@@ -467,6 +472,8 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.handle_size = r.val[OPT_HANDLE_SIZE].size;
 	if (r.set[OPT_LIMIT])
 		c.limit = r.val[OPT_LIMIT].size;
+	if (r.set[OPT_GRAIN])
+		c.grain = r.val[OPT_GRAIN].size;
 	if (r.set[OPT_SMALL_MAX])
 		c.small_max = r.val[OPT_SMALL_MAX].size;
 	if (r.set[OPT_DEFRAG])

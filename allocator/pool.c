@@ -650,6 +650,7 @@ static int reclaim_zombies(vpmm_pool *p, bool wait)
  * one hole. */
 static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 {
+	min = (min + p->page - 1) / p->page * p->page;
 	size_t size = p->cfg.va_size > min ? p->cfg.va_size : min;
 	CUdeviceptr va;
 	CUresult r;
@@ -891,6 +892,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	if (rc)
 		goto out;
 	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
+	shortfall = (shortfall + p->page - 1) / p->page * p->page; /* mapped whole */
 	if (shortfall && p->cfg.limit &&
 	    p->st.mapped + p->inflight + shortfall > p->cfg.limit) {
 		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1019,6 +1021,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	/* Commit: nothing below can fail. */
 	size_t mapped_len = off - base, created = 0;
 	bool pending = false;
+	p->st.handles_remapped += nmove;
 	for (k = 0; k < nfr; k++) {
 		fr[k].rec->va = fr[k].va;
 		fr[k].rec->slab = fr[k].slab;
@@ -1276,6 +1279,10 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		goto fail;
 	p->cfg.va_size = (p->cfg.va_size + p->page - 1) / p->page * p->page;
 	p->cfg.page_size = p->page;
+	p->grain = p->cfg.grain && p->cfg.grain < p->page ? p->cfg.grain : p->page;
+	if (p->grain < 512 || (p->grain & (p->grain - 1)) || p->page % p->grain)
+		goto fail;
+	p->cfg.grain = p->grain;
 	p->st.page_size = p->page;
 	if (p->cfg.front_entries > VPMM_FRONT_MAX)
 		p->cfg.front_entries = VPMM_FRONT_MAX;
@@ -1520,7 +1527,7 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 
 	if (!p || !out || !size)
 		return -EINVAL;
-	if (size > SIZE_MAX - p->page)
+	if (size > SIZE_MAX - 2 * p->page)
 		return -ENOMEM;
 	if (p->cfg.front_entries && vpmm_front_malloc(p, size, stream, out) == 0)
 		return 0;
@@ -1533,7 +1540,7 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	if (size <= vpmm_small_max(p)) {
 		rc = vpmm_small_malloc_locked(p, caller, size, out);
 	} else {
-		rc = vpmm_pool_take_locked(p, caller, (size + p->page - 1) / p->page * p->page, &r);
+		rc = vpmm_pool_take_locked(p, caller, (size + p->grain - 1) / p->grain * p->grain, &r);
 		if (!rc)
 			*out = r->va;
 	}

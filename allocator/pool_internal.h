@@ -20,8 +20,8 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;
 	size_t size;          /* multiple of page_size */
-	struct region **pmap; /* page map (front.c): a live region's first page,
-			       * every page of a slab; NULL elsewhere */
+	struct region **pmap; /* grain map (front.c): a live region's first grain,
+			       * every grain of a slab; NULL elsewhere */
 };
 
 struct fentry { /* an allocation parked in a stream's cache */
@@ -89,7 +89,7 @@ struct region {
 	struct vpmm_tnode by_size; /* FREE: stream's or settled tree; HOLE: holes */
 	struct region *prev, *next; /* pending FREE: stream fifo; ZOMBIE: zombie list */
 	CUdeviceptr va;
-	size_t size;              /* > 0, multiple of page_size */
+	size_t size;              /* > 0, multiple of the grain */
 	enum rkind kind;
 	enum rkind was;           /* BUSY: its kind before, and after a failure */
 	unsigned chunk;           /* index into pool->chunks; never spans two */
@@ -110,7 +110,9 @@ struct vpmm_pool {
 	bool reclaimer_running, stopping;
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
-	size_t page;
+	size_t page;  /* the unit of physical memory: slabs are whole pages */
+	size_t grain; /* the unit of allocation: regions are whole grains; holes,
+		       * slabs and zombies whole pages */
 
 	struct chunk *chunks; /* VPMM_MAX_CHUNKS of them */
 	unsigned nchunks;     /* written under the lock, read atomically */

@@ -8,8 +8,8 @@
  * stream before it is reused. An empty slab goes back to the pool on its
  * stream, keeping one per class and stream to avoid churn.
  *
- * Classes: multiples of 512 B up to 4 KiB, then four steps per doubling;
- * a slab spans enough pages to hold at least 8 blocks. Everything here runs
+ * Classes: multiples of 512 B up to 4 KiB, then four steps per doubling, up
+ * to the pool's grain; a slab spans enough grains to hold at least 8 blocks. Everything here runs
  * under the pool's lock.
  */
 #include <errno.h>
@@ -81,8 +81,12 @@ int vpmm_small_init(vpmm_pool *p)
 	size_t max = p->cfg.small_max;
 	if (!max)
 		return 0;
-	if (max >= p->page)
-		max = p->page - 1;
+	/* Above a grain the pool itself rounds to grains: classes only pay
+	 * below it (with the grain at the page, below a page). */
+	if (max >= p->grain)
+		max = p->grain - 1;
+	if (max < MIN_BLOCK)
+		return 0;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -99,7 +103,7 @@ int vpmm_small_init(vpmm_pool *p)
 		s->nclasses--; /* keep one class that holds `max` */
 	for (unsigned c = 0; c < s->nclasses; c++) {
 		size_t bytes = s->block[c] * MIN_BLOCKS_PER_SLAB;
-		s->slab_bytes[c] = (bytes + p->page - 1) / p->page * p->page;
+		s->slab_bytes[c] = (bytes + p->grain - 1) / p->grain * p->grain;
 	}
 	s->max = max < s->block[s->nclasses - 1] ? max : s->block[s->nclasses - 1];
 	p->small = s;

@@ -28,7 +28,12 @@ enum vpmm_defrag_policy {
 };
 
 struct vpmm_config {
-	size_t page_size;     /* rounding unit; 0 = the driver's granularity */
+	size_t page_size;     /* physical unit; 0 = the driver's granularity */
+	/* Rounding unit of allocations: a power of two from 512 up to the
+	 * page, which it divides; 0 = the page (the reference design). With a
+	 * grain under the page, neighbouring allocations share a page's tail;
+	 * such a page moves only once both sides are free. */
+	size_t grain;
 	size_t va_size;       /* bytes of one VA reservation chunk */
 	size_t initial_pages; /* pages mapped at creation */
 	size_t handle_size;   /* largest physical handle made when growing; 0 = page_size */
@@ -117,6 +122,7 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(defrags, "allocations that remapped or grew")                       \
 	X(pages_created, "pages of physical memory created")                  \
 	X(pages_remapped, "pages moved to a new address")                     \
+	X(handles_remapped, "physical handles moved to a new address")        \
 	X(pages_released, "pages unmapped and given back to the driver")      \
 	X(handles_created, "physical handles created")                        \
 	X(zombies_reclaimed, "old ranges unmapped")                           \

@@ -707,6 +707,9 @@ static void usage(FILE *f)
 "  --va-size SIZE        VA reserved per chunk (default 8T)\n"
 "  --pages N             pages mapped at creation (default 0)\n"
 "  --handle-size SIZE    largest physical handle (default: one page)\n"
+"  --grain SIZE          allocation rounding unit (default 64K; the page: the\n"
+"                        reference design's whole pages)\n"
+"  --small-max SIZE      requests up to this share slabs of size classes\n"
 "  --limit SIZE          most bytes the pool may map (default 0: none)\n"
 "  --defrag lacking|all  what a defragmentation remaps (default lacking)\n"
 "  --event-interval-us N a free records an event only if its stream's last one\n"
@@ -734,6 +737,7 @@ static void usage(FILE *f)
 
 enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
+	O_GRAIN, O_SMALL_MAX,
 	O_EVENT_INTERVAL, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
 	O_CHECK,
 };
@@ -764,6 +768,8 @@ int main(int argc, char **argv)
 		{ "va-size", required_argument, NULL, O_VA_SIZE },
 		{ "pages", required_argument, NULL, O_PAGES },
 		{ "handle-size", required_argument, NULL, O_HANDLE_SIZE },
+		{ "grain", required_argument, NULL, O_GRAIN },
+		{ "small-max", required_argument, NULL, O_SMALL_MAX },
 		{ "limit", required_argument, NULL, O_LIMIT },
 		{ "defrag", required_argument, NULL, O_DEFRAG },
 		{ "event-interval-us", required_argument, NULL, O_EVENT_INTERVAL },
@@ -803,6 +809,8 @@ int main(int argc, char **argv)
 		case O_PAGE_SIZE: ok = size_arg(opt, optarg, &cfg.page_size); break;
 		case O_VA_SIZE: ok = size_arg(opt, optarg, &cfg.va_size); break;
 		case O_HANDLE_SIZE: ok = size_arg(opt, optarg, &cfg.handle_size); break;
+		case O_GRAIN: ok = size_arg(opt, optarg, &cfg.grain); break;
+		case O_SMALL_MAX: ok = size_arg(opt, optarg, &cfg.small_max); break;
 		case O_LIMIT: ok = size_arg(opt, optarg, &cfg.limit); break;
 		case O_GRANULARITY: ok = size_arg(opt, optarg, &host.granularity); break;
 		case O_CAPACITY: ok = size_arg(opt, optarg, &host.capacity); break;

@@ -39,6 +39,7 @@ struct pt_setup {
 				   * records an event) */
 	uint64_t event_interval_ns;
 	size_t small_max;     /* sub-page classes up to this (0: whole pages) */
+	size_t grain;         /* allocation unit (0: the page, the spec's rule) */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -89,6 +90,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 	cfg.small_max = s->small_max; /* default 0: whole pages, the page-level
 				       * rules under test */
 	cfg.front_entries = 0; /* every free reaches the structures under test */
+	cfg.grain = s->grain;
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

@@ -310,11 +310,21 @@ Test(replay, rounding_peak_live_versus_requested)
 	const char *log = write_file("round.csv", HEADER
 		"1,t,allocate,0x1000,1,0x0\n"
 		"1,t,allocate,0x2000,3145728,0x0\n");
-	struct run r = replay((const char *[]){ "--page-size", "2M", "--json", log, NULL }, NULL);
+	/* The reference rule: whole pages for everything. */
+	struct run r = replay((const char *[]){ "--page-size", "2M", "--grain", "2M",
+						"--small-max", "0", "--json", log, NULL }, NULL);
 	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
 	cr_expect_eq(json_u64(r.out, "peak_requested_bytes"), 3 * MiB + 1, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "peak_live_bytes"), 6 * MiB, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 6 * MiB, "%s", r.out);
+	run_free(&r);
+
+	/* The defaults: 64 KiB grains, and a slab of the smallest class (one
+	 * grain) for the byte; the two share the second page. */
+	r = replay((const char *[]){ "--page-size", "2M", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "peak_live_bytes"), 3 * MiB + 64 * 1024, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "peak_mapped_bytes"), 4 * MiB, "%s", r.out);
 	run_free(&r);
 }
 

@@ -1,0 +1,109 @@
+/* test_grain.c — allocations rounded to a grain under the page: neighbours
+ * share a page's tail, and a page moves only once no live byte is in it. */
+#include "pool_test.h"
+
+#define PAGE (2 * PT_MiB)
+#define GRAIN (64 * PT_KiB)
+
+static void open_grain(struct pt *t)
+{
+	struct pt_setup su = {.granularity = PAGE, .unbacked = true, .va_pages = 64,
+			      .grain = GRAIN, .unit = GRAIN};
+	pt_open(t, &su);
+}
+
+static CUdeviceptr gmalloc(struct pt *t, size_t n, CUstream s)
+{
+	CUdeviceptr p = 0;
+	int rc = vpmm_pool_malloc(t->pool, n, s, &p);
+	cr_assert_eq(rc, 0, "malloc(%zu) = %d", n, rc);
+	cr_assert_eq(p % GRAIN, 0, "%#llx not grain-aligned", (unsigned long long)p);
+	PT_CHECK(t);
+	return p;
+}
+
+Test(grain, neighbours_share_pages)
+{
+	struct pt t;
+	open_grain(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	/* 3 MiB + 1 byte rounds to 3 MiB + 64 KiB, not to 4 MiB. */
+	CUdeviceptr a = gmalloc(&t, 3 * PT_MiB + 1, s);
+	CUdeviceptr b = gmalloc(&t, 3 * PT_MiB + 1, s);
+	cr_assert_eq(b, a + 3 * PT_MiB + GRAIN, "b does not follow a at the grain");
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.live, 2 * (3 * PT_MiB + GRAIN));
+	/* a's last page is shared with b, so together they need 4 pages. */
+	cr_assert_eq(st.mapped, 4 * PAGE, "mapped %lu", (unsigned long)st.mapped);
+	CUdeviceptr base;
+	size_t size;
+	cr_assert_eq(vpmm_pool_find(t.pool, b + 5, &base, &size), 0);
+	cr_assert_eq(base, b);
+	cr_assert_eq(size, 3 * PT_MiB + GRAIN);
+	PT_FREE(&t, a, s);
+	PT_FREE(&t, b, s);
+	PT_LAYOUT_IS(&t, "[-128][*1920]"); /* 64 KiB units: 4 pages, 124 */
+	pt_close(&t);
+}
+
+Test(grain, a_shared_page_moves_only_when_free)
+{
+	struct pt t;
+	open_grain(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	/* [x: 1.5 pages][y: 0.5 page][z: 2 pages] */
+	CUdeviceptr x = gmalloc(&t, 3 * PT_MiB, s);
+	CUdeviceptr y = gmalloc(&t, 1 * PT_MiB, s);
+	CUdeviceptr z = gmalloc(&t, 4 * PT_MiB, s);
+	(void)z;
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_eq(s0.mapped, 4 * PAGE);
+	/* Freeing x leaves its second page shared with live y: only the first
+	 * page may move, so 3 MiB more needs a new page too. */
+	PT_FREE(&t, x, s);
+	CUdeviceptr w = gmalloc(&t, 4 * PT_MiB, s);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.pages_remapped - s0.pages_remapped, 1,
+		     "a page holding live bytes of y was moved");
+	cr_assert_eq(s1.pages_created - s0.pages_created, 1);
+	/* With y gone too, the whole of x's old second page is free: the next
+	 * request can take it. */
+	PT_FREE(&t, y, s);
+	pt_settle(&t);
+	struct vpmm_stats s2 = pt_stats(&t);
+	CUdeviceptr v = gmalloc(&t, 2 * PT_MiB, s);
+	struct vpmm_stats s3 = pt_stats(&t);
+	cr_assert_eq(s3.pages_created, s2.pages_created, "a free page was not reused");
+	PT_FREE(&t, v, s);
+	PT_FREE(&t, w, s);
+	PT_FREE(&t, z, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+Test(grain, holes_stay_page_aligned)
+{
+	struct pt t;
+	open_grain(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p[12];
+	for (int i = 0; i < 12; i++)
+		p[i] = gmalloc(&t, (size_t)(i % 3 + 1) * 700 * PT_KiB + PT_MiB, s);
+	for (int i = 0; i < 12; i += 2)
+		PT_FREE(&t, p[i], s);
+	CUdeviceptr big = gmalloc(&t, 9 * PT_MiB, s); /* defragments */
+	pt_settle(&t);
+	struct vpmm_region_info r[256];
+	size_t n = vpmm_pool_regions(t.pool, r, 256);
+	for (size_t i = 0; i < n && i < 256; i++)
+		if (r[i].kind == VPMM_REGION_HOLE || r[i].kind == VPMM_REGION_ZOMBIE) {
+			cr_assert_eq((r[i].va - r[0].va) % PAGE, 0, "hole at %#llx",
+				     (unsigned long long)r[i].va);
+			cr_assert_eq(r[i].size % PAGE, 0);
+		}
+	PT_FREE(&t, big, s);
+	for (int i = 1; i < 12; i += 2)
+		PT_FREE(&t, p[i], s);
+	pt_settle(&t);
+	pt_close(&t);
+}
