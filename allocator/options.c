@@ -47,8 +47,12 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(VA_SIZE, "VPMM_VA_SIZE", G_POOL, T_SIZE, NULL, "8T",                 \
 	  "virtual address space reserved per chunk; more chunks are "         \
 	  "reserved on demand")                                                \
-	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "0",          \
+	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "1G",         \
 	  "largest physical handle created when the pool grows (0: one page)") \
+	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "8",       \
+	  "a growth of S bytes is made of handles of about S/N (a power of "   \
+	  "two of pages, at most VPMM_HANDLE_SIZE); 0: every handle is "        \
+	  "VPMM_HANDLE_SIZE") \
 	X(LIMIT, "VPMM_LIMIT", G_POOL, T_SIZE, NULL, "0",                      \
 	  "most physical bytes the pool maps; beyond it allocations fail as "  \
 	  "out of memory (0: no limit)")                                       \
@@ -140,7 +144,8 @@ void vpmm_config_default(struct vpmm_config *cfg)
 	cfg->page_size = 0;
 	cfg->va_size = DEFAULT_VA_SIZE;
 	cfg->initial_pages = 0;
-	cfg->handle_size = 0;
+	cfg->handle_size = GIB;
+	cfg->growth_split = 8;
 	cfg->limit = 0;
 	cfg->small_max = 2 * MIB;
 	cfg->grain = 64 * KIB;
@@ -472,6 +477,8 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.handle_size = r.val[OPT_HANDLE_SIZE].size;
 	if (r.set[OPT_LIMIT])
 		c.limit = r.val[OPT_LIMIT].size;
+	if (r.set[OPT_GROWTH_SPLIT])
+		c.growth_split = (unsigned)r.val[OPT_GROWTH_SPLIT].count;
 	if (r.set[OPT_GRAIN])
 		c.grain = r.val[OPT_GRAIN].size;
 	if (r.set[OPT_SMALL_MAX])

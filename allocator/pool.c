@@ -849,6 +849,20 @@ static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
 	free(fr);
 }
 
+/* The handle size for a growth of `shortfall` bytes: the largest power of
+ * two of pages within shortfall / growth_split, at most handle_size. Each
+ * handle costs about as much as a whole cudaMalloc (cuMemSetAccess is per
+ * handle), but only whole handles can move: see docs/design.md. */
+static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
+{
+	size_t h = p->page;
+	if (!p->cfg.growth_split)
+		return p->cfg.handle_size;
+	while (h * 2 <= shortfall / p->cfg.growth_split && h * 2 <= p->cfg.handle_size)
+		h *= 2;
+	return h;
+}
+
 /* Phase 2. Makes a FREE region of at least `need` bytes usable by `caller`
  * (NULL: by anyone) and returns it.
  *
@@ -900,7 +914,8 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		goto out;
 	}
 	/* Every struct the commit needs, before the first driver call. */
-	size_t nnew = (shortfall + p->cfg.handle_size - 1) / p->cfg.handle_size;
+	size_t hsize = handle_size_for(p, shortfall);
+	size_t nnew = (shortfall + hsize - 1) / hsize;
 	for (size_t i = 0; i < pl.n; i++)
 		for (struct mapping *m = mapping_ceil(p, pl.h[i].a);
 		     m && m->va < pl.h[i].b; m = mapping_next(m))
@@ -964,7 +979,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	pthread_mutex_unlock(&p->lock);
 	/* Create the shortfall; map harvested pages first, new ones after. */
 	for (size_t left = shortfall; k < nfr; k++) {
-		size_t sz = left < p->cfg.handle_size ? left : p->cfg.handle_size;
+		size_t sz = left < hsize ? left : hsize;
 		fr[k].slab->size = sz;
 		r = p->drv->mem_create(p->drv, p->cfg.device, sz, &fr[k].slab->handle);
 		calls_create++;
@@ -1423,6 +1438,19 @@ static struct region *best_fit(vpmm_pool *p, struct stream *caller, size_t need)
 }
 
 
+/* The last resort before an allocation fails: wait on the CPU for every
+ * stream's frees, so that free neighbours of different streams merge (a
+ * handle lying across two of them can move only then). */
+static void settle_all_waiting(vpmm_pool *p)
+{
+	for (struct stream *s = p->streams; s; s = s->next) {
+		struct event *ev = NULL;
+		if (!s->fifo_tail || cover_event(p, s, s->fifo_tail->epoch, &ev) || !ev)
+			continue;
+		vpmm_pool_event_wait_locked(p, ev);
+	}
+}
+
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			  struct region **out)
@@ -1448,7 +1476,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			 * that freed anything the request is planned again. */
 			uint64_t settled = p->settled_count;
 			size_t trimmed = vpmm_small_trim_locked(p);
-			poll_others(p, caller);
+			settle_all_waiting(p);
 			if (trimmed || settled != p->settled_count) {
 				r = best_fit(p, caller, need);
 				rc = r ? 0 : defrag(p, caller, need, &r);

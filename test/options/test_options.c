@@ -55,6 +55,7 @@ static void env_set(const char *name, const char *value)
  * small_max). */
 static const char *const project_vars[] = {
 	"VPMM_PAGES", "VPMM_PAGE_SIZE", "VPMM_GRAIN", "VPMM_VA_SIZE", "VPMM_HANDLE_SIZE",
+	"VPMM_GROWTH_SPLIT",
 	"VPMM_LIMIT", "VPMM_SMALL_MAX", "VPMM_DEFRAG", "VPMM_EVENT_INTERVAL_US",
 	"VPMM_DISABLE",
 	"VPMM_LOG", "VPMM_SOCKET", "VPMM_TRACE", "VPMM_RELEASE_THRESHOLD",
@@ -65,8 +66,8 @@ static bool is_pool_var(const char *name)
 {
 	static const char *const pool_vars[] = {
 		"VPMM_PAGES", "VPMM_PAGE_SIZE", "VPMM_GRAIN", "VPMM_VA_SIZE",
-		"VPMM_HANDLE_SIZE", "VPMM_LIMIT", "VPMM_SMALL_MAX", "VPMM_DEFRAG",
-		"VPMM_EVENT_INTERVAL_US",
+		"VPMM_HANDLE_SIZE", "VPMM_GROWTH_SPLIT", "VPMM_LIMIT", "VPMM_SMALL_MAX",
+		"VPMM_DEFRAG", "VPMM_EVENT_INTERVAL_US",
 	};
 	for (size_t i = 0; i < sizeof(pool_vars) / sizeof(pool_vars[0]); i++)
 		if (strcmp(pool_vars[i], name) == 0)
@@ -159,7 +160,8 @@ Test(config, defaults)
 	cr_expect_eq(c.page_size, 0);
 	cr_expect_eq(c.va_size, 8 * TIB);
 	cr_expect_eq(c.initial_pages, 0);
-	cr_expect_eq(c.handle_size, 0);
+	cr_expect_eq(c.handle_size, GIB);
+	cr_expect_eq(c.growth_split, 8);
 	cr_expect_eq(c.limit, 0);
 	cr_expect_eq(c.small_max, 2 * MIB);
 	cr_expect_eq(c.grain, 64 * KIB);
@@ -264,6 +266,7 @@ Test(config, every_pool_variable)
 	env_set("VPMM_LIMIT", "20G");
 	env_set("VPMM_SMALL_MAX", "512K");
 	env_set("VPMM_GRAIN", "4K");
+	env_set("VPMM_GROWTH_SPLIT", "3");
 	env_set("VPMM_DEFRAG", "all");
 	env_set("VPMM_EVENT_INTERVAL_US", "7");
 	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
@@ -274,6 +277,7 @@ Test(config, every_pool_variable)
 	cr_expect_eq(c.limit, 20 * GIB);
 	cr_expect_eq(c.small_max, 512 * KIB);
 	cr_expect_eq(c.grain, 4 * KIB);
+	cr_expect_eq(c.growth_split, 3);
 	cr_expect_eq(c.defrag, VPMM_DEFRAG_ALL);
 	cr_expect_eq(c.event_interval_ns, 7000);
 	cr_expect_eq(c.device, 0);

@@ -91,6 +91,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 				       * rules under test */
 	cfg.front_entries = 0; /* every free reaches the structures under test */
 	cfg.grain = s->grain;
+	cfg.handle_size = 0; /* one page a handle: the spec's unit of remapping */
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);
