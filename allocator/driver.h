@@ -43,6 +43,8 @@ enum vpmm_op {
 	VPMM_OP_STREAM_CAPTURING,
 	VPMM_OP_MEM_INFO,
 	VPMM_OP_EXPORT_FD,
+	VPMM_OP_CTX_CURRENT,
+	VPMM_OP_CTX_BIND,
 	VPMM_OP_COUNT
 };
 
@@ -87,6 +89,11 @@ struct vpmm_driver {
 	CUresult (*mem_info)(vpmm_driver *d, size_t *free_bytes, size_t *total_bytes);
 	/* A new file descriptor for the handle (caller closes it). */
 	CUresult (*export_fd)(vpmm_driver *d, CUmemGenericAllocationHandle h, int *fd);
+	/* The calling thread's current context, and making a context current
+	 * on the calling thread: how the pool's own thread works in the
+	 * context the pool was created in. */
+	CUresult (*ctx_current)(vpmm_driver *d, CUcontext *out);
+	CUresult (*ctx_bind)(vpmm_driver *d, CUcontext ctx);
 
 	/* Frees the driver object. The cuda driver leaves what it handed out to
 	 * the owner; the host driver also unmaps and closes what it still tracks,

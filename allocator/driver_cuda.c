@@ -44,6 +44,8 @@ struct cuda_fns {
 					       CUmemAllocationHandleType,
 					       unsigned long long);
 	CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+	CUresult (*CtxGetCurrent)(CUcontext *);
+	CUresult (*CtxSetCurrent)(CUcontext);
 };
 
 /* The exported names, spelled out: cuda.h #defines several of the plain
@@ -75,6 +77,8 @@ static const struct {
 	SYM(MemGetInfo, "cuMemGetInfo_v2"),
 	SYM(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
 	SYM(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
+	SYM(CtxGetCurrent, "cuCtxGetCurrent"),
+	SYM(CtxSetCurrent, "cuCtxSetCurrent"),
 #undef SYM
 };
 
@@ -328,6 +332,16 @@ static CUresult cuda_mem_info(vpmm_driver *d, size_t *free_bytes,
 	return cuda_of(d)->fn.MemGetInfo(free_bytes, total_bytes);
 }
 
+static CUresult cuda_ctx_current(vpmm_driver *d, CUcontext *out)
+{
+	return cuda_of(d)->fn.CtxGetCurrent(out);
+}
+
+static CUresult cuda_ctx_bind(vpmm_driver *d, CUcontext ctx)
+{
+	return cuda_of(d)->fn.CtxSetCurrent(ctx);
+}
+
 static CUresult cuda_export_fd(vpmm_driver *d, CUmemGenericAllocationHandle h,
 			       int *fd)
 {
@@ -408,6 +422,8 @@ CUresult vpmm_driver_cuda_create(vpmm_cuda_resolver resolver, void *arg,
 		.stream_capturing = cuda_stream_capturing,
 		.mem_info = cuda_mem_info,
 		.export_fd = cuda_export_fd,
+		.ctx_current = cuda_ctx_current,
+		.ctx_bind = cuda_ctx_bind,
 		.destroy = cuda_destroy,
 	};
 	*out = &c->base;

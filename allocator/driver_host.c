@@ -859,6 +859,32 @@ out:
 	return r_;
 }
 
+/* One context per host driver, standing for the device's: any thread may
+ * bind it. */
+static CUresult host_ctx_current(vpmm_driver *d, CUcontext *out)
+{
+	struct host_driver *h = host_of(d);
+	ENTER(h, VPMM_OP_CTX_CURRENT);
+	if (!out)
+		r_ = CUDA_ERROR_INVALID_VALUE;
+	else
+		*out = (CUcontext)h;
+out:
+	pthread_mutex_unlock(&h->lock);
+	return r_;
+}
+
+static CUresult host_ctx_bind(vpmm_driver *d, CUcontext ctx)
+{
+	struct host_driver *h = host_of(d);
+	ENTER(h, VPMM_OP_CTX_BIND);
+	if (ctx && ctx != (CUcontext)h)
+		r_ = CUDA_ERROR_INVALID_CONTEXT;
+out:
+	pthread_mutex_unlock(&h->lock);
+	return r_;
+}
+
 static CUresult host_export_fd(vpmm_driver *d, CUmemGenericAllocationHandle id,
 			       int *fd)
 {
@@ -962,6 +988,8 @@ CUresult vpmm_driver_host_create(const struct vpmm_host_options *opt,
 		.stream_capturing = host_stream_capturing,
 		.mem_info = host_mem_info,
 		.export_fd = host_export_fd,
+		.ctx_current = host_ctx_current,
+		.ctx_bind = host_ctx_bind,
 		.destroy = host_destroy,
 	};
 	*out = &h->base;

@@ -37,13 +37,13 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(PAGES, "VPMM_PAGES", G_POOL, T_COUNT, NULL, "0",                     \
 	  "pages mapped when the pool is created (0: all on demand)")          \
 	X(PAGE_SIZE, "VPMM_PAGE_SIZE", G_POOL, T_SIZE, NULL, "0",              \
-	  "page size: every allocation is rounded up to it; a power of two, "  \
-	  "a multiple of the driver's granularity (0: the granularity, "       \
-	  "typically 2M)")                                                     \
+	  "page: the unit of physical memory the pool maps and moves; a "      \
+	  "power of two, a multiple of the driver's granularity (0: the "      \
+	  "granularity, typically 2M)")                                        \
 	X(GRAIN, "VPMM_GRAIN", G_POOL, T_SIZE, NULL, "64K",                    \
 	  "rounding unit of allocations, a power of two from 512 up to the "  \
-	  "page (0 or more: the page); under the page, allocations share "    \
-	  "pages' tails") \
+	  "page (0, or the page or more: whole pages, as the reference "       \
+	  "design); under the page, neighbours share a page's tail")          \
 	X(VA_SIZE, "VPMM_VA_SIZE", G_POOL, T_SIZE, NULL, "8T",                 \
 	  "virtual address space reserved per chunk; more chunks are "         \
 	  "reserved on demand")                                                \
@@ -57,8 +57,8 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "most physical bytes the pool maps; beyond it allocations fail as "  \
 	  "out of memory (0: no limit)")                                       \
 	X(SMALL_MAX, "VPMM_SMALL_MAX", G_POOL, T_SIZE, NULL, "2M",             \
-	  "requests up to this size (and under a page) share pages, carved "   \
-	  "in size classes (0: every request takes whole pages)")              \
+	  "requests up to this size and under a grain are carved in size "     \
+	  "classes from shared slabs (0: none)")                               \
 	X(DEFRAG, "VPMM_DEFRAG", G_POOL, T_ENUM, defrag_names, "lacking",      \
 	  "what a defragmentation remaps: lacking (only what the request "     \
 	  "lacks) or all (every free page)")                                   \

@@ -666,6 +666,8 @@ static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 		return cu_errno(r);
 	}
 	struct chunk *c = &p->chunks[p->nchunks];
+	if (p->nchunks < VPMM_MAX_CHUNKS)
+		vpmm_pmap_destroy(p, c); /* left by chunk_drop_if_unused() */
 	*c = (struct chunk){.va = va, .size = size};
 	rc = p->nchunks == VPMM_MAX_CHUNKS ? -ENOMEM : reserve_regions(p, 1);
 	if (!rc)
@@ -697,7 +699,8 @@ static void chunk_drop_if_unused(vpmm_pool *p, unsigned index)
 	vpmm_tree_remove(&p->holes, &hole->by_size);
 	region_delete(p, hole);
 	__atomic_store_n(&p->nchunks, p->nchunks - 1, __ATOMIC_RELEASE);
-	vpmm_pmap_destroy(p, c);
+	/* Its page map stays until the slot is reused or the pool goes: a
+	 * lock-free lookup may still be reading it. */
 	DRV(p, VPMM_OP_VA_FREE, va_free, c->va, c->size);
 	GAUGE_SUB(p, reserved, c->size);
 	GAUGE_SUB(p, holes, c->size);
@@ -1229,6 +1232,8 @@ static void timed_wait(vpmm_pool *p, long ns)
 static void *reclaimer_main(void *arg)
 {
 	vpmm_pool *p = arg;
+	/* Driver calls need the pool's context current on this thread too. */
+	p->drv->ctx_bind(p->drv, p->ctx);
 	pthread_mutex_lock(&p->lock);
 	while (!p->stopping) {
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
@@ -1333,6 +1338,9 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 			rc = defrag(p, NULL, cfg->initial_pages * p->page, &first);
 	}
 	pthread_mutex_unlock(&p->lock);
+	if (!rc && cfg->background &&
+	    DRV(p, VPMM_OP_CTX_CURRENT, ctx_current, &p->ctx) != CUDA_SUCCESS)
+		rc = -EIO;
 	if (!rc && cfg->background) {
 		rc = -pthread_create(&p->reclaimer, NULL, reclaimer_main, p);
 		p->reclaimer_running = !rc;
@@ -1367,8 +1375,9 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
 		mapping_forget(p, m);
 	}
-	for (unsigned i = 0; i < p->nchunks; i++) {
-		DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
+	for (unsigned i = 0; i < VPMM_MAX_CHUNKS; i++) {
+		if (i < p->nchunks)
+			DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
 		vpmm_pmap_destroy(p, &p->chunks[i]);
 	}
 	while ((n = vpmm_tree_first(&p->regions))) {
@@ -1642,16 +1651,17 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	return rc;
 }
 
+/* Lock-free: chunks are a fixed array published by an atomic count, and
+ * only the last one is ever given back (chunk_drop_if_unused). */
 bool vpmm_pool_owns(vpmm_pool *p, CUdeviceptr ptr)
 {
-	bool owns = false;
 	if (!p)
 		return false;
-	pthread_mutex_lock(&p->lock);
-	for (unsigned i = 0; i < p->nchunks && !owns; i++)
-		owns = ptr >= p->chunks[i].va && ptr - p->chunks[i].va < p->chunks[i].size;
-	pthread_mutex_unlock(&p->lock);
-	return owns;
+	unsigned n = __atomic_load_n(&p->nchunks, __ATOMIC_ACQUIRE);
+	for (unsigned i = 0; i < n; i++)
+		if (ptr >= p->chunks[i].va && ptr - p->chunks[i].va < p->chunks[i].size)
+			return true;
+	return false;
 }
 
 int vpmm_pool_reclaim(vpmm_pool *p)

@@ -108,6 +108,7 @@ struct vpmm_pool {
 	pthread_cond_t reclaim_cond; /* zombies appeared, or stop */
 	pthread_t reclaimer;
 	bool reclaimer_running, stopping;
+	CUcontext ctx; /* current where the pool was created; the reclaimer's */
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
 	size_t page;  /* the unit of physical memory: slabs are whole pages */

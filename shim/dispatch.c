@@ -131,6 +131,11 @@ static void setup_locked(void)
 	vpmm_config_default(&st.cfg);
 	if (vpmm_config_from_env(&st.cfg, env_get, err, sizeof err))
 		goto bad_option;
+	/* In a program, zombies are unmapped and memory beyond the release
+	 * threshold given back by the pool's own thread, off the callers'. */
+	st.cfg.background = true;
+	st.cfg.release = o.has_release_threshold;
+	st.cfg.release_threshold = o.release_threshold;
 	vpmm_resolve();
 	if (!vpmm_real.libcuda)
 		return; /* resolve.c said why */

@@ -29,6 +29,7 @@ static struct {
 	size_t naccess;
 	unsigned event_flags;
 	CUstream stream;
+	CUcontext ctx;
 	CUevent event;
 	const char *last;
 	const char *missing; /* the resolver's answer for this name is NULL */
@@ -201,6 +202,19 @@ static CUresult f_ThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 	return CUDA_SUCCESS;
 }
 
+static CUresult f_CtxGetCurrent(CUcontext *ctx)
+{
+	fk.last = "cuCtxGetCurrent";
+	*ctx = (CUcontext)(uintptr_t)0xc7;
+	return CUDA_SUCCESS;
+}
+static CUresult f_CtxSetCurrent(CUcontext ctx)
+{
+	fk.last = "cuCtxSetCurrent";
+	fk.ctx = ctx;
+	return CUDA_SUCCESS;
+}
+
 typedef void (*fake_fn)(void); /* the generic function pointer type */
 #define FAKE(name, fn) { name, (fake_fn)fn }
 static const struct {
@@ -227,6 +241,8 @@ static const struct {
 	FAKE("cuMemGetInfo_v2", f_MemGetInfo),
 	FAKE("cuMemExportToShareableHandle", f_MemExportToShareableHandle),
 	FAKE("cuThreadExchangeStreamCaptureMode", f_ThreadExchangeStreamCaptureMode),
+	FAKE("cuCtxGetCurrent", f_CtxGetCurrent),
+	FAKE("cuCtxSetCurrent", f_CtxSetCurrent),
 };
 #define NFAKES (sizeof fakes / sizeof fakes[0])
 
@@ -381,6 +397,14 @@ Test(driver, cuda_calls_reach_the_entry_points)
 	OK(d->export_fd(d, h, &fd));
 	cr_assert_eq(fd, 99);
 	cr_assert_eq(fk.mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+
+	CUcontext ctx = NULL;
+	OK(d->ctx_current(d, &ctx));
+	cr_assert_str_eq(fk.last, "cuCtxGetCurrent");
+	cr_assert_eq(ctx, (CUcontext)(uintptr_t)0xc7);
+	OK(d->ctx_bind(d, ctx));
+	cr_assert_str_eq(fk.last, "cuCtxSetCurrent");
+	cr_assert_eq(fk.ctx, ctx);
 	d->destroy(d);
 }
 

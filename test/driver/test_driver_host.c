@@ -840,6 +840,11 @@ Test(driver, fault_injection_each_op_has_no_effect)
 	FAULT(VPMM_OP_EXPORT_FD, d->export_fd(d, h, &fd));
 	cr_assert_eq(fd, 77);
 	cr_assert_eq(open_fds(), fds);
+
+	CUcontext ctx = NULL;
+	FAULT(VPMM_OP_CTX_CURRENT, d->ctx_current(d, &ctx));
+	cr_assert_null(ctx);
+	FAULT(VPMM_OP_CTX_BIND, d->ctx_bind(d, NULL));
 #undef FAULT
 
 	for (int op = 0; op < VPMM_OP_COUNT; op++)
