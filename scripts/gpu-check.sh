@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# gpu-check.sh — everything that needs a GPU, in one call of the device tool:
+# the shim's checks (scripts/gpu-shim.sh: CUDA C static and shared, memcheck,
+# CuPy, PyTorch training, the seed's laboratory cases), vpmm-dump against a
+# PyTorch process (scripts/gpu-dump.sh, when present), the hot path through
+# the shim against the CUDA pool (bench/shim_hotpath.cu), and issue 5's
+# comparisons (scripts/gpu-bench.sh). Prints a short table last.
+#
+# The device tool brings back at most 8 files from $OUT: the logs go into one
+# archive, $OUT/logs.tgz, beside summary.txt and table.md.
+#
+# Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
+# shim|dump|hotpath|bench, default all), SHIM_STEPS, DEADLINE (bench).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/build-gpu}
+PARTS=${PARTS:-.}
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+W=$(mktemp -d)
+mkdir -p "$OUT" "$W/logs"
+export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+note "gpu-check $(date -u +%FT%H:%MZ) on ${card:-no GPU}"
+
+part() { [[ $1 =~ $PARTS ]]; }
+
+if part shim; then
+	t0=$SECONDS
+	OUT=$W/logs/shim SHIM_STEPS=${SHIM_STEPS:-200} bash "$ROOT/scripts/gpu-shim.sh" >"$W/logs/shim.txt" 2>&1
+	rc=$?
+	note "shim checks: exit $rc ($((SECONDS - t0)) s)"
+	sed 's/^/  /' "$W/logs/shim/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
+if part dump && [ -f "$ROOT/scripts/gpu-dump.sh" ]; then
+	t0=$SECONDS
+	OUT=$W/logs/dump bash "$ROOT/scripts/gpu-dump.sh" >"$W/logs/dump.txt" 2>&1
+	note "vpmm-dump on the GPU: exit $? ($((SECONDS - t0)) s)"
+	tail -n 5 "$W/logs/dump.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+fi
+
+if part hotpath; then
+	# The same program twice: the CUDA pool, then libvpmm under LD_PRELOAD.
+	lib=$W/libvpmm.so
+	src() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
+	if gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
+		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
+		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic \
+		-lpthread -ldl -o "$lib" >"$W/logs/hotpath-build.txt" 2>&1 &&
+		nvcc -O2 -std=c++17 -o "$W/shim_hotpath" "$ROOT/bench/shim_hotpath.cu" \
+			>>"$W/logs/hotpath-build.txt" 2>&1; then
+		VPMM_SOCKET=off "$W/shim_hotpath" >"$W/logs/hotpath-plain.txt" 2>&1
+		VPMM_SOCKET=off LD_PRELOAD="$lib" "$W/shim_hotpath" >"$W/logs/hotpath-vpmm.txt" 2>&1
+		note "hot path through the shim (ns per malloc+free pair, one thread; 8-thread pairs/s):"
+		join <(awk '/^case/{print $2"/"$3, $4, $5}' "$W/logs/hotpath-plain.txt" | sort) \
+			<(awk '/^case/{print $2"/"$3, $4, $5}' "$W/logs/hotpath-vpmm.txt" | sort) |
+			awk '{printf "  %-16s cuda %8.1f ns  vpmm %8.1f ns  ratio %.2f   8 threads: cuda %.2g/s vpmm %.2g/s\n", $1, $2, $4, $4/$2, $3, $5}' |
+			tee -a "$SUMMARY"
+	else
+		note "hot path: build failed (logs/hotpath-build.txt)"
+	fi
+fi
+
+if part bench; then
+	t0=$SECONDS
+	OUT=$W/logs/bench DEADLINE=${DEADLINE:-200} bash "$ROOT/scripts/gpu-bench.sh" >"$W/logs/bench.txt" 2>&1
+	note "benchmarks: exit $? ($((SECONDS - t0)) s); the table: table.md"
+	cp "$W/logs/bench/table.md" "$OUT/table.md" 2>/dev/null
+fi
+
+tar -C "$W" -czf "$OUT/logs.tgz" logs
+echo
+echo "================ summary ================"
+cat "$SUMMARY"
+[ -f "$OUT/table.md" ] && grep -E "peak used|replay time|growth|threads|pool hit" "$OUT/table.md" | cut -c1-200 | head -30
+rm -rf "$W"

@@ -1,0 +1,164 @@
+/* race.c — the pool under concurrent use, as a plain program (Criterion's
+ * forked workers cannot start under ThreadSanitizer): four threads allocate,
+ * write, verify and free on their own streams and on a shared one, a "GPU"
+ * thread completes streams, a checker thread runs vpmm_pool_check() without
+ * pause, and the background reclaimer and the per-stream caches are on.
+ * Exit 0 when no pattern was lost, no check failed and nothing leaked.
+ *
+ *   race [OPS_PER_THREAD] [SEED]
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "driver_host.h"
+#include "vpmm.h"
+
+#define PAGE ((size_t)64 << 10)
+#define THREADS 4
+#define LIVE 40
+
+static vpmm_pool *pool;
+static vpmm_driver *drv;
+static CUstream streams[THREADS + 1]; /* the last one is shared */
+static atomic_int stop, failed;
+static long ops = 20000;
+static unsigned seed0 = 1;
+
+struct alloc {
+	CUdeviceptr p;
+	size_t n;
+	uint64_t tag;
+};
+
+static void fail(const char *what, long id, long it)
+{
+	fprintf(stderr, "race: %s (thread %ld, op %ld, seed %u)\n", what, id, it, seed0);
+	atomic_store(&failed, 1);
+}
+
+/* The first word of every page (or of the block) carries the tag. */
+static void stamp(const struct alloc *a)
+{
+	for (size_t o = 0; o + 8 <= a->n; o += 4096)
+		*(uint64_t *)(uintptr_t)(a->p + o) = a->tag;
+}
+
+static bool intact(const struct alloc *a)
+{
+	for (size_t o = 0; o + 8 <= a->n; o += 4096)
+		if (*(uint64_t *)(uintptr_t)(a->p + o) != a->tag)
+			return false;
+	return true;
+}
+
+static void *worker(void *arg)
+{
+	long id = (long)arg;
+	unsigned seed = seed0 * 7919u + (unsigned)id;
+	struct alloc live[LIVE];
+	int n = 0;
+	for (long it = 0; it < ops && !atomic_load(&failed); it++) {
+		if (rand_r(&seed) % 2 && n < LIVE) {
+			size_t size = rand_r(&seed) % 3 == 0 ? 1 + rand_r(&seed) % PAGE
+							     : (1 + rand_r(&seed) % 6) * PAGE;
+			CUdeviceptr p;
+			int rc = vpmm_pool_malloc(pool, size, streams[id], &p);
+			if (rc == -ENOMEM)
+				continue;
+			if (rc) {
+				fail("malloc failed", id, it);
+				break;
+			}
+			live[n] = (struct alloc){p, size, ((uint64_t)id << 40) | (uint64_t)it};
+			stamp(&live[n++]);
+		} else if (n) {
+			int i = rand_r(&seed) % n;
+			if (!intact(&live[i]))
+				fail("pattern lost", id, it);
+			CUstream s = rand_r(&seed) % 10 ? streams[id] : streams[THREADS];
+			if (vpmm_pool_free(pool, live[i].p, s))
+				fail("free failed", id, it);
+			live[i] = live[--n];
+		}
+	}
+	for (int i = 0; i < n; i++)
+		if (!intact(&live[i]) || vpmm_pool_free(pool, live[i].p, streams[id]))
+			fail("final free", id, -1);
+	return NULL;
+}
+
+static void *gpu(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&stop)) {
+		vpmm_host_complete_all(drv);
+		for (volatile int i = 0; i < 20000; i++)
+			;
+	}
+	return NULL;
+}
+
+static void *checker(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&stop))
+		if (vpmm_pool_check(pool, stderr))
+			fail("check found broken invariants", -1, -1);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1)
+		ops = atol(argv[1]);
+	if (argc > 2)
+		seed0 = (unsigned)atol(argv[2]);
+	struct vpmm_host_options ho = {.granularity = PAGE, .capacity = 300 * PAGE};
+	if (vpmm_driver_host_create(&ho, &drv) != CUDA_SUCCESS)
+		return 2;
+	struct vpmm_config c;
+	vpmm_config_default(&c);
+	c.va_size = 128 * PAGE;
+	c.background = true;
+	c.release = true;
+	c.release_threshold = 20 * PAGE;
+	c.handle_size = 4 * PAGE;
+	c.grain = 4096;
+	if (vpmm_pool_create(&c, drv, &pool))
+		return 2;
+	for (int i = 0; i <= THREADS; i++)
+		streams[i] = vpmm_host_stream_create(drv);
+
+	pthread_t w[THREADS], g, ch;
+	pthread_create(&g, NULL, gpu, NULL);
+	pthread_create(&ch, NULL, checker, NULL);
+	for (long i = 0; i < THREADS; i++)
+		pthread_create(&w[i], NULL, worker, (void *)i);
+	for (int i = 0; i < THREADS; i++)
+		pthread_join(w[i], NULL);
+	atomic_store(&stop, 1);
+	pthread_join(g, NULL);
+	pthread_join(ch, NULL);
+
+	vpmm_host_complete_all(drv);
+	if (vpmm_pool_reclaim(pool) < 0 || vpmm_pool_check(pool, stderr))
+		fail("final check", -1, -1);
+	struct vpmm_stats st;
+	vpmm_pool_stats(pool, &st);
+	printf("race: %ld ops x %d threads: %" PRIu64 " mallocs, %" PRIu64 " defrags, %" PRIu64
+	       " pages remapped, %" PRIu64 " front hits\n",
+	       ops, THREADS, st.mallocs, st.defrags, st.pages_remapped, st.front_hits);
+	vpmm_pool_destroy(pool);
+	struct vpmm_host_live l;
+	vpmm_host_live(drv, &l);
+	if (l.handles || l.reservations || l.mappings || l.events)
+		fail("driver resources leaked", -1, -1);
+	drv->destroy(drv);
+	if (st.defrags == 0 || st.front_hits == 0)
+		fail("the run exercised no defragmentation or no cache hit", -1, -1);
+	return atomic_load(&failed) ? 1 : 0;
+}
