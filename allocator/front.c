@@ -68,7 +68,7 @@ static _Atomic uint64_t pool_generation;
 
 /* One entry per thread: threads usually stay on one stream of one pool. */
 static __thread struct {
-	uint64_t gen;
+	uint64_t gen, stream_gen;
 	CUstream handle;
 	struct stream *s;
 } tls_stream;
@@ -81,13 +81,15 @@ void vpmm_front_pool_init(vpmm_pool *p)
 
 static struct stream *front_stream(vpmm_pool *p, CUstream h)
 {
-	if (tls_stream.gen == p->gen && tls_stream.handle == h)
+	uint64_t sgen = __atomic_load_n(&p->stream_gen, __ATOMIC_ACQUIRE);
+	if (tls_stream.gen == p->gen && tls_stream.handle == h && tls_stream.stream_gen == sgen)
 		return tls_stream.s;
 	pthread_mutex_lock(&p->lock);
 	struct stream *s = vpmm_stream_get_locked(p, h);
 	pthread_mutex_unlock(&p->lock);
 	if (s) {
 		tls_stream.gen = p->gen;
+		tls_stream.stream_gen = sgen;
 		tls_stream.handle = h;
 		tls_stream.s = s;
 	}
@@ -209,6 +211,11 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 		}
 	}
 	return n;
+}
+
+size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s)
+{
+	return p->cfg.front_entries ? flush_one(p, &s->front, s) : 0;
 }
 
 size_t vpmm_front_flush_locked(vpmm_pool *p)

@@ -49,7 +49,7 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "reserved on demand")                                                \
 	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "1G",         \
 	  "largest physical handle created when the pool grows (0: one page)") \
-	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "8",       \
+	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "16",      \
 	  "a growth of S bytes is made of handles of about S/N (a power of "   \
 	  "two of pages, at most VPMM_HANDLE_SIZE); 0: every handle is "        \
 	  "VPMM_HANDLE_SIZE") \
@@ -145,7 +145,7 @@ void vpmm_config_default(struct vpmm_config *cfg)
 	cfg->va_size = DEFAULT_VA_SIZE;
 	cfg->initial_pages = 0;
 	cfg->handle_size = GIB;
-	cfg->growth_split = 8;
+	cfg->growth_split = 16;
 	cfg->limit = 0;
 	cfg->small_max = 2 * MIB;
 	cfg->grain = 64 * KIB;

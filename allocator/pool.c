@@ -255,6 +255,8 @@ static int cover_event(vpmm_pool *p, struct stream *s, uint64_t epoch,
 			*out = ev;
 			return 0;
 		}
+	if (s->dead) /* its last record failed: nothing can cover this */
+		return -EIO;
 	return close_epoch(p, s, out);
 }
 
@@ -876,7 +878,7 @@ static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
  * was; only events recorded and waits inserted remain, which order work
  * conservatively and nothing more. */
 static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
-		  struct region **out)
+		  struct region **out, CUdeviceptr *at)
 {
 	struct plan pl = {0};
 	struct fresh *fr = NULL;
@@ -1085,6 +1087,9 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
 	p->st.pages_created += created / p->page;
+	/* The allocation starts at the lending neighbour, else at the hole's
+	 * start (a handle boundary), whatever free_insert() merges. */
+	*at = adj ? adj->va : base;
 	*out = free_insert(p, hole);
 	new_chunk = UINT32_MAX;
 	rc = 0;
@@ -1105,7 +1110,7 @@ static void poll_others(vpmm_pool *p, struct stream *caller)
 	for (struct stream *s = p->streams; s; s = s->next) {
 		if (s == caller || !s->fifo_head)
 			continue;
-		if (s->fifo_tail->epoch == s->epoch) {
+		if (!s->dead && s->fifo_tail->epoch == s->epoch) {
 			bool capturing = false;
 			/* Recording on a stream another thread is capturing
 			 * would put our event into its graph. */
@@ -1324,6 +1329,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	vpmm_tree_init(&p->maps, mapping_by_va, 4);
 
 	struct region *first;
+	CUdeviceptr at;
 	unsigned chunk;
 	pthread_mutex_lock(&p->lock);
 	rc = reserve_regions(p, 4);
@@ -1335,7 +1341,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		if (cfg->initial_pages > SIZE_MAX / p->page)
 			rc = -EINVAL;
 		else
-			rc = defrag(p, NULL, cfg->initial_pages * p->page, &first);
+			rc = defrag(p, NULL, cfg->initial_pages * p->page, &first, &at);
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (!rc && cfg->background &&
@@ -1460,11 +1466,28 @@ static void settle_all_waiting(vpmm_pool *p)
 	}
 }
 
+/* Where in free region r to place `need` bytes. At its start, unless r
+ * starts less than a page before a handle boundary and the request still
+ * fits from there: then at the boundary, so that the request does not leave
+ * the handle it would straddle part live, part free (such a handle cannot
+ * move); the skipped piece stays free in place. */
+static CUdeviceptr slab_aligned_start(vpmm_pool *p, struct region *r, size_t need)
+{
+	if (p->cfg.handle_size <= p->page)
+		return r->va;
+	struct mapping *m = mapping_ceil(p, r->va);
+	if (m && m->va > r->va && m->va - r->va < p->page &&
+	    m->va + need <= r->va + r->size)
+		return m->va;
+	return r->va;
+}
+
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			  struct region **out)
 {
 	struct region *r;
+	CUdeviceptr at = 0;
 	int rc = reserve_regions(p, 4);
 	if (rc)
 		return rc;
@@ -1478,7 +1501,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		r = best_fit(p, caller, need);
 	}
 	if (!r) {
-		rc = defrag(p, caller, need, &r);
+		rc = defrag(p, caller, need, &r, &at);
 		if (rc == -ENOMEM) {
 			/* Last resort before failing: empty sub-page slabs go
 			 * back, every stream is asked what completed, and if
@@ -1488,12 +1511,22 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			settle_all_waiting(p);
 			if (trimmed || settled != p->settled_count) {
 				r = best_fit(p, caller, need);
-				rc = r ? 0 : defrag(p, caller, need, &r);
+				rc = r ? 0 : defrag(p, caller, need, &r, &at);
 			}
 		}
 		if (rc)
 			return rc;
 		p->st.defrags++;
+	}
+	if (at <= r->va)
+		at = slab_aligned_start(p, r, need);
+	if (at > r->va && reserve_regions(p, 1) == 0) {
+		/* Start where the defragmentation placed the request. */
+		free_unindex(p, r);
+		struct region *t = split_off(p, r, at);
+		free_index(p, r);
+		free_index(p, t);
+		r = t;
 	}
 	*out = carve_live(p, r, need);
 	return 0;
@@ -1507,6 +1540,8 @@ void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 	vpmm_pmap_publish(p, r, false);
 	r->kind = R_FREE;
 	__atomic_store_n(&r->small, NULL, __ATOMIC_RELEASE);
+	if (s && s->dead && (!epoch || epoch >= s->epoch))
+		epoch = s->epoch - 1; /* no work after its last event */
 	if (s && epoch && epoch <= s->done)
 		s = NULL; /* parked while its work completed: settled */
 	r->stream = s;
@@ -1517,8 +1552,8 @@ void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 	free_insert(p, r);
 	/* Close the epoch now and then, so other streams can learn of
 	 * completion without a record of their own; never on every free. */
-	if (s && (!p->cfg.event_interval_ns ||
-		  now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
+	if (s && !s->dead && (!p->cfg.event_interval_ns ||
+			      now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
 		close_epoch(p, s, NULL);
 	if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
 		pthread_cond_signal(&p->reclaim_cond);
@@ -1646,6 +1681,36 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 				*size = r->size;
 			rc = 0;
 		}
+	}
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
+{
+	int rc = 0;
+	if (!p || h == VPMM_NO_STREAM)
+		return -EINVAL;
+	pthread_mutex_lock(&p->lock);
+	struct stream *s = NULL, **link = NULL;
+	if (p->stream_hash_size)
+		for (link = &p->stream_hash[stream_slot(p, h)]; *link; link = &(*link)->hash_next)
+			if ((*link)->handle == h) {
+				s = *link;
+				break;
+			}
+	if (s) {
+		/* Its parked frees join its pending ones; one last event, while
+		 * the stream still exists, covers them all. */
+		vpmm_front_flush_stream_locked(p, s);
+		if (s->fifo_tail && s->fifo_tail->epoch == s->epoch)
+			rc = close_epoch(p, s, NULL);
+		s->dead = true;
+		*link = s->hash_next;
+		s->hash_next = NULL;
+		if (p->last_stream == s)
+			p->last_stream = NULL;
+		__atomic_fetch_add(&p->stream_gen, 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&p->lock);
 	return rc;

@@ -80,6 +80,9 @@ struct stream {
 	struct region *fifo_head, *fifo_tail;
 	struct small_slab **small_partial; /* small.c: per class, slabs with room */
 	struct front front;
+	/* The program destroyed it: nothing is recorded on it any more; its
+	 * last event covers every free it had (vpmm_pool_stream_gone). */
+	bool dead;
 	struct stream *hash_next;
 	struct stream *next; /* pool->streams, creation order */
 };
@@ -136,6 +139,8 @@ struct vpmm_pool {
 	struct small_state *small;
 	struct front sync_front; /* parked frees of VPMM_NO_STREAM */
 	uint64_t gen;            /* tells pools apart in thread-local caches */
+	uint64_t stream_gen;     /* bumped when a stream dies (atomic): stale
+				  * thread-local stream lookups miss */
 	size_t busy;     /* regions in R_BUSY */
 	uint64_t free_seq; /* counter behind region->seq */
 	uint64_t settled_count; /* free regions settled so far */
@@ -173,6 +178,7 @@ void vpmm_front_pool_init(vpmm_pool *p);
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);
 int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
 size_t vpmm_front_flush_locked(vpmm_pool *p);
+size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks);
 size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log);

@@ -91,6 +91,12 @@ int vpmm_pool_free(vpmm_pool *pool, CUdeviceptr ptr, CUstream stream);
 /* Phase 0 on demand: unmap the zombies whose events completed (they become
  * holes). Returns how many ranges were reclaimed, or a negative errno. */
 int vpmm_pool_reclaim(vpmm_pool *pool);
+/* The program is about to destroy `stream`: its pending frees are covered
+ * by one last event recorded now, and the pool never uses the handle again
+ * (a new stream with the same handle is a new stream). Call it before the
+ * real destroy. Returns 0 or a negative errno (the stream is retired all the
+ * same). */
+int vpmm_pool_stream_gone(vpmm_pool *pool, CUstream stream);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */
 long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);

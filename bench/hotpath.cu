@@ -192,11 +192,15 @@ static void raw_access(CUdeviceptr va, size_t size)
 
 static vpmm_driver *drv;
 
-static vpmm_pool *pool_new(size_t handle_size)
+/* handle_size and growth_split as given; split < 0: the defaults. */
+static vpmm_pool *pool_new(size_t handle_size, int split = -1)
 {
 	struct vpmm_config cfg;
 	vpmm_config_default(&cfg);
-	cfg.handle_size = handle_size;
+	if (split >= 0) {
+		cfg.handle_size = handle_size;
+		cfg.growth_split = (unsigned)split;
+	}
 	vpmm_pool *p;
 	VP(vpmm_pool_create(&cfg, drv, &p));
 	return p;
@@ -369,22 +373,29 @@ static void bench_growth(void)
 		int reps = (size >= GiB ? 6 : 12) / reps_scale;
 		if (reps < 2)
 			reps = 2;
-		std::vector<double> pg, one, cm, cf, rw;
-		size_t handles_pg = 0, handles_one = 0;
+		std::vector<double> pg, one, cm, cf, rw, df;
+		size_t handles_pg = 0, handles_one = 0, handles_df = 0;
 		for (int rep = 0; rep <= reps; rep++) { /* rep 0 warms, not kept */
 			CUdeviceptr d;
-			vpmm_pool *p = pool_new(0); /* handle = page */
+			vpmm_pool *p = pool_new(0, 0); /* handle = page */
 			uint64_t t0 = now_ns();
 			VP(vpmm_pool_malloc(p, size, VPMM_NO_STREAM, &d));
 			uint64_t t1 = now_ns();
 			handles_pg = pool_stats(p).handles_created;
 			vpmm_pool_destroy(p);
 
-			p = pool_new(size); /* one handle of the request's size */
+			p = pool_new(size, 0); /* one handle of the request's size */
 			uint64_t t2 = now_ns();
 			VP(vpmm_pool_malloc(p, size, VPMM_NO_STREAM, &d));
 			uint64_t t3 = now_ns();
 			handles_one = pool_stats(p).handles_created;
+			vpmm_pool_destroy(p);
+
+			p = pool_new(0); /* the defaults: VPMM_GROWTH_SPLIT handles */
+			uint64_t t9 = now_ns();
+			VP(vpmm_pool_malloc(p, size, VPMM_NO_STREAM, &d));
+			uint64_t t10 = now_ns();
+			handles_df = pool_stats(p).handles_created;
 			vpmm_pool_destroy(p);
 
 			void *ptr;
@@ -410,6 +421,7 @@ static void bench_growth(void)
 				continue;
 			pg.push_back((double)(t1 - t0));
 			one.push_back((double)(t3 - t2));
+			df.push_back((double)(t10 - t9));
 			cm.push_back((double)(t5 - t4));
 			cf.push_back((double)(t6 - t5));
 			rw.push_back((double)(t8 - t7));
@@ -429,6 +441,10 @@ static void bench_growth(void)
 		metric("growth_" + k + "_cudamalloc_us", median(cm) / 1e3);
 		metric("growth_" + k + "_cudafree_us", median(cf) / 1e3);
 		metric("growth_" + k + "_raw_one_us", median(rw) / 1e3);
+		printf("%4s  default policy (%zu handles) %8.1f us, ratio vs cudaMalloc %.2f\n",
+		       k.c_str(), handles_df, median(df) / 1e3, median(df) / median(cm));
+		metric("growth_" + k + "_default_us", median(df) / 1e3);
+		metric("growth_" + k + "_default_handles", (double)handles_df);
 	}
 }
 

@@ -418,6 +418,19 @@ pass:
 	return false;
 }
 
+void vpmm_stream_destroying(CUstream s)
+{
+	if (vpmm_tls_inside || !s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
+	    !vpmm_active())
+		return;
+	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	for (int i = 0; i < n; i++) {
+		vpmm_pool *p = existing_pool(i);
+		if (p)
+			vpmm_pool_stream_gone(p, s);
+	}
+}
+
 /* Synchronise the pool's context, as the real synchronous free would. */
 static CUresult sync_context(struct dev_pool *dp)
 {

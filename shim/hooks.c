@@ -227,6 +227,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
 			       CUdeviceptr ptr) VPMM_EXPORT;
 CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
 				void **data, CUdeviceptr ptr) VPMM_EXPORT;
+CUresult cuStreamDestroy_v2(CUstream s) VPMM_EXPORT;
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
@@ -357,6 +358,16 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
 	return r;
 }
 
+/* The pool records events on streams other than the caller's: it must hear
+ * of a stream's end before the handle dangles (cudaStreamDestroy comes here
+ * through cuGetProcAddress). */
+CUresult cuStreamDestroy_v2(CUstream s)
+{
+	vpmm_count(VPMM_HOOK_cuStreamDestroy_v2);
+	vpmm_stream_destroying(s);
+	REAL(stream_destroy, s);
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------- */
 
 /* The runtime asks for "cuGetProcAddress" through cuGetProcAddress itself
@@ -420,6 +431,7 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_ADDRESS_RANGE] = (vpmm_fnptr)cuMemGetAddressRange_v2,
 	[VPMM_W_PTR_ATTR] = (vpmm_fnptr)cuPointerGetAttribute,
 	[VPMM_W_PTR_ATTRS] = (vpmm_fnptr)cuPointerGetAttributes,
+	[VPMM_W_STREAM_DESTROY] = (vpmm_fnptr)cuStreamDestroy_v2,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ----------------------------------------------------- */

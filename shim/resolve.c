@@ -85,6 +85,7 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 				  3020, 0},
 	[VPMM_W_PTR_ATTR] = {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
 	[VPMM_W_PTR_ATTRS] = {"cuPointerGetAttributes", "cuPointerGetAttributes", 7000, 0},
+	[VPMM_W_STREAM_DESTROY] = {"cuStreamDestroy_v2", "cuStreamDestroy", 4000, 0},
 };
 
 #define KNOWN_MAX 4
@@ -211,6 +212,7 @@ static void find_cuda(void)
 	TARGET(vpmm_real.address_range, VPMM_W_ADDRESS_RANGE);
 	TARGET(vpmm_real.ptr_attr, VPMM_W_PTR_ATTR);
 	TARGET(vpmm_real.ptr_attrs, VPMM_W_PTR_ATTRS);
+	TARGET(vpmm_real.stream_destroy, VPMM_W_STREAM_DESTROY);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));

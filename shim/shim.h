@@ -68,6 +68,7 @@ void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(cuMemGetAddressRange_v2)                                            \
 	X(cuPointerGetAttribute)                                              \
 	X(cuPointerGetAttributes)                                             \
+	X(cuStreamDestroy_v2)                                                 \
 	X(cuGetProcAddress)                                                   \
 	X(cuGetProcAddress_v2)                                                \
 	X(dlsym_wrapped)            /* dlsym answers that were our wrappers */  \
@@ -113,6 +114,7 @@ enum vpmm_wrapped {
 	VPMM_W_ADDRESS_RANGE,
 	VPMM_W_PTR_ATTR,
 	VPMM_W_PTR_ATTRS,
+	VPMM_W_STREAM_DESTROY,
 	VPMM_W_COUNT
 };
 
@@ -131,6 +133,7 @@ struct vpmm_real {
 	CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
 	CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
 	CUresult (*ptr_attrs)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+	CUresult (*stream_destroy)(CUstream);
 	/* Helpers for the dispatch layer; any may be NULL on an old driver. */
 	CUresult (*ctx_get_current)(CUcontext *);
 	CUresult (*ctx_get_device)(CUdevice *);
@@ -211,6 +214,8 @@ enum vpmm_via {
 /* Each returns true when it handled the call (the result in *res) and false
  * when the call must go to the real function unchanged. `stream` is as the
  * caller gave it; VPMM_NO_STREAM for the synchronous calls. */
+/* The program is destroying stream s: every pool retires it first. */
+void vpmm_stream_destroying(CUstream s);
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		    enum vpmm_via via, int device, void *caller, CUresult *res);
 bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,

@@ -161,7 +161,7 @@ Test(config, defaults)
 	cr_expect_eq(c.va_size, 8 * TIB);
 	cr_expect_eq(c.initial_pages, 0);
 	cr_expect_eq(c.handle_size, GIB);
-	cr_expect_eq(c.growth_split, 8);
+	cr_expect_eq(c.growth_split, 16);
 	cr_expect_eq(c.limit, 0);
 	cr_expect_eq(c.small_max, 2 * MIB);
 	cr_expect_eq(c.grain, 64 * KIB);

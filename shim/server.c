@@ -1,0 +1,1028 @@
+/* server.c — the per-process Unix-socket server of server.h: socket setup
+ * (path rule, directory and peer checks), the poll() loop that serves clients
+ * with bounded buffers and deadlines, and the request table. The wire format
+ * is in protocol.h; what each reply holds is in docs/vpmm-dump.md.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "protocol.h"
+#include "server.h"
+#include "snapshot.h"
+
+#define MAX_POOLS 64
+#define DEFAULT_CLIENTS 16
+#define DEFAULT_TIMEOUT_MS 2000
+
+/* ---- growable reply buffer ------------------------------------------------ */
+
+struct sbuf {
+	char *p;
+	size_t len, cap;
+	bool failed; /* out of memory or over VPMM_REPLY_MAX: the reply is lost */
+};
+
+static void sb_reserve(struct sbuf *b, size_t more)
+{
+	if (b->failed || b->len + more + 1 <= b->cap)
+		return;
+	size_t cap = b->cap ? b->cap : 4096;
+	while (cap < b->len + more + 1)
+		cap *= 2;
+	char *p = cap <= VPMM_REPLY_MAX ? realloc(b->p, cap) : NULL;
+	if (!p) {
+		b->failed = true;
+		return;
+	}
+	b->p = p;
+	b->cap = cap;
+}
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	for (int pass = 0; pass < 2 && !b->failed; pass++) {
+		size_t room = b->cap - b->len;
+		va_start(ap, fmt);
+		int n = vsnprintf(b->cap ? b->p + b->len : NULL, b->cap ? room : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			b->failed = true;
+			return;
+		}
+		if ((size_t)n < room) {
+			b->len += (size_t)n;
+			return;
+		}
+		sb_reserve(b, (size_t)n);
+	}
+}
+
+/* A JSON string; bytes outside printable ASCII are escaped. */
+static void sb_str(struct sbuf *b, const char *s)
+{
+	sb_printf(b, "\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			sb_printf(b, "\\%c", c);
+		else if (c < 0x20 || c >= 0x7f)
+			sb_printf(b, "\\u%04x", c);
+		else
+			sb_printf(b, "%c", c);
+	}
+	sb_printf(b, "\"");
+}
+
+/* ---- state ---------------------------------------------------------------- */
+
+struct client {
+	int fd; /* -1: free slot */
+	char in[VPMM_REQUEST_MAX];
+	size_t inlen;
+	struct sbuf out;
+	size_t outoff;
+	bool closing;         /* close once `out` is written */
+	uint64_t deadline_ms; /* of the current phase (reading or writing) */
+};
+
+struct server {
+	struct vpmm_server_config cfg;
+	struct vpmm_env_options env;
+	bool has_env;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int listen_fd;
+	int wake[2]; /* pipe: stop request */
+	pid_t owner; /* the process that bound `path` */
+	pthread_t thread;
+	struct client *clients;
+	unsigned nclients;
+	uint64_t accept_pause_until; /* out of descriptors: stop accepting a while */
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct server *g_server; /* under g_lock */
+static _Atomic(struct server *) g_exiting_view; /* for the destructor */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static enum vpmm_log_level log_level(const struct server *s)
+{
+	return s && s->has_env ? s->env.log_level : VPMM_LOG_WARN;
+}
+
+static void slog(const struct server *s, enum vpmm_log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void slog(const struct server *s, enum vpmm_log_level lvl, const char *fmt, ...)
+{
+	if (lvl > log_level(s))
+		return;
+	char line[512];
+	int n = snprintf(line, sizeof(line), "vpmm: server: ");
+	va_list ap;
+	va_start(ap, fmt);
+	int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+	if (len > sizeof(line) - 2)
+		len = sizeof(line) - 2;
+	line[len++] = '\n';
+	ssize_t w = write(STDERR_FILENO, line, len); /* one write: lines don't interleave */
+	(void)w;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- requests --------------------------------------------------------------- */
+
+/* A handler appends the fields of its reply after the common ones and returns
+ * NULL, or returns the error sentence (the appended text is then dropped). */
+typedef const char *(*handler_fn)(struct server *s, const char *arg, struct sbuf *b,
+				  char *err, size_t errlen);
+
+struct request {
+	const char *name;
+	handler_fn fn;
+	const char *usage;
+};
+
+static size_t get_pools(struct server *s, vpmm_pool **pools)
+{
+	size_t n = s->cfg.pools ? s->cfg.pools(pools, MAX_POOLS, s->cfg.arg) : 0;
+	return n > MAX_POOLS ? MAX_POOLS : n;
+}
+
+static void put_stats(struct sbuf *b, const struct vpmm_stats *st)
+{
+	const char *sep = "";
+#define FIELD(name, v)                                                          \
+	do {                                                                    \
+		sb_printf(b, "%s\"%s\":%" PRIu64, sep, name, (uint64_t)(v));    \
+		sep = ",";                                                      \
+	} while (0)
+	sb_printf(b, "{");
+#define X(n, d) FIELD(#n, st->n); FIELD(#n "_peak", st->n##_peak);
+	VPMM_GAUGES(X)
+#undef X
+#define X(n, d) FIELD(#n, st->n);
+	VPMM_COUNTERS(X)
+#undef X
+	FIELD("page_size", st->page_size);
+	FIELD("regions", st->regions);
+	FIELD("parked", st->parked);
+#undef FIELD
+	sb_printf(b, "}");
+}
+
+static void put_config(struct sbuf *b, const struct vpmm_config *c)
+{
+	sb_printf(b,
+		  "{\"device\":%d,\"page_size\":%zu,\"grain\":%zu,\"va_size\":%zu,"
+		  "\"initial_pages\":%zu,\"handle_size\":%zu,\"growth_split\":%u,\"limit\":%zu,"
+		  "\"small_max\":%zu,\"defrag\":\"%s\",\"event_interval_ns\":%" PRIu64 ","
+		  "\"background\":%s,\"release\":%s,\"release_threshold\":%zu,"
+		  "\"front_entries\":%u,\"front_bytes\":%zu}",
+		  c->device, c->page_size, c->grain ? c->grain : c->page_size, c->va_size,
+		  c->initial_pages, c->handle_size ? c->handle_size : c->page_size, c->growth_split,
+		  c->limit, c->small_max, c->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking",
+		  c->event_interval_ns, c->background ? "true" : "false",
+		  c->release ? "true" : "false", c->release_threshold, c->front_entries,
+		  c->front_bytes);
+}
+
+static const char *req_ping(struct server *s, const char *arg, struct sbuf *b, char *err,
+			    size_t errlen)
+{
+	sb_printf(b, ",\"pong\":true");
+	return NULL;
+}
+
+static const char *req_stats(struct server *s, const char *arg, struct sbuf *b, char *err,
+			     size_t errlen)
+{
+	vpmm_pool *pools[MAX_POOLS];
+	size_t n = get_pools(s, pools);
+	sb_printf(b, ",\"pools\":[");
+	for (size_t i = 0; i < n; i++) {
+		struct vpmm_config cfg;
+		struct vpmm_stats st;
+		vpmm_pool_summary(pools[i], &cfg, &st);
+		int device = cfg.device;
+		sb_printf(b, "%s{\"device\":%d,\"stats\":", i ? "," : "", device);
+		put_stats(b, &st);
+		sb_printf(b, "}");
+	}
+	sb_printf(b, "]");
+	return NULL;
+}
+
+static const char *req_map(struct server *s, const char *arg, struct sbuf *b, char *err,
+			   size_t errlen)
+{
+	vpmm_pool *pools[MAX_POOLS];
+	size_t n = get_pools(s, pools);
+	sb_printf(b, ",\"pools\":[");
+	for (size_t i = 0; i < n; i++) {
+		struct vpmm_snapshot snap;
+		if (vpmm_pool_snapshot(pools[i], &snap) != 0)
+			return "out of memory copying the region map";
+		sb_printf(b, "%s{\"device\":%d,\"config\":", i ? "," : "", snap.cfg.device);
+		put_config(b, &snap.cfg);
+		sb_printf(b, ",\"stats\":");
+		put_stats(b, &snap.stats);
+		sb_printf(b, ",\"chunks\":[");
+		for (size_t c = 0; c < snap.nchunks; c++)
+			sb_printf(b, "%s{\"index\":%zu,\"va\":%llu,\"size\":%zu}", c ? "," : "", c,
+				  (unsigned long long)snap.chunks[c].va, snap.chunks[c].size);
+		sb_printf(b, "],\"regions\":[");
+		for (size_t r = 0; r < snap.nregions; r++) {
+			const struct vpmm_snap_region *ri = &snap.regions[r];
+			sb_printf(b, "%s{\"va\":%llu,\"size\":%zu,\"kind\":\"%s\",\"chunk\":%u",
+				  r ? "," : "", (unsigned long long)ri->va, ri->size,
+				  vpmm_region_kind_name(ri->kind), ri->chunk);
+			if (ri->kind == VPMM_REGION_FREE)
+				sb_printf(b, ",\"stream\":%llu,\"settled\":%s,\"parked\":%s",
+					  (unsigned long long)(uintptr_t)ri->stream,
+					  ri->settled ? "true" : "false", ri->parked ? "true" : "false");
+			if (ri->small)
+				sb_printf(b, ",\"small\":true");
+			sb_printf(b, "}");
+		}
+		sb_printf(b, "]}");
+		vpmm_snapshot_free(&snap);
+	}
+	sb_printf(b, "]");
+	return NULL;
+}
+
+static const char *req_config(struct server *s, const char *arg, struct sbuf *b, char *err,
+			      size_t errlen)
+{
+	sb_printf(b, ",\"socket\":");
+	sb_str(b, s->path);
+#ifdef VPMM_VERSION
+	sb_printf(b, ",\"library\":");
+	sb_str(b, VPMM_VERSION);
+#endif
+	/* the trace being written now, whether VPMM_TRACE or a request started it */
+	char trace[4096] = "";
+	if (s->cfg.trace_status)
+		s->cfg.trace_status(trace, sizeof(trace), NULL);
+	else if (s->has_env)
+		snprintf(trace, sizeof(trace), "%s", s->env.trace);
+	sb_printf(b, ",\"trace\":");
+	if (trace[0])
+		sb_str(b, trace);
+	else
+		sb_printf(b, "null");
+	if (s->has_env) {
+		sb_printf(b, ",\"log\":\"%s\",\"disable\":%s",
+			  vpmm_log_level_name(s->env.log_level), s->env.disable ? "true" : "false");
+		if (s->env.has_release_threshold)
+			sb_printf(b, ",\"release_threshold\":%zu", s->env.release_threshold);
+		else
+			sb_printf(b, ",\"release_threshold\":null");
+	}
+	vpmm_pool *pools[MAX_POOLS];
+	size_t n = get_pools(s, pools);
+	sb_printf(b, ",\"pools\":[");
+	for (size_t i = 0; i < n; i++) {
+		struct vpmm_config cfg;
+		struct vpmm_stats st;
+		vpmm_pool_summary(pools[i], &cfg, &st);
+		sb_printf(b, "%s", i ? "," : "");
+		put_config(b, &cfg);
+	}
+	sb_printf(b, "]");
+	return NULL;
+}
+
+static const char *req_trim(struct server *s, const char *arg, struct sbuf *b, char *err,
+			    size_t errlen)
+{
+	if (!s->cfg.trim)
+		return "unsupported: this process has no trim";
+	size_t keep = 0;
+	if (arg && *arg && vpmm_parse_size(arg, &keep) != 0)
+		return "trim takes the bytes to keep, such as 512M (or nothing: keep none)";
+	uint64_t released = 0;
+	int rc = s->cfg.trim(keep, &released, s->cfg.arg);
+	if (rc < 0) {
+		snprintf(err, errlen, "trim failed: %s", strerror(-rc));
+		return err;
+	}
+	sb_printf(b, ",\"released\":%" PRIu64, released);
+	return NULL;
+}
+
+static const char *req_trace(struct server *s, const char *arg, struct sbuf *b, char *err,
+			     size_t errlen)
+{
+	const struct vpmm_server_config *c = &s->cfg;
+	if (!c->trace_start && !c->trace_stop && !c->trace_status && !c->trace_flush)
+		return "unsupported: this process has no trace recording";
+	if (!arg || !*arg)
+		return "trace takes: start PATH | stop | status | flush";
+	int rc = 0;
+	if (strncmp(arg, "start ", 6) == 0 && arg[6]) {
+		if (!c->trace_start)
+			return "unsupported: trace start";
+		rc = c->trace_start(arg + 6);
+	} else if (strcmp(arg, "stop") == 0) {
+		if (!c->trace_stop)
+			return "unsupported: trace stop";
+		rc = c->trace_stop();
+	} else if (strcmp(arg, "flush") == 0) {
+		if (!c->trace_flush)
+			return "unsupported: trace flush";
+		rc = c->trace_flush();
+	} else if (strcmp(arg, "status") != 0) {
+		return "trace takes: start PATH | stop | status | flush";
+	}
+	if (rc < 0) {
+		snprintf(err, errlen, "trace %s failed: %s", arg, strerror(-rc));
+		return err;
+	}
+	char path[4096] = "";
+	uint64_t events = 0;
+	bool active = c->trace_status && c->trace_status(path, sizeof(path), &events);
+	sb_printf(b, ",\"active\":%s,\"path\":", active ? "true" : "false");
+	if (active)
+		sb_str(b, path);
+	else
+		sb_printf(b, "null");
+	sb_printf(b, ",\"events\":%" PRIu64, events);
+	return NULL;
+}
+
+static const char *req_help(struct server *s, const char *arg, struct sbuf *b, char *err,
+			    size_t errlen);
+static const char *req_version(struct server *s, const char *arg, struct sbuf *b, char *err,
+			       size_t errlen);
+
+/* Adding a request = one entry here and its handler above. */
+static const struct request requests[] = {
+	{ "ping", req_ping, "ping" },
+	{ "version", req_version, "version" },
+	{ "help", req_help, "help" },
+	{ "stats", req_stats, "stats" },
+	{ "map", req_map, "map" },
+	{ "config", req_config, "config" },
+	{ "trim", req_trim, "trim [KEEP]" },
+	{ "trace", req_trace, "trace start PATH | stop | status | flush" },
+};
+
+static const char *req_help(struct server *s, const char *arg, struct sbuf *b, char *err,
+			    size_t errlen)
+{
+	sb_printf(b, ",\"requests\":[");
+	for (size_t i = 0; i < sizeof(requests) / sizeof(requests[0]); i++) {
+		sb_printf(b, "%s", i ? "," : "");
+		sb_str(b, requests[i].usage);
+	}
+	sb_printf(b, "]");
+	return NULL;
+}
+
+static const char *req_version(struct server *s, const char *arg, struct sbuf *b, char *err,
+			       size_t errlen)
+{
+	sb_printf(b, ",\"protocols\":[%d]", VPMM_PROTOCOL);
+#ifdef VPMM_VERSION
+	sb_printf(b, ",\"library\":");
+	sb_str(b, VPMM_VERSION);
+#endif
+	return NULL;
+}
+
+static void reply_error(struct sbuf *b, const char *request, const char *msg)
+{
+	b->len = 0;
+	b->failed = false;
+	sb_printf(b, "{\"protocol\":%d,\"ok\":false", VPMM_PROTOCOL);
+	if (request) {
+		sb_printf(b, ",\"request\":");
+		sb_str(b, request);
+	}
+	sb_printf(b, ",\"error\":");
+	sb_str(b, msg);
+	sb_printf(b, "}\n");
+}
+
+/* Parses and answers one request line (without its newline) into c->out.
+ * Sets c->closing when the connection cannot go on. */
+static void serve_line(struct server *s, struct client *c, char *line, size_t len)
+{
+	struct sbuf *b = &c->out;
+	char err[256];
+	b->len = 0;
+	b->failed = false;
+	if (len && line[len - 1] == '\r')
+		line[--len] = '\0';
+	for (size_t i = 0; i < len; i++) {
+		if ((unsigned char)line[i] < 0x20 || (unsigned char)line[i] > 0x7e) {
+			reply_error(b, NULL, "malformed request: not a line of printable ASCII");
+			return;
+		}
+	}
+	/* "vpmm" SP version SP name [SP arg] */
+	if (strncmp(line, "vpmm ", 5) != 0) {
+		reply_error(b, NULL, "malformed request: expected \"vpmm <version> <request>\"");
+		return;
+	}
+	char *p = line + 5, *end;
+	errno = 0;
+	long version = strtol(p, &end, 10);
+	if (end == p || (*end != ' ' && *end != '\0') || errno || version < 0) {
+		reply_error(b, NULL, "malformed request: bad protocol version");
+		return;
+	}
+	if (version != VPMM_PROTOCOL) {
+		snprintf(err, sizeof(err),
+			 "unsupported protocol version %ld: this process speaks version %d",
+			 version, VPMM_PROTOCOL);
+		reply_error(b, NULL, err);
+		c->closing = true;
+		return;
+	}
+	p = end;
+	while (*p == ' ')
+		p++;
+	char *name = p;
+	while (*p && *p != ' ')
+		p++;
+	char *arg = NULL;
+	if (*p) {
+		*p++ = '\0';
+		arg = p;
+	}
+	if (!*name) {
+		reply_error(b, NULL, "malformed request: no request name");
+		return;
+	}
+	const struct request *rq = NULL;
+	for (size_t i = 0; i < sizeof(requests) / sizeof(requests[0]); i++)
+		if (strcmp(requests[i].name, name) == 0)
+			rq = &requests[i];
+	if (!rq) {
+		char shown[65];
+		snprintf(shown, sizeof(shown), "%s", name);
+		snprintf(err, sizeof(err), "unknown request \"%s\" (try: vpmm %d help)", shown,
+			 VPMM_PROTOCOL);
+		reply_error(b, NULL, err);
+		return;
+	}
+	sb_printf(b, "{\"protocol\":%d,\"ok\":true,\"request\":\"%s\",\"pid\":%ld", VPMM_PROTOCOL,
+		  rq->name, (long)getpid());
+	const char *e = rq->fn(s, arg, b, err, sizeof(err));
+	if (e) {
+		reply_error(b, rq->name, e);
+		return;
+	}
+	sb_printf(b, "}\n");
+	if (b->failed)
+		reply_error(b, rq->name, "reply too large or out of memory");
+	if (b->failed) { /* not even the error fits: drop the connection */
+		b->len = 0;
+		c->closing = true;
+	}
+}
+
+/* ---- connections ---------------------------------------------------------- */
+
+static void client_close(struct client *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	c->inlen = 0;
+	c->outoff = 0;
+	c->closing = false;
+	free(c->out.p);
+	memset(&c->out, 0, sizeof(c->out));
+}
+
+/* A one-shot error to a connection we will not serve; best effort. */
+static void refuse(int fd, const char *msg)
+{
+	struct sbuf b = { 0 };
+	reply_error(&b, NULL, msg);
+	if (!b.failed) {
+		ssize_t w = send(fd, b.p, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		(void)w;
+	}
+	free(b.p);
+	close(fd);
+}
+
+static bool peer_allowed(int fd, uid_t *peer_uid)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+		return false;
+	*peer_uid = cred.uid;
+	return cred.uid == geteuid() || cred.uid == 0;
+}
+
+static void accept_clients(struct server *s)
+{
+	for (;;) {
+		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+			    errno == ENOMEM)
+				s->accept_pause_until = now_ms() + 100;
+			return; /* EAGAIN or a transient error */
+		}
+		uid_t uid = (uid_t)-1;
+		if (!peer_allowed(fd, &uid)) {
+			char msg[128];
+			snprintf(msg, sizeof(msg),
+				 "permission denied: uid %ld may not read this process's pool",
+				 (long)(int)uid);
+			slog(s, VPMM_LOG_INFO, "refused a client of uid %ld", (long)(int)uid);
+			refuse(fd, msg);
+			continue;
+		}
+		struct client *slot = NULL;
+		for (unsigned i = 0; i < s->nclients && !slot; i++)
+			if (s->clients[i].fd < 0)
+				slot = &s->clients[i];
+		if (!slot) {
+			refuse(fd, "busy: too many clients, try again");
+			continue;
+		}
+		slot->fd = fd;
+		slot->inlen = 0;
+		slot->outoff = 0;
+		slot->closing = false;
+		slot->out.len = 0;
+		slot->deadline_ms = now_ms() + s->cfg.client_timeout_ms;
+	}
+}
+
+/* Answers every complete line buffered in c->in, one at a time: stops as
+ * soon as a reply is pending. */
+static void process_input(struct server *s, struct client *c)
+{
+	if (c->out.len > c->outoff || c->closing)
+		return;
+	char *nl = memchr(c->in, '\n', c->inlen);
+	if (!nl) {
+		if (c->inlen >= sizeof(c->in)) {
+			char msg[96];
+			snprintf(msg, sizeof(msg), "request too long: at most %d bytes with the newline",
+				 VPMM_REQUEST_MAX);
+			reply_error(&c->out, NULL, msg);
+			c->outoff = 0;
+			c->closing = true;
+			c->deadline_ms = now_ms() + s->cfg.client_timeout_ms;
+		}
+		return;
+	}
+	size_t len = (size_t)(nl - c->in);
+	*nl = '\0';
+	c->outoff = 0;
+	serve_line(s, c, c->in, len);
+	memmove(c->in, nl + 1, c->inlen - len - 1);
+	c->inlen -= len + 1;
+	c->deadline_ms = now_ms() + s->cfg.client_timeout_ms;
+}
+
+static void client_read(struct server *s, struct client *c)
+{
+	for (;;) {
+		if (c->inlen >= sizeof(c->in))
+			break;
+		ssize_t n = recv(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen, 0);
+		if (n > 0) {
+			c->inlen += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		client_close(c); /* EOF (a truncated request is dropped) or error */
+		return;
+	}
+	process_input(s, c);
+}
+
+static void client_write(struct server *s, struct client *c)
+{
+	while (c->outoff < c->out.len) {
+		ssize_t n = send(c->fd, c->out.p + c->outoff, c->out.len - c->outoff,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n > 0) {
+			c->outoff += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		client_close(c); /* EPIPE, ECONNRESET: the client left */
+		return;
+	}
+	if (c->closing) {
+		client_close(c);
+		return;
+	}
+	c->out.len = c->outoff = 0;
+	/* a big reply's buffer is not kept for an idle connection */
+	if (c->out.cap > 65536) {
+		free(c->out.p);
+		memset(&c->out, 0, sizeof(c->out));
+	}
+	process_input(s, c); /* pipelined requests */
+}
+
+static void *server_main(void *arg)
+{
+	struct server *s = arg;
+	struct pollfd *pfd = calloc(s->nclients + 2, sizeof(*pfd));
+	unsigned *who = calloc(s->nclients + 2, sizeof(*who));
+	if (!pfd || !who) {
+		slog(s, VPMM_LOG_ERROR, "out of memory: not serving");
+		free(pfd);
+		free(who);
+		return NULL;
+	}
+	for (;;) {
+		uint64_t now = now_ms();
+		uint64_t next = now + 1000;
+		nfds_t n = 0;
+		pfd[n++] = (struct pollfd){ .fd = s->wake[0], .events = POLLIN };
+		bool accepting = now >= s->accept_pause_until;
+		if (accepting)
+			pfd[n++] = (struct pollfd){ .fd = s->listen_fd, .events = POLLIN };
+		else if (s->accept_pause_until < next)
+			next = s->accept_pause_until;
+		for (unsigned i = 0; i < s->nclients; i++) {
+			struct client *c = &s->clients[i];
+			if (c->fd < 0)
+				continue;
+			if (now >= c->deadline_ms) { /* stuck, slow or silent */
+				client_close(c);
+				continue;
+			}
+			if (c->deadline_ms < next)
+				next = c->deadline_ms;
+			bool writing = c->out.len > c->outoff;
+			pfd[n] = (struct pollfd){ .fd = c->fd,
+						  .events = writing ? POLLOUT : POLLIN };
+			who[n++] = i;
+		}
+		int rc = poll(pfd, n, (int)(next - now) + 1);
+		if (rc < 0) {
+			if (errno == EINTR)
+				continue;
+			slog(s, VPMM_LOG_ERROR, "poll: %s: not serving any more", strerror(errno));
+			break;
+		}
+		if (pfd[0].revents)
+			break; /* vpmm_server_stop */
+		nfds_t first = 1;
+		if (accepting) {
+			if (pfd[1].revents & POLLIN)
+				accept_clients(s);
+			first = 2;
+		}
+		for (nfds_t k = first; k < n; k++) {
+			struct client *c = &s->clients[who[k]];
+			if (c->fd != pfd[k].fd || !pfd[k].revents)
+				continue;
+			if (pfd[k].revents & POLLOUT)
+				client_write(s, c);
+			else if (pfd[k].revents & (POLLIN | POLLHUP | POLLERR))
+				client_read(s, c);
+			if (c->fd >= 0 && c->out.len > c->outoff)
+				client_write(s, c); /* the reply is often written at once */
+		}
+	}
+	free(pfd);
+	free(who);
+	return NULL;
+}
+
+/* ---- setup ---------------------------------------------------------------- */
+
+/* The default directory: created 0700, and it must be ours and private. */
+static int private_dir(struct server *s, const char *dir)
+{
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+		int e = errno;
+		slog(s, VPMM_LOG_ERROR, "cannot create %s: %s: not serving", dir, strerror(e));
+		return -e;
+	}
+	struct stat st;
+	if (lstat(dir, &st) != 0) {
+		int e = errno;
+		slog(s, VPMM_LOG_ERROR, "%s: %s: not serving", dir, strerror(e));
+		return -e;
+	}
+	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+		slog(s, VPMM_LOG_ERROR,
+		     "%s is not a private directory (%s, owner uid %ld, mode %03o): not serving",
+		     dir, S_ISDIR(st.st_mode) ? "directory" : "not a directory", (long)st.st_uid,
+		     (unsigned)(st.st_mode & 0777));
+		return -EPERM;
+	}
+	return 0;
+}
+
+/* Removes, in our private default directory, the sockets of processes that
+ * are gone (killed, or left through _exit, before their destructor could):
+ * "<pid>.sock", a socket of ours, no such pid, nobody listening. */
+static void sweep_stale(struct server *s, const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *e;
+	for (int seen = 0; (e = readdir(d)) && seen < 1024; seen++) {
+		size_t len = strlen(e->d_name);
+		if (len < 6 || len > 30 || strcmp(e->d_name + len - 5, ".sock") != 0 ||
+		    strspn(e->d_name, "0123456789") != len - 5)
+			continue;
+		long pid = strtol(e->d_name, NULL, 10);
+		if (pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		struct stat st;
+		int n = snprintf(a.sun_path, sizeof(a.sun_path), "%s/%s", dir, e->d_name);
+		if (n < 0 || (size_t)n >= sizeof(a.sun_path) || lstat(a.sun_path, &st) != 0 ||
+		    !S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
+			continue;
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			break;
+		int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
+		int err = errno;
+		close(fd);
+		if (rc != 0 && err == ECONNREFUSED && unlink(a.sun_path) == 0)
+			slog(s, VPMM_LOG_DEBUG, "removed the stale socket %s", a.sun_path);
+	}
+	closedir(d);
+}
+
+static int choose_path(struct server *s, const char *explicit_path)
+{
+	char buf[4096];
+	int n;
+	if (explicit_path && *explicit_path) {
+		if (explicit_path[0] == '/') {
+			n = snprintf(buf, sizeof(buf), "%s", explicit_path);
+		} else {
+			char cwd[2048];
+			if (!getcwd(cwd, sizeof(cwd)))
+				return -errno;
+			n = snprintf(buf, sizeof(buf), "%s/%s", cwd, explicit_path);
+		}
+	} else {
+		char dir[2048];
+		n = vpmm_socket_dir(dir, sizeof(dir), getenv("XDG_RUNTIME_DIR"),
+				    (unsigned long)geteuid());
+		if (n < 0 || (size_t)n >= sizeof(dir))
+			return -ENAMETOOLONG;
+		int rc = private_dir(s, dir);
+		if (rc)
+			return rc;
+		sweep_stale(s, dir);
+		n = vpmm_socket_path(buf, sizeof(buf), dir, (long)getpid());
+	}
+	if (n < 0 || (size_t)n >= sizeof(s->path)) {
+		slog(s, VPMM_LOG_ERROR, "socket path too long for a Unix socket (at most %zu bytes): %s",
+		     sizeof(s->path) - 1, buf);
+		return -ENAMETOOLONG;
+	}
+	memcpy(s->path, buf, (size_t)n + 1);
+	return 0;
+}
+
+/* A file already at the path: a live server's socket is left alone (error),
+ * a stale socket is replaced, anything else is not ours to remove. */
+static int clear_path(struct server *s, const struct sockaddr_un *addr)
+{
+	struct stat st;
+	if (lstat(s->path, &st) != 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISSOCK(st.st_mode)) {
+		slog(s, VPMM_LOG_ERROR, "%s exists and is not a socket: not serving", s->path);
+		return -EEXIST;
+	}
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	int rc = connect(fd, (const struct sockaddr *)addr, sizeof(*addr));
+	int e = errno;
+	close(fd);
+	if (rc == 0) {
+		slog(s, VPMM_LOG_ERROR, "%s is served by another process: not serving", s->path);
+		return -EADDRINUSE;
+	}
+	if (e != ECONNREFUSED) {
+		slog(s, VPMM_LOG_ERROR, "%s: %s: not serving", s->path, strerror(e));
+		return -e;
+	}
+	if (unlink(s->path) != 0 && errno != ENOENT)
+		return -errno;
+	return 0;
+}
+
+static int open_socket(struct server *s)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	memcpy(addr.sun_path, s->path, strlen(s->path) + 1);
+	int rc = clear_path(s, &addr);
+	if (rc)
+		return rc;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (const struct sockaddr *)&addr, sizeof(addr)) != 0) {
+		int e = errno;
+		slog(s, VPMM_LOG_ERROR, "bind %s: %s: not serving", s->path, strerror(e));
+		close(fd);
+		return -e;
+	}
+	/* In a default directory nobody else can reach the socket before this
+	 * chmod (the directory is 0700); the peer check covers explicit paths. */
+	if (chmod(s->path, 0600) != 0 || listen(fd, 16) != 0) {
+		int e = errno;
+		unlink(s->path);
+		close(fd);
+		return -e;
+	}
+	s->listen_fd = fd;
+	return 0;
+}
+
+static void server_free(struct server *s)
+{
+	if (!s)
+		return;
+	for (unsigned i = 0; i < s->nclients; i++)
+		client_close(&s->clients[i]);
+	free(s->clients);
+	if (s->listen_fd >= 0)
+		close(s->listen_fd);
+	if (s->wake[0] >= 0)
+		close(s->wake[0]);
+	if (s->wake[1] >= 0)
+		close(s->wake[1]);
+	free(s);
+}
+
+/* The child of a fork has no server thread: it closes what it inherited and
+ * forgets the parent's socket (which stays the parent's: not unlinked). The
+ * state may have been mid-change in the parent, so nothing is freed. */
+static void atfork_child(void)
+{
+	struct server *s = g_server;
+	pthread_mutex_init(&g_lock, NULL);
+	g_server = NULL;
+	atomic_store(&g_exiting_view, NULL);
+	if (!s)
+		return;
+	for (unsigned i = 0; i < s->nclients; i++)
+		if (s->clients[i].fd >= 0)
+			close(s->clients[i].fd);
+	if (s->listen_fd >= 0)
+		close(s->listen_fd);
+	close(s->wake[0]);
+	close(s->wake[1]);
+}
+
+static void install_atfork(void)
+{
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
+int vpmm_server_start(const struct vpmm_server_config *cfg)
+{
+	if (cfg->socket && strcmp(cfg->socket, "off") == 0)
+		return 1;
+	pthread_once(&g_atfork_once, install_atfork);
+	pthread_mutex_lock(&g_lock);
+	if (g_server) {
+		pthread_mutex_unlock(&g_lock);
+		return 0;
+	}
+	int rc = -ENOMEM;
+	struct server *s = calloc(1, sizeof(*s));
+	if (!s)
+		goto out;
+	s->cfg = *cfg;
+	s->cfg.socket = NULL; /* not kept: the caller's string */
+	s->cfg.env = NULL;
+	if (cfg->env) {
+		s->env = *cfg->env;
+		s->has_env = true;
+	}
+	if (!s->cfg.max_clients)
+		s->cfg.max_clients = DEFAULT_CLIENTS;
+	if (!s->cfg.client_timeout_ms)
+		s->cfg.client_timeout_ms = DEFAULT_TIMEOUT_MS;
+	s->listen_fd = s->wake[0] = s->wake[1] = -1;
+	s->nclients = s->cfg.max_clients;
+	s->clients = calloc(s->nclients, sizeof(*s->clients));
+	if (!s->clients)
+		goto fail;
+	for (unsigned i = 0; i < s->nclients; i++)
+		s->clients[i].fd = -1;
+	if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+		rc = -errno;
+		goto fail;
+	}
+	rc = choose_path(s, cfg->socket);
+	if (rc)
+		goto fail;
+	rc = open_socket(s);
+	if (rc)
+		goto fail;
+	s->owner = getpid();
+
+	/* Signals go to the program's threads, never to ours. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int e = pthread_create(&s->thread, NULL, server_main, s);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e) {
+		rc = -e;
+		unlink(s->path);
+		goto fail;
+	}
+	g_server = s;
+	atomic_store(&g_exiting_view, s);
+	slog(s, VPMM_LOG_INFO, "serving %s", s->path);
+	pthread_mutex_unlock(&g_lock);
+	return 0;
+fail:
+	if (rc != -ENOMEM && s)
+		slog(s, VPMM_LOG_WARN, "no vpmm-dump socket for this process (%s)", strerror(-rc));
+	server_free(s);
+out:
+	pthread_mutex_unlock(&g_lock);
+	return rc;
+}
+
+void vpmm_server_stop(void)
+{
+	pthread_mutex_lock(&g_lock);
+	struct server *s = g_server;
+	g_server = NULL;
+	atomic_store(&g_exiting_view, NULL);
+	pthread_mutex_unlock(&g_lock);
+	if (!s)
+		return;
+	char one = 1;
+	ssize_t w;
+	do
+		w = write(s->wake[1], &one, 1);
+	while (w < 0 && errno == EINTR);
+	pthread_join(s->thread, NULL);
+	if (s->owner == getpid())
+		unlink(s->path);
+	server_free(s);
+}
+
+const char *vpmm_server_socket(void)
+{
+	struct server *s = atomic_load(&g_exiting_view);
+	return s ? s->path : "";
+}
+
+/* At exit only the socket file goes: the thread may be mid-request and the
+ * pools are the shim's; the kernel closes descriptors. */
+__attribute__((destructor)) static void server_at_exit(void)
+{
+	struct server *s = atomic_load(&g_exiting_view);
+	if (s && s->owner == getpid())
+		unlink(s->path);
+}

@@ -1,0 +1,408 @@
+/* trace.c — the VPMM_TRACE recorder of trace.h: a bounded multi-producer
+ * ring that the hooks append to without locks or I/O, and the writer thread
+ * that turns it into RMM CSV lines.
+ *
+ * The ring is a sequence-numbered array (each slot says whether it is free for
+ * position p, or holds the event of position p): producers claim a position
+ * with one compare-and-swap on `tail` and publish by storing the slot's
+ * sequence; the single consumer (whoever holds drain_lock) walks from `head`.
+ * `inflight` counts producers between their "is a trace open?" check and
+ * their publication, so closing waits for them and never loses or misfiles an
+ * event. The ring is allocated on the first open and never freed, so a late
+ * producer can never touch freed memory.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "trace.h"
+
+#define RING_SLOTS (1u << 16)
+#define FLUSH_EVERY_MS 50
+#define OUT_BUF (64 * 1024)
+#define LINE_MAX_LEN 128
+
+struct slot {
+	_Atomic uint64_t seq;
+	uint64_t ns; /* CLOCK_REALTIME */
+	uint64_t ptr, size, stream;
+	uint32_t tid;
+	uint32_t action;
+};
+
+static struct slot *ring; /* allocated once, never freed */
+static _Atomic uint64_t tail;
+static uint64_t head; /* under drain_lock */
+static atomic_bool enabled;
+static atomic_int inflight;
+
+static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;   /* open/close */
+static pthread_mutex_t drain_lock = PTHREAD_MUTEX_INITIALIZER; /* the consumer */
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
+static bool writer_stop;   /* under wake_lock */
+static bool writer_kick;   /* under wake_lock */
+static bool writer_running; /* under ctl_lock */
+static pthread_t writer;
+
+/* under ctl_lock (path, owner) or drain_lock (fd, err, out) */
+static int fd = -1;
+static int write_err;
+static pid_t owner;
+static char path_abs[PATH_MAX];
+static char parent_path[PATH_MAX]; /* a forked child: the parent's trace */
+static char out[OUT_BUF];
+static size_t outlen;
+static time_t cached_sec = (time_t)-1;
+static struct tm cached_tm;
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static __thread uint32_t my_tid;
+
+static uint32_t thread_id(void)
+{
+	if (!my_tid)
+		my_tid = (uint32_t)syscall(SYS_gettid);
+	return my_tid;
+}
+
+static int drain_locked(void);
+
+static void kick_writer(void)
+{
+	pthread_mutex_lock(&wake_lock);
+	writer_kick = true;
+	pthread_cond_signal(&wake_cond);
+	pthread_mutex_unlock(&wake_lock);
+}
+
+void vpmm_trace_event(enum vpmm_trace_action action, CUdeviceptr ptr, size_t size,
+		      CUstream stream)
+{
+	if (!atomic_load_explicit(&enabled, memory_order_relaxed))
+		return;
+	atomic_fetch_add(&inflight, 1);
+	if (!atomic_load(&enabled)) {
+		atomic_fetch_sub(&inflight, 1);
+		return;
+	}
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t pos = atomic_load_explicit(&tail, memory_order_relaxed);
+	struct slot *s;
+	for (;;) {
+		s = &ring[pos & (RING_SLOTS - 1)];
+		uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+		int64_t diff = (int64_t)(seq - pos);
+		if (diff == 0) {
+			if (atomic_compare_exchange_weak_explicit(&tail, &pos, pos + 1,
+								  memory_order_relaxed,
+								  memory_order_relaxed))
+				break;
+		} else if (diff < 0) {
+			/* Full: the writer is behind. Wait for it rather than
+			 * drop an event; give up only if tracing stopped. */
+			if (pthread_mutex_trylock(&drain_lock) == 0) {
+				drain_locked();
+				pthread_mutex_unlock(&drain_lock);
+			} else {
+				kick_writer();
+			}
+			if (!atomic_load(&enabled)) {
+				atomic_fetch_sub(&inflight, 1);
+				return;
+			}
+			struct timespec nap = { 0, 50 * 1000 };
+			nanosleep(&nap, NULL);
+			pos = atomic_load_explicit(&tail, memory_order_relaxed);
+		} else {
+			pos = atomic_load_explicit(&tail, memory_order_relaxed);
+		}
+	}
+	s->ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	s->ptr = (uint64_t)ptr;
+	s->size = (uint64_t)size;
+	s->stream = (uint64_t)(uintptr_t)stream;
+	s->tid = thread_id();
+	s->action = (uint32_t)action;
+	atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+	atomic_fetch_sub(&inflight, 1);
+	if ((pos & (RING_SLOTS / 4 - 1)) == RING_SLOTS / 4 - 1)
+		kick_writer(); /* a quarter of the ring since the last nudge */
+}
+
+/* ---- the consumer (drain_lock held) --------------------------------------- */
+
+static void out_write(void)
+{
+	size_t off = 0;
+	while (off < outlen && !write_err) {
+		ssize_t n = write(fd, out + off, outlen - off);
+		if (n > 0)
+			off += (size_t)n;
+		else if (n < 0 && errno == EINTR)
+			continue;
+		else
+			write_err = n < 0 ? errno : EIO;
+	}
+	outlen = 0;
+}
+
+static void format_event(const struct slot *s)
+{
+	static const char *const names[] = {
+		[VPMM_TRACE_ALLOCATE] = "allocate",
+		[VPMM_TRACE_FREE] = "free",
+		[VPMM_TRACE_ALLOCATE_FAILURE] = "allocate failure",
+	};
+	time_t sec = (time_t)(s->ns / 1000000000u);
+	if (sec != cached_sec) {
+		localtime_r(&sec, &cached_tm);
+		cached_sec = sec;
+	}
+	if (outlen + LINE_MAX_LEN > sizeof(out))
+		out_write();
+	const char *name = s->action < 3 ? names[s->action] : "allocate";
+	int n = snprintf(out + outlen, sizeof(out) - outlen,
+			 "%u,%02d:%02d:%02d.%06u,%s,0x%llx,%llu,0x%llx\n", s->tid,
+			 cached_tm.tm_hour, cached_tm.tm_min, cached_tm.tm_sec,
+			 (unsigned)(s->ns % 1000000000u / 1000u), name,
+			 (unsigned long long)s->ptr, (unsigned long long)s->size,
+			 (unsigned long long)s->stream);
+	if (n > 0 && (size_t)n < sizeof(out) - outlen)
+		outlen += (size_t)n;
+}
+
+/* Formats and writes every published event. Returns -errno of a write
+ * error (tracing then stops). */
+static int drain_locked(void)
+{
+	if (fd < 0)
+		return 0;
+	for (;;) {
+		struct slot *s = &ring[head & (RING_SLOTS - 1)];
+		if (atomic_load_explicit(&s->seq, memory_order_acquire) != head + 1)
+			break; /* empty, or claimed and not yet published */
+		struct slot copy = { .ns = s->ns, .ptr = s->ptr, .size = s->size,
+				     .stream = s->stream, .tid = s->tid, .action = s->action };
+		atomic_store_explicit(&s->seq, head + RING_SLOTS, memory_order_release);
+		head++;
+		format_event(&copy);
+	}
+	out_write();
+	if (write_err) {
+		if (atomic_exchange(&enabled, false)) {
+			char msg[PATH_MAX + 80];
+			int n = snprintf(msg, sizeof(msg), "vpmm: trace %s: %s: tracing stopped\n",
+					 path_abs, strerror(write_err));
+			if (n > 0) {
+				ssize_t w = write(STDERR_FILENO, msg,
+						  (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+				(void)w;
+			}
+		}
+		return -write_err;
+	}
+	return 0;
+}
+
+static void *writer_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&wake_lock);
+		if (!writer_stop && !writer_kick) {
+			struct timespec until;
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += FLUSH_EVERY_MS * 1000000L;
+			if (until.tv_nsec >= 1000000000L) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&wake_cond, &wake_lock, &until);
+		}
+		bool stop = writer_stop;
+		writer_kick = false;
+		pthread_mutex_unlock(&wake_lock);
+		if (stop)
+			return NULL;
+		pthread_mutex_lock(&drain_lock);
+		drain_locked();
+		pthread_mutex_unlock(&drain_lock);
+	}
+}
+
+/* ---- control ---------------------------------------------------------------- */
+
+static void atfork_child(void)
+{
+	/* The parent's file, ring contents and writer stay the parent's. */
+	atomic_store(&enabled, false);
+	atomic_store(&inflight, 0);
+	pthread_mutex_init(&ctl_lock, NULL);
+	pthread_mutex_init(&drain_lock, NULL);
+	pthread_mutex_init(&wake_lock, NULL);
+	pthread_cond_init(&wake_cond, NULL);
+	if (fd >= 0) {
+		close(fd);
+		memcpy(parent_path, path_abs, sizeof(parent_path));
+	}
+	fd = -1;
+	writer_running = false;
+	path_abs[0] = '\0';
+}
+
+static void install_atfork(void)
+{
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
+static void absolute(const char *p, char *buf, size_t n)
+{
+	char cwd[PATH_MAX];
+	int len = -1;
+	if (p[0] != '/' && getcwd(cwd, sizeof(cwd)))
+		len = snprintf(buf, n, "%s/%s", cwd, p);
+	if (len < 0 || (size_t)len >= n)
+		snprintf(buf, n, "%s", p); /* as given: still names the file */
+}
+
+static int close_locked(void)
+{
+	if (fd < 0)
+		return 0;
+	atomic_store(&enabled, false);
+	while (atomic_load(&inflight) > 0)
+		sched_yield(); /* a producer between its check and its publication */
+	if (writer_running) {
+		pthread_mutex_lock(&wake_lock);
+		writer_stop = true;
+		pthread_cond_signal(&wake_cond);
+		pthread_mutex_unlock(&wake_lock);
+		pthread_join(writer, NULL);
+		writer_running = false;
+	}
+	pthread_mutex_lock(&drain_lock);
+	int rc = drain_locked();
+	if (!rc && write_err)
+		rc = -write_err;
+	if (close(fd) != 0 && !rc)
+		rc = -errno;
+	fd = -1;
+	pthread_mutex_unlock(&drain_lock);
+	path_abs[0] = '\0';
+	return rc;
+}
+
+int vpmm_trace_open(const char *path)
+{
+	static const char header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
+	if (!path || !*path)
+		return -EINVAL;
+	pthread_once(&atfork_once, install_atfork);
+	pthread_mutex_lock(&ctl_lock);
+	close_locked();
+	int rc = 0;
+	if (!ring) {
+		ring = calloc(RING_SLOTS, sizeof(*ring));
+		if (!ring) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	char abs_path[PATH_MAX];
+	absolute(path, abs_path, sizeof(abs_path));
+	if (parent_path[0] && strcmp(abs_path, parent_path) == 0) {
+		rc = -EBUSY; /* a forked child would truncate its parent's trace */
+		goto out;
+	}
+	int f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (f < 0) {
+		rc = -errno;
+		goto out;
+	}
+	/* No producer is inside (enabled is false, inflight drained). */
+	for (uint32_t i = 0; i < RING_SLOTS; i++)
+		atomic_store_explicit(&ring[i].seq, i, memory_order_relaxed);
+	atomic_store(&tail, 0);
+	pthread_mutex_lock(&drain_lock);
+	head = 0;
+	fd = f;
+	write_err = 0;
+	outlen = 0;
+	memcpy(out, header, sizeof(header) - 1);
+	outlen = sizeof(header) - 1;
+	out_write();
+	rc = -write_err;
+	pthread_mutex_unlock(&drain_lock);
+	if (rc) {
+		close(f);
+		fd = -1;
+		goto out;
+	}
+	memcpy(path_abs, abs_path, sizeof(path_abs));
+	owner = getpid();
+	writer_stop = false;
+	writer_kick = false;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int e = pthread_create(&writer, NULL, writer_main, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	/* Without a writer thread the trace still works: flushes and a full
+	 * ring drain it (see vpmm_trace_flush), just less smoothly. */
+	writer_running = e == 0;
+	atomic_store(&enabled, true);
+out:
+	pthread_mutex_unlock(&ctl_lock);
+	return rc;
+}
+
+bool vpmm_trace_on(void)
+{
+	return atomic_load_explicit(&enabled, memory_order_relaxed);
+}
+
+int vpmm_trace_flush(void)
+{
+	pthread_mutex_lock(&drain_lock);
+	int rc = drain_locked();
+	pthread_mutex_unlock(&drain_lock);
+	return rc;
+}
+
+int vpmm_trace_close(void)
+{
+	pthread_mutex_lock(&ctl_lock);
+	int rc = close_locked();
+	pthread_mutex_unlock(&ctl_lock);
+	return rc;
+}
+
+bool vpmm_trace_status(char *path, size_t n, uint64_t *events)
+{
+	pthread_mutex_lock(&ctl_lock);
+	bool on = fd >= 0 && atomic_load(&enabled);
+	if (path && n)
+		snprintf(path, n, "%s", on ? path_abs : "");
+	if (events)
+		*events = on ? atomic_load(&tail) : 0;
+	pthread_mutex_unlock(&ctl_lock);
+	return on;
+}
+
+__attribute__((destructor)) static void trace_at_exit(void)
+{
+	if (fd >= 0 && owner == getpid())
+		vpmm_trace_close();
+}

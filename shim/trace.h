@@ -1,0 +1,55 @@
+/* trace.h — VPMM_TRACE: every allocation and free written to a file in RMM's
+ * CSV log format (the one tools/vpmm-replay reads):
+ *
+ *     Thread,Time,Action,Pointer,Size,Stream
+ *     4242,13:05:09.123456,allocate,0x7f3a40000000,1048576,0x0
+ *     4242,13:05:09.123901,free,0x7f3a40000000,1048576,0x0
+ *
+ * Thread is the kernel thread id, Time the local time of day with
+ * microseconds, Action `allocate`, `free` or `allocate failure` (Pointer
+ * 0x0), Pointer and Stream in hexadecimal with 0x, Size in bytes.
+ *
+ * Cost: vpmm_trace_event() formats nothing and never writes: it copies the
+ * event into a shared lock-free ring (one compare-and-swap to claim a slot);
+ * a background thread formats and writes the ring every 50 ms, or sooner when
+ * it fills. If the ring is full the caller waits for the writer: no event is
+ * dropped. The file is complete after vpmm_trace_close(), which a destructor
+ * runs at exit; vpmm_trace_flush() makes it complete up to now. A forked
+ * child does not trace (the parent's file and buffered events stay the
+ * parent's); it may open a trace of its own, but not the parent's file
+ * (-EBUSY: it would truncate it).
+ */
+#ifndef VPMM_TRACE_H
+#define VPMM_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda.h>
+
+enum vpmm_trace_action {
+	VPMM_TRACE_ALLOCATE,
+	VPMM_TRACE_FREE,
+	VPMM_TRACE_ALLOCATE_FAILURE,
+};
+
+/* Starts writing to `path` (truncated), closing a trace already open.
+ * 0, or a negative errno (then no trace is open); -EBUSY in a forked child
+ * for the file its parent traces to. */
+int vpmm_trace_open(const char *path);
+/* Whether a trace is open: lets a caller skip work done only for the trace
+ * (finding a freed allocation's size). */
+bool vpmm_trace_on(void);
+/* Records one event; does nothing when no trace is open. Thread-safe. */
+void vpmm_trace_event(enum vpmm_trace_action action, CUdeviceptr ptr, size_t size,
+		      CUstream stream);
+/* Writes every event recorded so far. 0, or the negative errno of a write
+ * error (the trace is then stopped). */
+int vpmm_trace_flush(void);
+/* Writes what is left and closes the file. 0, or a negative errno of a write
+ * error since the trace was opened. Safe when no trace is open. */
+int vpmm_trace_close(void);
+/* Whether a trace is open; if so its absolute path and the events recorded. */
+bool vpmm_trace_status(char *path, size_t n, uint64_t *events);
+
+#endif
