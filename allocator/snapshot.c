@@ -1,6 +1,8 @@
 /* snapshot.c — vpmm_pool_snapshot(): configuration, stats, chunks and regions
  * copied under one hold of the pool's lock (see snapshot.h). The lock is held
- * only for the copy: no allocation, no I/O, no formatting inside it.
+ * only for the copy: no allocation, no I/O, no formatting inside it. The
+ * streams' caches (front.c) are read under their own locks, taken after the
+ * pool's, as vpmm_pool_stats() does.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -10,6 +12,12 @@
 #include "snapshot.h"
 
 #define REGION(n) vpmm_container_of(n, struct region, by_va)
+
+struct parked { /* a whole allocation in a stream's cache */
+	const struct region *r;
+	CUstream stream; /* 0 for the cache of VPMM_NO_STREAM frees */
+	bool settled;    /* in that cache: no pending work */
+};
 
 /* A busy region (the lock dropped for driver work on it) counts as what it
  * was, as everywhere else in the pool. */
@@ -44,32 +52,100 @@ const char *vpmm_region_kind_name(enum vpmm_region_kind kind)
 	return "unknown";
 }
 
-/* Copies into `s` if its arrays are large enough; returns false (copying
- * nothing) otherwise, with the sizes needed in *nchunks / *nregions. */
-static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, size_t chunk_cap,
-			size_t region_cap, size_t *nchunks, size_t *nregions)
+static int by_region(const void *a, const void *b)
 {
-	*nchunks = p->nchunks;
-	*nregions = p->regions.count;
-	if (*nchunks > chunk_cap || *nregions > region_cap)
+	uintptr_t x = (uintptr_t)((const struct parked *)a)->r;
+	uintptr_t y = (uintptr_t)((const struct parked *)b)->r;
+	return x < y ? -1 : x > y;
+}
+
+/* Reads every stream's cache (pool lock held): the whole allocations parked
+ * there (up to cap; *total says how many there are), and the sums that
+ * vpmm_pool_stats() moves from live to reusable. */
+static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_t *total,
+			     uint64_t *bytes, uint64_t *hits, uint64_t *parks)
+{
+	size_t n = 0;
+	struct front *f = &p->sync_front;
+	struct stream *owner = NULL, *next = p->streams;
+	*total = 0;
+	*bytes = *hits = *parks = 0;
+	for (;;) {
+		pthread_mutex_lock(&f->lock);
+		*bytes += f->bytes;
+		*hits += f->hits;
+		*parks += f->parks;
+		for (unsigned i = 0; i < f->n; i++) {
+			if (f->e[i].r->small)
+				continue; /* a block inside a live slab */
+			if (n < cap)
+				out[n++] = (struct parked){ f->e[i].r, owner ? owner->handle : 0,
+							    !owner };
+			(*total)++;
+		}
+		pthread_mutex_unlock(&f->lock);
+		if (!next)
+			break;
+		owner = next;
+		f = &next->front;
+		next = next->next;
+	}
+	return n;
+}
+
+/* Copies into `s` if its arrays are large enough; returns false (copying
+ * nothing) otherwise, with the sizes needed in need[0..2] (chunks, regions,
+ * parked allocations). */
+static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, struct parked *pk,
+			const size_t cap[3], size_t need[3])
+{
+	uint64_t parked_bytes, hits, parks;
+	size_t npk = collect_parked(p, pk, cap[2], &need[2], &parked_bytes, &hits, &parks);
+	need[0] = p->nchunks;
+	need[1] = p->regions.count;
+	if (need[0] > cap[0] || need[1] > cap[1] || need[2] > cap[2])
 		return false;
+	qsort(pk, npk, sizeof(*pk), by_region);
+
 	s->cfg = p->cfg;
 	s->cfg.page_size = p->page;
+	/* the stats exactly as vpmm_pool_stats() derives them */
 	s->stats = p->st;
+	s->stats.live -= parked_bytes;
+	s->stats.reusable += parked_bytes;
+	s->stats.parked = parked_bytes;
+	s->stats.front_hits = hits;
+	s->stats.front_parks = parks;
+	s->stats.mallocs += hits;
+	s->stats.frees += parks;
+
 	for (unsigned i = 0; i < p->nchunks; i++)
 		s->chunks[i] = (struct vpmm_chunk_info){ p->chunks[i].va, p->chunks[i].size };
 	size_t n = 0;
-	for (struct vpmm_tnode *t = vpmm_tree_first(&p->regions); t && n < region_cap;
+	for (struct vpmm_tnode *t = vpmm_tree_first(&p->regions); t && n < cap[1];
 	     t = vpmm_tree_next(t), n++) {
 		const struct region *r = REGION(t);
-		s->regions[n] = (struct vpmm_region_info){
+		struct vpmm_snap_region *o = &s->regions[n];
+		*o = (struct vpmm_snap_region){
 			.va = r->va,
 			.size = r->size,
 			.kind = public_kind(r),
 			.stream = r->stream ? r->stream->handle : 0,
 			.settled = r->kind == R_FREE && !r->stream,
+			.small = r->kind == R_LIVE && r->small,
 			.chunk = r->chunk,
 		};
+		struct parked key = { .r = r };
+		const struct parked *hit =
+			r->kind == R_LIVE && !r->small && npk
+				? bsearch(&key, pk, npk, sizeof(*pk), by_region)
+				: NULL;
+		if (hit) { /* freed by the program, kept in a cache */
+			o->kind = VPMM_REGION_FREE;
+			o->stream = hit->stream;
+			o->settled = hit->settled;
+			o->parked = true;
+		}
 	}
 	s->nchunks = p->nchunks;
 	s->nregions = n;
@@ -78,29 +154,34 @@ static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, size_t chunk_cap,
 
 int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 {
-	size_t need_chunks, need_regions;
+	size_t need[3];
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&p->lock);
-	need_chunks = p->nchunks;
-	need_regions = p->regions.count;
+	need[0] = p->nchunks;
+	need[1] = p->regions.count;
+	need[2] = (size_t)(p->nstreams + 1) * VPMM_FRONT_MAX;
 	pthread_mutex_unlock(&p->lock);
 
 	/* The pool may change between the two holds: leave room for growth and
 	 * retry with the sizes seen if it outgrew even that. */
 	for (int attempt = 0; attempt < 16; attempt++) {
-		size_t ccap = need_chunks + 4, rcap = need_regions + need_regions / 8 + 64;
-		struct vpmm_chunk_info *chunks = calloc(ccap, sizeof(*chunks));
-		struct vpmm_region_info *regions = calloc(rcap, sizeof(*regions));
-		if (!chunks || !regions) {
+		size_t cap[3] = { need[0] + 4, need[1] + need[1] / 8 + 64,
+				  need[2] + 4 * VPMM_FRONT_MAX };
+		struct vpmm_chunk_info *chunks = calloc(cap[0], sizeof(*chunks));
+		struct vpmm_snap_region *regions = calloc(cap[1], sizeof(*regions));
+		struct parked *pk = calloc(cap[2], sizeof(*pk));
+		if (!chunks || !regions || !pk) {
 			free(chunks);
 			free(regions);
+			free(pk);
 			return -ENOMEM;
 		}
 		out->chunks = chunks;
 		out->regions = regions;
 		pthread_mutex_lock(&p->lock);
-		bool ok = copy_locked(p, out, ccap, rcap, &need_chunks, &need_regions);
+		bool ok = copy_locked(p, out, pk, cap, need);
 		pthread_mutex_unlock(&p->lock);
+		free(pk);
 		if (ok)
 			return 0;
 		free(chunks);
@@ -110,14 +191,15 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 	return -ENOMEM; /* a pool growing faster than we can copy: give up */
 }
 
-void vpmm_pool_summary(vpmm_pool *p, struct vpmm_config *cfg,
-		       struct vpmm_stats *stats)
+void vpmm_pool_summary(vpmm_pool *p, struct vpmm_config *cfg, struct vpmm_stats *stats)
 {
+	struct vpmm_config c;
 	pthread_mutex_lock(&p->lock);
-	*cfg = p->cfg;
-	cfg->page_size = p->page;
-	*stats = p->st;
+	c = p->cfg;
+	c.page_size = p->page;
 	pthread_mutex_unlock(&p->lock);
+	*cfg = c;
+	vpmm_pool_stats(p, stats); /* its own hold: the config does not change */
 }
 
 void vpmm_snapshot_free(struct vpmm_snapshot *s)

@@ -3,8 +3,13 @@
  * for readers that format it later without the lock (the vpmm-dump server).
  *
  * vpmm_pool_stats() and vpmm_pool_regions() each copy under the lock, but two
- * calls may straddle an allocation; a snapshot never does: the sums of the
- * regions by kind equal the gauges of its stats.
+ * calls may straddle an allocation; a snapshot never does. It also shows
+ * what the program sees rather than the pool's bookkeeping: an allocation
+ * parked in a stream's cache (freed, kept for a quick reuse) is a free region
+ * of that stream, as vpmm_pool_stats() counts it reusable. So the regions of
+ * each kind sum to the gauges of the stats (live, reusable, holes, zombies),
+ * except for sub-page blocks parked in a cache: those count as reusable
+ * while their slab, a region carved into blocks, stays live.
  */
 #ifndef VPMM_SNAPSHOT_H
 #define VPMM_SNAPSHOT_H
@@ -16,12 +21,23 @@ struct vpmm_chunk_info { /* one VA reservation */
 	size_t size;
 };
 
+struct vpmm_snap_region {
+	CUdeviceptr va;
+	size_t size;
+	enum vpmm_region_kind kind;
+	CUstream stream; /* free: the stream that freed it (0 when settled) */
+	bool settled;    /* free: no pending work, any stream may take it */
+	bool parked;     /* free: held in the stream's cache of recent frees */
+	bool small;      /* live: a slab carved into sub-page blocks */
+	unsigned chunk;  /* index of the VA reservation */
+};
+
 struct vpmm_snapshot {
-	struct vpmm_config cfg; /* as the pool runs it (page_size resolved) */
-	struct vpmm_stats stats;
+	struct vpmm_config cfg;  /* as the pool runs it (page_size resolved) */
+	struct vpmm_stats stats; /* as vpmm_pool_stats() reports them */
 	struct vpmm_chunk_info *chunks; /* by index (= region.chunk) */
 	size_t nchunks;
-	struct vpmm_region_info *regions; /* ascending VA */
+	struct vpmm_snap_region *regions; /* ascending VA */
 	size_t nregions;
 };
 

@@ -52,6 +52,8 @@
 #include <string.h>
 
 #include "shim.h"
+#include "server.h"
+#include "trace.h"
 
 #define MAX_DEVICES 64
 
@@ -111,6 +113,58 @@ static void atfork_child(void)
 	atomic_store(&st.ready, 0);
 }
 
+/* ---- vpmm-dump's server and the trace ------------------------------------------ */
+
+static vpmm_pool *existing_pool(int dev);
+
+/* The server's view of the pools (any thread; pools are never destroyed). */
+static size_t server_pools(vpmm_pool **out, size_t cap, void *arg)
+{
+	size_t n = 0;
+	int ndev = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	for (int i = 0; i < ndev && n < cap; i++) {
+		vpmm_pool *p = existing_pool(i);
+		if (p)
+			out[n++] = p;
+	}
+	return n;
+}
+
+static int server_trim(uint64_t keep, uint64_t *released, void *arg)
+{
+	int ndev = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	*released = 0;
+	for (int i = 0; i < ndev; i++) {
+		vpmm_pool *p = existing_pool(i);
+		long long n = p ? vpmm_pool_trim(p, (size_t)keep) : 0;
+		if (n < 0)
+			return (int)n;
+		*released += (uint64_t)n;
+	}
+	return 0;
+}
+
+static void start_observers(const struct vpmm_env_options *o)
+{
+	if (o->trace[0]) {
+		int e = vpmm_trace_open(o->trace);
+		if (e)
+			vpmm_log(VPMM_LOG_WARN, "VPMM_TRACE=%s: %s: not tracing", o->trace,
+				 strerror(-e));
+	}
+	struct vpmm_server_config sc = {
+		.socket = o->socket_off ? "off" : o->socket,
+		.pools = server_pools,
+		.env = o,
+		.trim = server_trim,
+		.trace_start = vpmm_trace_open,
+		.trace_stop = vpmm_trace_close,
+		.trace_flush = vpmm_trace_flush,
+		.trace_status = vpmm_trace_status,
+	};
+	vpmm_server_start(&sc); /* says why on stderr if it cannot serve */
+}
+
 /* Reads the options and builds the driver layer; st.active says whether it
  * all worked. Every way out before the end leaves the shim passing through. */
 static void setup_locked(void)
@@ -154,6 +208,7 @@ static void setup_locked(void)
 	if (!atfork_registered && pthread_atfork(NULL, NULL, atfork_child) == 0)
 		atfork_registered = true;
 	st.active = true;
+	start_observers(&o);
 	VPMM_LOGF(VPMM_LOG_INFO, "active (driver version %d, log level %s)",
 		  vpmm_real.driver_version, vpmm_log_level_name(o.log_level));
 	return;
@@ -406,6 +461,8 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 	if (!pool)
 		goto pass;
 	e = vpmm_pool_malloc(pool, size, ps, out);
+	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
+			 size, ps == VPMM_NO_STREAM ? NULL : ps);
 	leave(&sc);
 	*res = pool_result(pool, e);
 	if (!e)
@@ -502,6 +559,12 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		leave(&sc);
 		*res = r; /* e.g. a sticky kernel error, as the real call reports */
 		return true;
+	}
+	if (vpmm_trace_on()) { /* before the free: then the address may be reused */
+		CUdeviceptr base;
+		size_t size = 0;
+		vpmm_pool_find(atomic_load(&dp->pool), ptr, &base, &size);
+		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
 	}
 	e = vpmm_pool_free(atomic_load(&dp->pool), ptr, ps);
 	leave(&sc);
