@@ -114,6 +114,10 @@ struct server {
 	struct client *clients;
 	unsigned nclients;
 	uint64_t accept_pause_until; /* out of descriptors: stop accepting a while */
+	/* The poll set, owned by the thread; held here so that it stays
+	 * reachable while the thread runs to the process's exit. */
+	struct pollfd *pfd;
+	unsigned *who;
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -664,12 +668,14 @@ static void client_write(struct server *s, struct client *c)
 static void *server_main(void *arg)
 {
 	struct server *s = arg;
-	struct pollfd *pfd = calloc(s->nclients + 2, sizeof(*pfd));
-	unsigned *who = calloc(s->nclients + 2, sizeof(*who));
+	struct pollfd *pfd = s->pfd = calloc(s->nclients + 2, sizeof(*pfd));
+	unsigned *who = s->who = calloc(s->nclients + 2, sizeof(*who));
 	if (!pfd || !who) {
 		slog(s, VPMM_LOG_ERROR, "out of memory: not serving");
 		free(pfd);
 		free(who);
+		s->pfd = NULL;
+		s->who = NULL;
 		return NULL;
 	}
 	for (;;) {
