@@ -20,7 +20,8 @@ gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -lpthread -ldl \
 	-o "$W/libvpmm.so" || exit 1
 gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
-	"$ROOT/tools/vpmm-dump.c" "$ROOT/tools/json.c" "$ROOT/tools/pickle.c" -o "$W/vpmm-dump" || exit 1
+	"$ROOT/tools/vpmm-dump.c" "$ROOT/tools/json.c" "$ROOT/tools/pickle.c" $(src allocator) \
+	-lpthread -ldl -o "$W/vpmm-dump" || exit 1
 gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/allocator" -I"$CUDA/include" \
 	"$ROOT/tools/vpmm-replay.c" $(src allocator) -lpthread -ldl -o "$W/vpmm-replay" || exit 1
 
@@ -39,6 +40,7 @@ check "$W/vpmm-dump" "$pid"
 check test -s "$OUT/dump.json"
 "$W/vpmm-dump" "$pid" --torch-snapshot "$OUT/snap.pickle"
 check test -s "$OUT/snap.pickle"
+check "$W/vpmm-dump" --trim "$pid" 0
 echo go >&3
 exec 3>&-
 wait $pid

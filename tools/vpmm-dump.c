@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include "vpmm.h" /* vpmm_parse_size */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +63,8 @@ static void usage(FILE *f)
 "usage: vpmm-dump [OPTIONS]             list the processes with a vpmm socket\n"
 "       vpmm-dump [OPTIONS] PID         show the pool of process PID\n"
 "       vpmm-dump [OPTIONS] --socket PATH\n"
+"       vpmm-dump --trim PID [BYTES]    give free memory beyond BYTES (default 0)\n"
+"                                       back to the driver, once its work is done\n"
 "\n"
 "Reads the GPU memory pool of programs running under libvpmm.so through the\n"
 "Unix socket each one serves ($VPMM_SOCKET, else $XDG_RUNTIME_DIR/vpmm/PID.sock,\n"
@@ -1343,7 +1346,7 @@ static int torch_snapshot(const struct target *t, const char *file, const char *
 /* ---- main ---------------------------------------------------------------------- */
 
 enum { O_JSON = 256, O_MAP, O_WATCH, O_COUNT, O_TORCH, O_TRACE_CSV, O_TRACE_MAX, O_SOCKET,
-       O_COLOR };
+       O_COLOR, O_TRIM };
 
 static bool parse_count(const char *s, uint64_t *out)
 {
@@ -1368,10 +1371,12 @@ int main(int argc, char **argv)
 		{ "trace-max", required_argument, NULL, O_TRACE_MAX },
 		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "color", required_argument, NULL, O_COLOR },
+		{ "trim", no_argument, NULL, O_TRIM },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	bool json = false, map = false;
+	bool json = false, map = false, trim = false;
+	const char *keep = NULL;
 	double watch = 0;
 	uint64_t count = 0, trace_max = TRACE_MAX_DEFAULT;
 	const char *torch = NULL, *csv = NULL, *socket_path = NULL;
@@ -1417,6 +1422,9 @@ int main(int argc, char **argv)
 		case O_SOCKET:
 			socket_path = optarg;
 			break;
+		case O_TRIM:
+			trim = true;
+			break;
 		case O_COLOR:
 			if (!strcmp(optarg, "always"))
 				color = 1;
@@ -1442,7 +1450,7 @@ int main(int argc, char **argv)
 		}
 	}
 	long pid = 0;
-	if (optind < argc) {
+	if (optind < argc && !(trim && socket_path)) {
 		char *end;
 		errno = 0;
 		pid = strtol(argv[optind], &end, 10);
@@ -1452,8 +1460,24 @@ int main(int argc, char **argv)
 		}
 		optind++;
 	}
+	if (trim && optind < argc) { /* --trim PID [BYTES]: the bytes to keep */
+		size_t k;
+		if (vpmm_parse_size(argv[optind], &k) != 0) {
+			errf("--trim keeps BYTES such as 512M, not \"%s\"", argv[optind]);
+			return EXIT_USAGE;
+		}
+		keep = argv[optind++];
+	}
 	if (optind < argc) {
 		errf("one process at a time (extra argument \"%s\")", argv[optind]);
+		return EXIT_USAGE;
+	}
+	if (trim && (!pid && !socket_path)) {
+		errf("--trim needs a PID or --socket");
+		return EXIT_USAGE;
+	}
+	if (trim && (json || map || watch || torch)) {
+		errf("--trim goes alone");
 		return EXIT_USAGE;
 	}
 	if (count && !watch) {
@@ -1511,6 +1535,26 @@ int main(int argc, char **argv)
 			errf("%s", err);
 			return rc;
 		}
+	}
+	if (trim) {
+		/* Free pages beyond KEEP bytes (default 0) that no work still uses
+		 * are unmapped and given back to the driver. */
+		char req[64];
+		struct json reply;
+		uint64_t released = 0;
+		snprintf(req, sizeof(req), "trim %s", keep ? keep : "0");
+		int rc = ask(path, req, &reply, err, sizeof(err));
+		if (rc != EXIT_OK) {
+			if (rc == EXIT_GONE && pid && !process_exists(pid))
+				errf("process %ld is gone (%s)", pid, err);
+			else
+				errf("%s", err);
+			return rc;
+		}
+		json_u64(json_get(&reply, "released"), &released);
+		printf("released %" PRIu64 " bytes\n", released);
+		json_free(&reply);
+		return EXIT_OK;
 	}
 	for (uint64_t i = 0;; i++) {
 		struct target t;

@@ -1463,6 +1463,26 @@ Test(dump, trim_request_goes_to_its_hook)
 		     before.reusable);
 	cr_assert_eq(after.reusable, 0);
 	cr_assert_eq(after.mapped, before.mapped - released);
+
+	/* The same through the CLI: vpmm-dump --trim --socket PATH [KEEP]. */
+	CUdeviceptr b = alloc(&h, 4, VPMM_NO_STREAM);
+	cr_assert_eq(vpmm_pool_free(h.pool, b, VPMM_NO_STREAM), 0);
+	vpmm_pool_stats(h.pool, &before);
+	struct run cli;
+	run((char *[]){ VPMM_DUMP, "--trim", "--socket", h.sock, NULL }, &cli);
+	cr_assert_eq(cli.status, 0, "vpmm-dump --trim: %s", cli.err);
+	char want[64];
+	snprintf(want, sizeof(want), "released %" PRIu64 " bytes", before.reusable);
+	cr_assert_not_null(strstr(cli.out, want), "%s", cli.out);
+	run_free(&cli);
+	run((char *[]){ VPMM_DUMP, "--trim", "--socket", h.sock, "lots", NULL }, &cli);
+	cr_assert_eq(cli.status, 2, "a bad size was taken: %s", cli.out);
+	cr_assert_not_null(strstr(cli.err, "lots"), "%s", cli.err);
+	run_free(&cli);
+	run((char *[]){ VPMM_DUMP, "--trim", "--socket", h.sock, "1G", NULL }, &cli);
+	cr_assert_eq(cli.status, 0, "vpmm-dump --trim 1G: %s", cli.err);
+	cr_assert_not_null(strstr(cli.out, "released 0 bytes"), "%s", cli.out);
+	run_free(&cli);
 	/* trace has no hooks here */
 	cr_assert(exchange(fd, "vpmm 1 trace status\n", &r));
 	cr_assert_not(reply_ok(&r));
