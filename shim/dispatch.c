@@ -49,6 +49,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <inttypes.h>
 #include <string.h>
 
 #include "shim.h"
@@ -422,6 +423,22 @@ static CUresult pool_result(vpmm_pool *p, int e)
 
 /* ---- the operations ------------------------------------------------------------ */
 
+/* The one line an out-of-memory failure gets: what was asked, what the pool
+ * holds, what the device has left (the pool already tried everything it
+ * could: waited for every stream's frees, remapped, returned empty slabs). */
+static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
+{
+	struct vpmm_stats ps;
+	size_t dev_free = 0, dev_total = 0;
+	vpmm_pool_stats(pool, &ps);
+	if (vpmm_real.mem_get_info)
+		vpmm_real.mem_get_info(&dev_free, &dev_total);
+	vpmm_log(VPMM_LOG_ERROR,
+		 "device %d: out of memory: requested %zu bytes; live %" PRIu64
+		 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu",
+		 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total);
+}
+
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		    enum vpmm_via via, int device, void *caller, CUresult *res)
 {
@@ -463,6 +480,8 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 	e = vpmm_pool_malloc(pool, size, ps, out);
 	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
 			 size, ps == VPMM_NO_STREAM ? NULL : ps);
+	if (e == -ENOMEM)
+		log_out_of_memory(pool, dev, size);
 	leave(&sc);
 	*res = pool_result(pool, e);
 	if (!e)

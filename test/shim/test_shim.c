@@ -143,6 +143,10 @@ Test(shim_rt, oom, .timeout = 30)
 	const char *const small_real[] = {"FAKECUDA_CAPACITY=8M", "SHIMTEST_EXPECT=real", NULL};
 	run(RT_PROG, "oom", true, small);
 	EXPECT_OK();
+	/* One line says what was asked and what the pool and the device hold. */
+	cr_expect_geq(count_lines_with("out of memory: requested", NULL), 1,
+		      "no out-of-memory line:\n%s", R.out);
+	cr_expect_not_null(strstr(R.out, "device free"), "%s", R.out);
 	run(RT_PROG, "oom", false, small_real);
 	EXPECT_OK();
 }
