@@ -1345,6 +1345,16 @@ static int torch_snapshot(const struct target *t, const char *file, const char *
 
 /* ---- main ---------------------------------------------------------------------- */
 
+/* Says why talking to the process failed, and passes the status on. */
+static int failed(int rc, long pid, const char *err)
+{
+	if (rc == EXIT_GONE && pid && !process_exists(pid))
+		errf("process %ld is gone (%s)", pid, err);
+	else
+		errf("%s", err);
+	return rc;
+}
+
 enum { O_JSON = 256, O_MAP, O_WATCH, O_COUNT, O_TORCH, O_TRACE_CSV, O_TRACE_MAX, O_SOCKET,
        O_COLOR, O_TRIM };
 
@@ -1544,13 +1554,8 @@ int main(int argc, char **argv)
 		uint64_t released = 0;
 		snprintf(req, sizeof(req), "trim %s", keep ? keep : "0");
 		int rc = ask(path, req, &reply, err, sizeof(err));
-		if (rc != EXIT_OK) {
-			if (rc == EXIT_GONE && pid && !process_exists(pid))
-				errf("process %ld is gone (%s)", pid, err);
-			else
-				errf("%s", err);
-			return rc;
-		}
+		if (rc != EXIT_OK)
+			return failed(rc, pid, err);
 		json_u64(json_get(&reply, "released"), &released);
 		printf("released %" PRIu64 " bytes\n", released);
 		json_free(&reply);
@@ -1559,13 +1564,8 @@ int main(int argc, char **argv)
 	for (uint64_t i = 0;; i++) {
 		struct target t;
 		int rc = fetch(path, pid, &t, err, sizeof(err)); /* pid 0: any */
-		if (rc != EXIT_OK) {
-			if (rc == EXIT_GONE && pid && !process_exists(pid))
-				errf("process %ld is gone (%s)", pid, err);
-			else
-				errf("%s", err);
-			return rc;
-		}
+		if (rc != EXIT_OK)
+			return failed(rc, pid, err);
 		if (torch) {
 			rc = torch_snapshot(&t, torch, csv, trace_max, err, sizeof(err));
 			target_free(&t);
