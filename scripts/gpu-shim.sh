@@ -104,12 +104,18 @@ step torch-expandable torch_run expandable PYTORCH_CUDA_ALLOC_CONF=expandable_se
 step torch-nocache torch_run nocache PYTORCH_NO_CUDA_MEMORY_CACHING=1
 step torch-shim torch_run shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$LIB"
 step torch-pluggable torch_run pluggable VPMM_LIB="$LIB"
+build_async() {
+	nvcc -O2 -arch="$ARCH" -shared -Xcompiler -fPIC -o "$W/libtorch_async.so" \
+		"$ROOT/test/gpu/torch_async_alloc.cu"
+}
+step torch-async-build build_async
+step torch-pluggable-async torch_run pluggable-async ASYNC_LIB="$W/libtorch_async.so"
 torch_compare() {
 	python3 - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
 runs = {}
-for m in ("native", "expandable", "nocache", "shim", "pluggable"):
+for m in ("native", "expandable", "nocache", "shim", "pluggable", "pluggable-async"):
     p = os.path.join(out, f"torch-{m}.json")
     if os.path.exists(p) and os.path.getsize(p):
         runs[m] = json.loads(open(p).read().strip().splitlines()[-1])
@@ -119,7 +125,7 @@ print(f"{'mode':<11} {'step ms':>8} {'peak MiB':>9} {'what':<22} {'live MiB':>9}
 for m, r in runs.items():
     if "pool_mapped_peak" in r:
         peak, what, live = r["pool_mapped_peak"], "pool mapped peak", r["pool_live_peak"]
-    elif m == "nocache":
+    elif m in ("nocache", "pluggable-async"):
         peak, what, live = float("nan"), "(not tracked)", float("nan")
     else:
         peak, what, live = r["max_reserved"], "reserved peak", r["max_allocated"]

@@ -9,6 +9,8 @@ MODE says how memory is allocated; the environment must match it:
   nocache     PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cudaMalloc/cudaFree per tensor)
   shim        nocache, with LD_PRELOAD=libvpmm.so
   pluggable   CUDAPluggableAllocator over libvpmm.so (VPMM_LIB), no preload
+  pluggable-async  CUDAPluggableAllocator over cudaMallocAsync (ASYNC_LIB): what
+              the pluggable interface costs by itself
 
 nvml_peak: device memory used at its highest during the run, above what was
 used once the context existed (sampled each millisecond, so a peak shorter
@@ -32,6 +34,10 @@ steps = int(sys.argv[2]) if len(sys.argv) > 2 else 300
 if mode == "pluggable":
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         os.environ["VPMM_LIB"], "vpmm_torch_malloc", "vpmm_torch_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+elif mode == "pluggable-async":
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        os.environ["ASYNC_LIB"], "async_malloc", "async_free")
     torch.cuda.memory.change_current_allocator(alloc)
 
 
