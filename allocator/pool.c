@@ -1070,14 +1070,15 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	}
 	if (pl.n)
 		pthread_cond_signal(&p->reclaim_cond);
+	/* The allocation starts at the lending neighbour, else at the hole's
+	 * start (a handle boundary), whatever the merges below make of them. */
+	*at = adj ? adj->va : base;
 	if (adj) {
+		/* Its left neighbour may have been freed while the lock was
+		 * dropped: merge as any free region does. */
 		p->busy--;
 		adj->kind = R_FREE;
-		if (adj->stream && adj->epoch <= adj->stream->done) {
-			adj->stream = NULL;
-			adj->epoch = 0;
-		}
-		free_index(p, adj);
+		free_restore(p, adj);
 	}
 	p->busy--;
 	hole->kind = R_FREE;
@@ -1087,9 +1088,6 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
 	p->st.pages_created += created / p->page;
-	/* The allocation starts at the lending neighbour, else at the hole's
-	 * start (a handle boundary), whatever free_insert() merges. */
-	*at = adj ? adj->va : base;
 	*out = free_insert(p, hole);
 	new_chunk = UINT32_MAX;
 	rc = 0;
