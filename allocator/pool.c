@@ -344,11 +344,12 @@ static void free_absorb(vpmm_pool *p, struct region *r, struct region *other)
  * region that holds its memory afterwards. */
 static struct region *free_insert(vpmm_pool *p, struct region *r)
 {
-	struct region *n = region_prev(r);
-	if (free_mergeable(n, r))
+	struct region *n;
+	/* A loop: after a defragmentation the left neighbour may itself have a
+	 * free neighbour that waited for it (see defrag()). */
+	while (free_mergeable(n = region_prev(r), r))
 		free_absorb(p, r, n);
-	n = region_next(r);
-	if (free_mergeable(r, n))
+	while (free_mergeable(r, n = region_next(r)))
 		free_absorb(p, r, n);
 	free_index(p, r);
 	return r;
@@ -1074,11 +1075,16 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	 * start (a handle boundary), whatever the merges below make of them. */
 	*at = adj ? adj->va : base;
 	if (adj) {
-		/* Its left neighbour may have been freed while the lock was
-		 * dropped: merge as any free region does. */
+		/* Indexed alone: it must join the new span first (the request
+		 * starts in it); free_insert() below then also merges the span
+		 * with a left neighbour freed while the lock was dropped. */
 		p->busy--;
 		adj->kind = R_FREE;
-		free_restore(p, adj);
+		if (adj->stream && adj->epoch <= adj->stream->done) {
+			adj->stream = NULL;
+			adj->epoch = 0;
+		}
+		free_index(p, adj);
 	}
 	p->busy--;
 	hole->kind = R_FREE;
