@@ -76,7 +76,14 @@ static struct {
 	struct dev_pool dev[MAX_DEVICES];
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static _Atomic uint64_t counts[VPMM_HOOK_COUNT];
+/* Hook counters, striped: threads allocating at once would otherwise all
+ * write one cache line on every call. A thread picks its stripe once. */
+#define COUNT_STRIPES 16
+static struct {
+	_Atomic uint64_t n[VPMM_HOOK_COUNT];
+} __attribute__((aligned(64))) counts[COUNT_STRIPES];
+static atomic_uint next_stripe;
+static __thread int my_stripe = -1;
 static const char *const hook_names[VPMM_HOOK_COUNT] = {
 #define X(n) #n,
 	VPMM_HOOKS(X)
@@ -87,7 +94,10 @@ __thread int vpmm_tls_inside;
 
 void vpmm_count(enum vpmm_hook h)
 {
-	atomic_fetch_add_explicit(&counts[h], 1, memory_order_relaxed);
+	if (my_stripe < 0)
+		my_stripe = (int)(atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) %
+				  COUNT_STRIPES);
+	atomic_fetch_add_explicit(&counts[my_stripe].n[h], 1, memory_order_relaxed);
 }
 
 /* ---- setup ------------------------------------------------------------------ */
@@ -310,14 +320,41 @@ struct ctx_scope {
 
 /* Makes the context of `s` current for the call (pushing it if another one
  * is) and gives its device. */
+/* The last stream this thread used, its context and device: a stream's
+ * context never changes, so only a destroy (which may free the handle for
+ * reuse) makes the entry stale — stream_gen counts destroys. */
+static atomic_ulong stream_gen;
+static __thread struct {
+	CUstream s;
+	CUcontext ctx;
+	int dev;
+	unsigned long gen;
+	bool valid;
+} tls_enter;
+
 static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 {
 	CUcontext cur = NULL, sctx = NULL;
 	CUdevice dev;
 	CUresult r;
+	bool stream = s != VPMM_NO_STREAM && !default_stream(s) && vpmm_real.stream_get_ctx;
+	unsigned long gen = atomic_load_explicit(&stream_gen, memory_order_acquire);
 
 	sc->pushed = false;
-	if (s != VPMM_NO_STREAM && !default_stream(s) && vpmm_real.stream_get_ctx) {
+	if (stream && tls_enter.valid && tls_enter.s == s && tls_enter.gen == gen) {
+		r = vpmm_real.ctx_get_current(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (cur != tls_enter.ctx) {
+			r = vpmm_real.ctx_push(tls_enter.ctx);
+			if (r != CUDA_SUCCESS)
+				return r;
+			sc->pushed = true;
+		}
+		*device = tls_enter.dev;
+		return CUDA_SUCCESS;
+	}
+	if (stream) {
 		r = vpmm_real.stream_get_ctx(s, &sctx);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -335,6 +372,13 @@ static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	*device = (int)dev;
+	if (stream && sctx) {
+		tls_enter.s = s;
+		tls_enter.ctx = sctx;
+		tls_enter.dev = (int)dev;
+		tls_enter.gen = gen;
+		tls_enter.valid = true;
+	}
 	return CUDA_SUCCESS;
 fail:
 	if (sc->pushed) {
@@ -499,6 +543,7 @@ void vpmm_stream_destroying(CUstream s)
 	if (vpmm_tls_inside || !s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
 	    !vpmm_active())
 		return;
+	atomic_fetch_add_explicit(&stream_gen, 1, memory_order_release);
 	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
 	for (int i = 0; i < n; i++) {
 		vpmm_pool *p = existing_pool(i);
@@ -716,7 +761,11 @@ long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit)
 unsigned long long vpmm_shim_hook_calls(const char *name)
 {
 	for (int i = 0; name && i < VPMM_HOOK_COUNT; i++)
-		if (!strcmp(name, hook_names[i]))
-			return atomic_load_explicit(&counts[i], memory_order_relaxed);
+		if (!strcmp(name, hook_names[i])) {
+			unsigned long long sum = 0;
+			for (int k = 0; k < COUNT_STRIPES; k++)
+				sum += atomic_load_explicit(&counts[k].n[i], memory_order_relaxed);
+			return sum;
+		}
 	return ~0ULL;
 }
