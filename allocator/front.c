@@ -229,48 +229,64 @@ size_t vpmm_front_flush_locked(vpmm_pool *p)
 	return n;
 }
 
+/* The synchronous callers' front, then each stream's, in turn; NULL after
+ * the last. */
+static struct front *front_next(vpmm_pool *p, struct front *f, struct stream **s)
+{
+	if (!f) {
+		*s = p->streams;
+		return &p->sync_front;
+	}
+	if (!*s)
+		return NULL;
+	f = &(*s)->front;
+	*s = (*s)->next;
+	return f;
+}
+
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks)
 {
-	struct front *f = &p->sync_front;
+	struct stream *s;
 	*parked_bytes = *hits = *parks = 0;
-	for (struct stream *s = p->streams;; s = s->next) {
+	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
 		pthread_mutex_lock(&f->lock);
 		*parked_bytes += f->bytes;
 		*hits += f->hits;
 		*parks += f->parks;
 		pthread_mutex_unlock(&f->lock);
-		if (!s)
-			break;
-		f = &s->front;
 	}
+}
+
+static bool entry_ok(vpmm_pool *p, const struct front *f, unsigned i)
+{
+	const struct fentry *e = &f->e[i];
+	bool ok = e->r->kind == R_LIVE && e->ptr >= e->r->va && e->ptr < e->r->va + e->r->size;
+	if (ok && !e->r->small)
+		ok = e->ptr == e->r->va && __atomic_load_n(&e->r->parked, __ATOMIC_ACQUIRE) &&
+		     e->size == e->r->size;
+	if (ok && e->r->small)
+		ok = vpmm_small_is_parked(p, e->r, e->ptr);
+	for (unsigned j = 0; ok && j < i; j++)
+		ok = f->e[j].ptr != e->ptr;
+	return ok;
 }
 
 size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log)
 {
 	size_t bad = 0;
-	struct front *f = &p->sync_front;
-	for (struct stream *s = p->streams;; s = s->next) {
+	struct stream *s;
+	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
 		size_t bytes = 0;
 		pthread_mutex_lock(&f->lock);
 		for (unsigned i = 0; i < f->n; i++) {
-			const struct fentry *e = &f->e[i];
-			bool ok = e->r->kind == R_LIVE && e->ptr >= e->r->va &&
-				  e->ptr < e->r->va + e->r->size;
-			if (ok && !e->r->small)
-				ok = e->ptr == e->r->va && __atomic_load_n(&e->r->parked, __ATOMIC_ACQUIRE) &&
-				     e->size == e->r->size;
-			if (ok && e->r->small)
-				ok = vpmm_small_is_parked(p, e->r, e->ptr);
-			for (unsigned j = 0; ok && j < i; j++)
-				ok = f->e[j].ptr != e->ptr;
-			if (!ok) {
+			if (!entry_ok(p, f, i)) {
 				bad++;
 				if (log)
 					fprintf(log, "vpmm check: parked %#llx inconsistent\n",
-						(unsigned long long)e->ptr);
+						(unsigned long long)f->e[i].ptr);
 			}
-			bytes += e->size;
+			bytes += f->e[i].size;
 		}
 		if (bytes != f->bytes) {
 			bad++;
@@ -279,9 +295,6 @@ size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log)
 					f->bytes, bytes);
 		}
 		pthread_mutex_unlock(&f->lock);
-		if (!s)
-			break;
-		f = &s->front;
 	}
 	return bad;
 }
