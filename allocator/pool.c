@@ -1771,11 +1771,16 @@ CUresult vpmm_pool_last_result(vpmm_pool *p)
 
 void vpmm_pool_stats(vpmm_pool *p, struct vpmm_stats *out)
 {
-	uint64_t parked, hits, parks;
 	pthread_mutex_lock(&p->lock);
+	vpmm_pool_stats_locked(p, out);
+	pthread_mutex_unlock(&p->lock);
+}
+
+void vpmm_pool_stats_locked(vpmm_pool *p, struct vpmm_stats *out)
+{
+	uint64_t parked, hits, parks;
 	*out = p->st;
 	vpmm_front_counts_locked(p, &parked, &hits, &parks);
-	pthread_mutex_unlock(&p->lock);
 	/* Parked allocations are live to the pool's structures, free to the
 	 * program: report them as reusable. */
 	out->live -= parked;

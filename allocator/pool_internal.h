@@ -154,6 +154,8 @@ struct vpmm_pool {
 struct small_state; /* small.c */
 
 size_t vpmm_pool_check_locked(vpmm_pool *pool, FILE *log);
+/* vpmm_pool_stats() with the lock held (snapshot.c shares it). */
+void vpmm_pool_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
 
 /* pool.c, for small.c: whole pages in and out, events; lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,

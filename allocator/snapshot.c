@@ -60,21 +60,15 @@ static int by_region(const void *a, const void *b)
 }
 
 /* Reads every stream's cache (pool lock held): the whole allocations parked
- * there (up to cap; *total says how many there are), and the sums that
- * vpmm_pool_stats() moves from live to reusable. */
-static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_t *total,
-			     uint64_t *bytes, uint64_t *hits, uint64_t *parks)
+ * there (up to cap; *total says how many there are). */
+static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_t *total)
 {
 	size_t n = 0;
 	struct front *f = &p->sync_front;
 	struct stream *owner = NULL, *next = p->streams;
 	*total = 0;
-	*bytes = *hits = *parks = 0;
 	for (;;) {
 		pthread_mutex_lock(&f->lock);
-		*bytes += f->bytes;
-		*hits += f->hits;
-		*parks += f->parks;
 		for (unsigned i = 0; i < f->n; i++) {
 			if (f->e[i].r->small)
 				continue; /* a block inside a live slab */
@@ -99,8 +93,7 @@ static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_
 static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, struct parked *pk,
 			const size_t cap[3], size_t need[3])
 {
-	uint64_t parked_bytes, hits, parks;
-	size_t npk = collect_parked(p, pk, cap[2], &need[2], &parked_bytes, &hits, &parks);
+	size_t npk = collect_parked(p, pk, cap[2], &need[2]);
 	need[0] = p->nchunks;
 	need[1] = p->regions.count;
 	if (need[0] > cap[0] || need[1] > cap[1] || need[2] > cap[2])
@@ -109,15 +102,7 @@ static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, struct parked *pk
 
 	s->cfg = p->cfg;
 	s->cfg.page_size = p->page;
-	/* the stats exactly as vpmm_pool_stats() derives them */
-	s->stats = p->st;
-	s->stats.live -= parked_bytes;
-	s->stats.reusable += parked_bytes;
-	s->stats.parked = parked_bytes;
-	s->stats.front_hits = hits;
-	s->stats.front_parks = parks;
-	s->stats.mallocs += hits;
-	s->stats.frees += parks;
+	vpmm_pool_stats_locked(p, &s->stats); /* exactly as vpmm_pool_stats() */
 
 	for (unsigned i = 0; i < p->nchunks; i++)
 		s->chunks[i] = (struct vpmm_chunk_info){ p->chunks[i].va, p->chunks[i].size };
