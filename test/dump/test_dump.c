@@ -1008,7 +1008,13 @@ static void flood(const char *path)
 				}
 			}
 			if (!send_all(fd, buf, len)) {
-				unanswered += lines;
+				/* A server at its client limit refuses at once and
+				 * closes, maybe before the batch is all sent: the
+				 * refusal is still there to read. */
+				if (next_line(&rd, head, sizeof(head)) && strstr(head, "busy"))
+					busy++;
+				else
+					unanswered += lines;
 			} else {
 				for (int i = 0; i < lines; i++) {
 					if (!next_line(&rd, head, sizeof(head))) {
