@@ -23,6 +23,7 @@ const char *vpmm_op_name(enum vpmm_op op)
 	case VPMM_OP_STREAM_CAPTURING: return "stream_capturing";
 	case VPMM_OP_MEM_INFO: return "mem_info";
 	case VPMM_OP_EXPORT_FD: return "export_fd";
+	case VPMM_OP_IMPORT_FD: return "import_fd";
 	case VPMM_OP_CTX_CURRENT: return "ctx_current";
 	case VPMM_OP_CTX_BIND: return "ctx_bind";
 	case VPMM_OP_COUNT: break;

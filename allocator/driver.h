@@ -43,6 +43,7 @@ enum vpmm_op {
 	VPMM_OP_STREAM_CAPTURING,
 	VPMM_OP_MEM_INFO,
 	VPMM_OP_EXPORT_FD,
+	VPMM_OP_IMPORT_FD,
 	VPMM_OP_CTX_CURRENT,
 	VPMM_OP_CTX_BIND,
 	VPMM_OP_COUNT
@@ -89,6 +90,9 @@ struct vpmm_driver {
 	CUresult (*mem_info)(vpmm_driver *d, size_t *free_bytes, size_t *total_bytes);
 	/* A new file descriptor for the handle (caller closes it). */
 	CUresult (*export_fd)(vpmm_driver *d, CUmemGenericAllocationHandle h, int *fd);
+	/* A handle for memory another process exported with export_fd (the
+	 * descriptor stays the caller's); mem_release drops it. */
+	CUresult (*import_fd)(vpmm_driver *d, int fd, CUmemGenericAllocationHandle *out);
 	/* The calling thread's current context, and making a context current
 	 * on the calling thread: how the pool's own thread works in the
 	 * context the pool was created in. */

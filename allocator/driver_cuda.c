@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,8 @@ struct cuda_fns {
 	CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
 					       CUmemAllocationHandleType,
 					       unsigned long long);
+	CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
+						 CUmemAllocationHandleType);
 	CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
 	CUresult (*CtxGetCurrent)(CUcontext *);
 	CUresult (*CtxSetCurrent)(CUcontext);
@@ -76,6 +79,7 @@ static const struct {
 	SYM(StreamIsCapturing, "cuStreamIsCapturing"),
 	SYM(MemGetInfo, "cuMemGetInfo_v2"),
 	SYM(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
+	SYM(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
 	SYM(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
 	SYM(CtxGetCurrent, "cuCtxGetCurrent"),
 	SYM(CtxSetCurrent, "cuCtxSetCurrent"),
@@ -360,6 +364,19 @@ static CUresult cuda_export_fd(vpmm_driver *d, CUmemGenericAllocationHandle h,
 	return r;
 }
 
+static CUresult cuda_import_fd(vpmm_driver *d, int fd, CUmemGenericAllocationHandle *out)
+{
+	if (fd < 0 || !out)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct cuda_driver *c = cuda_of(d);
+	struct capture_guard g;
+	relax_begin(c, &g);
+	CUresult r = c->fn.MemImportFromShareableHandle(
+		out, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	relax_end(c, &g);
+	return r;
+}
+
 static void cuda_destroy(vpmm_driver *d)
 {
 	struct cuda_driver *c = cuda_of(d);
@@ -422,6 +439,7 @@ CUresult vpmm_driver_cuda_create(vpmm_cuda_resolver resolver, void *arg,
 		.stream_capturing = cuda_stream_capturing,
 		.mem_info = cuda_mem_info,
 		.export_fd = cuda_export_fd,
+		.import_fd = cuda_import_fd,
 		.ctx_current = cuda_ctx_current,
 		.ctx_bind = cuda_ctx_bind,
 		.destroy = cuda_destroy,

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define HOST_DEFAULT_GRANULARITY ((size_t)2 << 20)
@@ -38,6 +39,7 @@ struct host_handle {
 	size_t size;
 	int fd;          /* memfd; -1 when unbacked */
 	bool released;   /* the creator's reference is gone */
+	bool imported;   /* import_fd: another's memory, not counted in capacity */
 	size_t maps;     /* mappings that still use it */
 };
 
@@ -50,6 +52,7 @@ struct host_map {
 	uintptr_t va;
 	size_t size;
 	struct host_handle *h;
+	uint64_t access; /* devices granted by set_access, bit d = device d */
 };
 
 struct host_stream;
@@ -246,7 +249,8 @@ static void handle_settle(struct host_driver *h, struct host_handle *hd)
 	size_t pos;
 	if (handle_find(h, hd->id, &pos) == hd)
 		ptr_remove((void **)h->handles, &h->nhandles, pos);
-	h->handle_bytes -= hd->size;
+	if (!hd->imported)
+		h->handle_bytes -= hd->size;
 	handle_free(hd);
 }
 
@@ -608,7 +612,7 @@ static CUresult host_map(vpmm_driver *d, CUdeviceptr dva, size_t size,
 		}
 	}
 	memmove(h->maps + i + 1, h->maps + i, (h->nmaps - i) * sizeof *h->maps);
-	h->maps[i] = (struct host_map){ va, size, hd };
+	h->maps[i] = (struct host_map){ va, size, hd, 0 };
 	h->nmaps++;
 	hd->maps++;
 out:
@@ -684,12 +688,26 @@ static CUresult host_set_access(vpmm_driver *d, CUdeviceptr dva, size_t size,
 		at += h->maps[i].size;
 		i++;
 	}
+	uint64_t mask = 0;
+	for (int k = 0; k < ndevices; k++) {
+		/* the one context's device is 0 */
+		int dev = devices[k] < 0 ? 0 : devices[k];
+		if (dev >= 64) {
+			r_ = CUDA_ERROR_INVALID_DEVICE;
+			goto out;
+		}
+		mask |= (uint64_t)1 << dev;
+	}
 	/* mprotect only fails for lack of kernel memory (too many areas);
 	 * what it changed before failing stays: access is only ever widened
 	 * here and the pool treats the range as inaccessible on error. */
 	if (!h->unbacked &&
-	    mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0)
+	    mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0) {
 		r_ = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	for (size_t k = map_upper(h, va) - 1; k < h->nmaps && h->maps[k].va < end; k++)
+		h->maps[k].access |= mask;
 out:
 	pthread_mutex_unlock(&h->lock);
 	return r_;
@@ -912,6 +930,50 @@ out:
 
 /* Frees the driver and, so that tests leak nothing, whatever it still
  * tracks: reservations (and the mappings inside), memfds, events, streams. */
+static CUresult host_import_fd(vpmm_driver *d, int fd, CUmemGenericAllocationHandle *out)
+{
+	struct host_driver *h = host_of(d);
+	ENTER(h, VPMM_OP_IMPORT_FD);
+	struct host_handle *hd = NULL;
+	struct stat st;
+	if (!out || fd < 0) {
+		r_ = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	if (h->unbacked) {
+		r_ = CUDA_ERROR_NOT_SUPPORTED;
+		goto out;
+	}
+	/* What export_fd hands out: a memfd of whole pages. */
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+	    !aligned((uintptr_t)st.st_size, h->gran)) {
+		r_ = CUDA_ERROR_INVALID_HANDLE;
+		goto out;
+	}
+	struct host_handle **handles = grow(h->handles, &h->caphandles,
+					    h->nhandles + 1, sizeof *h->handles);
+	if (handles)
+		h->handles = handles;
+	if (!handles || !(hd = calloc(1, sizeof *hd))) {
+		r_ = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	hd->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (hd->fd < 0) {
+		free(hd);
+		r_ = CUDA_ERROR_OPERATING_SYSTEM;
+		goto out;
+	}
+	hd->size = (size_t)st.st_size;
+	hd->imported = true;
+	hd->id = h->next_id++;
+	h->handles[h->nhandles++] = hd;
+	*out = hd->id;
+out:
+	pthread_mutex_unlock(&h->lock);
+	return r_;
+}
+
 static void host_destroy(vpmm_driver *d)
 {
 	struct host_driver *h = host_of(d);
@@ -988,6 +1050,7 @@ CUresult vpmm_driver_host_create(const struct vpmm_host_options *opt,
 		.stream_capturing = host_stream_capturing,
 		.mem_info = host_mem_info,
 		.export_fd = host_export_fd,
+		.import_fd = host_import_fd,
 		.ctx_current = host_ctx_current,
 		.ctx_bind = host_ctx_bind,
 		.destroy = host_destroy,
@@ -1122,6 +1185,20 @@ unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op)
 	unsigned long n = h->calls[op];
 	pthread_mutex_unlock(&h->lock);
 	return n;
+}
+
+bool vpmm_host_accessible(vpmm_driver *d, CUdeviceptr dva, int device)
+{
+	struct host_driver *h = host_checked(d);
+	if (!h || device < 0 || device >= 64)
+		return false;
+	uintptr_t va = (uintptr_t)dva;
+	pthread_mutex_lock(&h->lock);
+	size_t i = map_upper(h, va);
+	bool ok = i > 0 && h->maps[i - 1].va + h->maps[i - 1].size > va &&
+		  (h->maps[i - 1].access >> device & 1);
+	pthread_mutex_unlock(&h->lock);
+	return ok;
 }
 
 void vpmm_host_live(vpmm_driver *d, struct vpmm_host_live *out)

@@ -49,6 +49,10 @@ void vpmm_host_fail(vpmm_driver *d, enum vpmm_op op, unsigned long nth,
 /* Calls of `op` so far (failed ones included). */
 unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op);
 
+/* Whether `va` is mapped and `device` was granted access to it (set_access
+ * since it was mapped; a negative device in set_access is device 0). */
+bool vpmm_host_accessible(vpmm_driver *d, CUdeviceptr va, int device);
+
 /* What is alive in the driver: for leak checks after a pool is destroyed. */
 struct vpmm_host_live {
 	size_t handles;      /* created, not yet released (or still mapped) */

@@ -981,6 +981,9 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	p->busy++;
 	p->inflight += shortfall;
 	CUdeviceptr base = hole->va;
+	int acc[VPMM_MAX_ACCESS];
+	unsigned nacc = p->naccess;
+	memcpy(acc, p->access, nacc * sizeof acc[0]);
 
 	pthread_mutex_unlock(&p->lock);
 	/* Create the shortfall; map harvested pages first, new ones after. */
@@ -1002,7 +1005,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		nmapped += r == CUDA_SUCCESS;
 	}
 	if (r == CUDA_SUCCESS) {
-		r = p->drv->set_access(p->drv, base, off - base, &p->cfg.device, 1);
+		r = p->drv->set_access(p->drv, base, off - base, acc, (int)nacc);
 		calls_access++;
 	}
 	if (r != CUDA_SUCCESS) {
@@ -1315,6 +1318,8 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	p->st.page_size = p->page;
 	if (p->cfg.front_entries > VPMM_FRONT_MAX)
 		p->cfg.front_entries = VPMM_FRONT_MAX;
+	p->access[0] = cfg->device;
+	p->naccess = 1;
 	p->chunks = calloc(VPMM_MAX_CHUNKS, sizeof(*p->chunks));
 	if (!p->chunks) {
 		rc = -ENOMEM;

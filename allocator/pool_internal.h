@@ -16,6 +16,7 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 
 #define VPMM_MAX_CHUNKS 1024 /* fixed: the fast path reads chunks unlocked */
 #define VPMM_FRONT_MAX 32    /* most entries of a stream's cache (front.c) */
+#define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
 
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;
@@ -145,6 +146,13 @@ struct vpmm_pool {
 	uint64_t free_seq; /* counter behind region->seq */
 	uint64_t settled_count; /* free regions settled so far */
 	size_t inflight; /* bytes being created by defragmentations, for the limit */
+
+	/* Devices granted access to every mapped page: [0] is cfg.device, then
+	 * peers (vpmm_pool_grant). A defragmentation copies the list before
+	 * dropping the lock; a grant waits until no region is busy, so no
+	 * mapping in flight can miss a device. */
+	int access[VPMM_MAX_ACCESS];
+	unsigned naccess;
 
 	CUresult last_result;
 	struct vpmm_stats st;

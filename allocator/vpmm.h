@@ -107,6 +107,36 @@ int vpmm_pool_find(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,
 /* Whether `ptr` lies in VA this pool reserved (live or not). */
 bool vpmm_pool_owns(vpmm_pool *pool, CUdeviceptr ptr);
 
+/* ---- sharing (share.c) ---------------------------------------------------- */
+
+/* Grant `device` read/write access to every page the pool maps, now and
+ * from now on (pages mapped later, remapped pages): what peer access means
+ * for pool memory. Idempotent. -EINVAL: a bad device or too many; -EIO or
+ * -ENOMEM: the driver refused (vpmm_pool_last_result tells how; the pool is
+ * unchanged for later mappings); -EAGAIN: driver work of other threads
+ * kept the pool busy for seconds. */
+int vpmm_pool_grant(vpmm_pool *pool, int device);
+/* The devices with access (the pool's own first); returns how many. */
+size_t vpmm_pool_access(vpmm_pool *pool, int *out, size_t cap);
+
+/* One physical handle under an allocation, mapped whole. */
+struct vpmm_piece {
+	CUmemGenericAllocationHandle handle;
+	size_t size;
+};
+struct vpmm_extent {
+	CUdeviceptr base; /* the allocation holding the pointer */
+	size_t size;
+	size_t offset;    /* of base inside the first piece */
+	size_t npieces;   /* pieces under [base, base + size) */
+};
+/* The handles under the live allocation holding `ptr`, in address order:
+ * pieces first .. first+cap-1 into out, the allocation into *ext. Returns
+ * how many were copied, or -EINVAL when ptr is in no live allocation. The
+ * handles stay valid while the allocation stays live. */
+int vpmm_pool_pieces(vpmm_pool *pool, CUdeviceptr ptr, size_t first,
+		     struct vpmm_piece *out, size_t cap, struct vpmm_extent *ext);
+
 size_t vpmm_pool_page_size(const vpmm_pool *pool);
 /* The CUresult behind the last -EIO or -ENOMEM (CUDA_SUCCESS if none). */
 CUresult vpmm_pool_last_result(vpmm_pool *pool);

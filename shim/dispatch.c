@@ -74,6 +74,9 @@ static struct {
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
 	struct dev_pool dev[MAX_DEVICES];
+	/* peers[d]: devices the program let access device d's memory; a pool
+	 * made later grants them too. Under lock. */
+	uint64_t peers[MAX_DEVICES];
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Hook counters, striped: threads allocating at once would otherwise all
@@ -117,6 +120,7 @@ static void atfork_child(void)
 		atomic_store(&st.dev[i].ctx, NULL);
 	}
 	st.lock = fresh;
+	memset(st.peers, 0, sizeof st.peers);
 	st.drv = NULL;
 	st.active = false;
 	atomic_store(&st.torn_down, false);
@@ -172,6 +176,8 @@ static void start_observers(const struct vpmm_env_options *o)
 		.trace_stop = vpmm_trace_close,
 		.trace_flush = vpmm_trace_flush,
 		.trace_status = vpmm_trace_status,
+		.ipc = vpmm_ipc_serve,
+		.tick = vpmm_ipc_tick,
 	};
 	vpmm_server_start(&sc); /* says why on stderr if it cannot serve */
 }
@@ -241,6 +247,17 @@ bool vpmm_active(void)
 	return st.active;
 }
 
+static void grant_peer(vpmm_pool *p, int dev, int peer)
+{
+	int e = vpmm_pool_grant(p, peer);
+	if (e)
+		vpmm_log(VPMM_LOG_WARN,
+			 "device %d: peer access for device %d to its pool memory failed (%s, CUresult %d)",
+			 dev, peer, strerror(-e), (int)vpmm_pool_last_result(p));
+	else
+		VPMM_LOGF(VPMM_LOG_INFO, "device %d: pool memory accessible from device %d", dev, peer);
+}
+
 /* The pool of `dev`, created on first use in context `ctx`; NULL when the
  * device passes through. */
 static vpmm_pool *pool_for(int dev)
@@ -267,6 +284,9 @@ static vpmm_pool *pool_for(int dev)
 				 dev, strerror(-e));
 			p = NULL;
 		} else {
+			for (int d = 0; d < MAX_DEVICES; d++)
+				if (st.peers[dev] >> d & 1)
+					grant_peer(p, dev, d);
 			atomic_store_explicit(&st.dev[dev].ctx, ctx, memory_order_relaxed);
 			atomic_store_explicit(&st.dev[dev].pool, p, memory_order_release);
 			if (atomic_load(&st.ndev) <= dev)
@@ -630,6 +650,12 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		vpmm_pool_find(atomic_load(&dp->pool), ptr, &base, &size);
 		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
 	}
+	if (vpmm_ipc_defer_free((int)(dp - st.dev), ptr, ps)) {
+		leave(&sc);
+		vpmm_count(VPMM_HOOK_pool_free);
+		*res = CUDA_SUCCESS;
+		return true;
+	}
 	e = vpmm_pool_free(atomic_load(&dp->pool), ptr, ps);
 	leave(&sc);
 	*res = pool_result(atomic_load(&dp->pool), e);
@@ -692,6 +718,48 @@ bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
 		return false;
 	dp = owner_of(ptr);
 	return dp && vpmm_pool_find(atomic_load(&dp->pool), ptr, base, size) == 0;
+}
+
+vpmm_driver *vpmm_shim_driver(void)
+{
+	return vpmm_active() ? st.drv : NULL;
+}
+
+vpmm_pool *vpmm_device_pool(int device, CUcontext *ctx)
+{
+	vpmm_pool *p = existing_pool(device);
+	if (p && ctx)
+		*ctx = atomic_load(&st.dev[device].ctx);
+	return p;
+}
+
+int vpmm_owner_device(CUdeviceptr ptr)
+{
+	struct dev_pool *dp = vpmm_active() ? owner_of(ptr) : NULL;
+	return dp ? (int)(dp - st.dev) : -1;
+}
+
+void vpmm_peer_enabled(CUcontext peer)
+{
+	CUdevice me, owner;
+	CUcontext popped;
+	if (vpmm_tls_inside || !peer || !vpmm_active())
+		return;
+	if (vpmm_real.ctx_get_device(&me) != CUDA_SUCCESS ||
+	    vpmm_real.ctx_push(peer) != CUDA_SUCCESS)
+		return;
+	CUresult r = vpmm_real.ctx_get_device(&owner);
+	vpmm_real.ctx_pop(&popped);
+	if (r != CUDA_SUCCESS || (int)owner < 0 || (int)owner >= MAX_DEVICES ||
+	    (int)me < 0 || (int)me >= MAX_DEVICES || me == owner)
+		return;
+	pthread_mutex_lock(&st.lock);
+	st.peers[owner] |= (uint64_t)1 << (int)me;
+	vpmm_pool *p = existing_pool((int)owner);
+	pthread_mutex_unlock(&st.lock);
+	/* A pool made meanwhile granted it already; a second grant is a no-op. */
+	if (p)
+		grant_peer(p, (int)owner, (int)me);
 }
 
 /* ---- the library's own API ------------------------------------------------------- */

@@ -228,6 +228,11 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
 CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
 				void **data, CUdeviceptr ptr) VPMM_EXPORT;
 CUresult cuStreamDestroy_v2(CUstream s) VPMM_EXPORT;
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) VPMM_EXPORT;
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+			       unsigned int flags) VPMM_EXPORT;
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) VPMM_EXPORT;
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) VPMM_EXPORT;
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
@@ -368,6 +373,50 @@ CUresult cuStreamDestroy_v2(CUstream s)
 	REAL(stream_destroy, s);
 }
 
+/* Pool memory is shared through the shim on both sides (ipc.c); the
+ * driver's own IPC refuses VMM memory. */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuIpcGetMemHandle);
+	if (vpmm_ipc_get(handle, dptr, &r))
+		return r;
+	REAL(ipc_get, handle, dptr);
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuIpcOpenMemHandle_v2);
+	if (vpmm_ipc_open(pdptr, &handle, flags, &r))
+		return r;
+	REAL(ipc_open, pdptr, handle, flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuIpcCloseMemHandle);
+	if (vpmm_ipc_close(dptr, &r))
+		return r;
+	REAL(ipc_close, dptr);
+}
+
+/* Peer access does not reach VMM mappings by itself: once the driver
+ * enabled it, the peer's pool grants this device access to its pages. */
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuCtxEnablePeerAccess);
+	vpmm_resolve();
+	if (!vpmm_real.peer_enable)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.peer_enable(peer, flags);
+	if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+		vpmm_peer_enabled(peer);
+	return r;
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------- */
 
 /* The runtime asks for "cuGetProcAddress" through cuGetProcAddress itself
@@ -432,6 +481,10 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_PTR_ATTR] = (vpmm_fnptr)cuPointerGetAttribute,
 	[VPMM_W_PTR_ATTRS] = (vpmm_fnptr)cuPointerGetAttributes,
 	[VPMM_W_STREAM_DESTROY] = (vpmm_fnptr)cuStreamDestroy_v2,
+	[VPMM_W_IPC_GET] = (vpmm_fnptr)cuIpcGetMemHandle,
+	[VPMM_W_IPC_OPEN] = (vpmm_fnptr)cuIpcOpenMemHandle_v2,
+	[VPMM_W_IPC_CLOSE] = (vpmm_fnptr)cuIpcCloseMemHandle,
+	[VPMM_W_PEER_ENABLE] = (vpmm_fnptr)cuCtxEnablePeerAccess,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ----------------------------------------------------- */

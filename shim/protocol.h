@@ -15,6 +15,9 @@
  * gets an error reply and the connection is closed; other malformed requests
  * get an error reply and the connection stays usable.
  *
+ * The replies to ipc-open and ipc-pieces carry file descriptors: they come
+ * with the reply's first byte (SCM_RIGHTS), in the order of its "pieces".
+ *
  * Versions: a server speaks exactly VPMM_PROTOCOL; a change that a reader
  * could misread (a field changing meaning) bumps it. New fields and new
  * requests do not.
@@ -27,6 +30,9 @@
 
 #define VPMM_PROTOCOL 1
 #define VPMM_REQUEST_MAX 4096
+/* Descriptors passed (SCM_RIGHTS) with one reply, at most: ipc-open and
+ * ipc-pieces hand out a handle's file descriptor per piece. */
+#define VPMM_IPC_MAX_FDS 128
 /* A reply longer than this is refused by the server and by the client. */
 #define VPMM_REPLY_MAX ((size_t)256 << 20)
 

@@ -86,6 +86,10 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 	[VPMM_W_PTR_ATTR] = {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, 0},
 	[VPMM_W_PTR_ATTRS] = {"cuPointerGetAttributes", "cuPointerGetAttributes", 7000, 0},
 	[VPMM_W_STREAM_DESTROY] = {"cuStreamDestroy_v2", "cuStreamDestroy", 4000, 0},
+	[VPMM_W_IPC_GET] = {"cuIpcGetMemHandle", "cuIpcGetMemHandle", 4010, 0},
+	[VPMM_W_IPC_OPEN] = {"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle", 11000, 0},
+	[VPMM_W_IPC_CLOSE] = {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010, 0},
+	[VPMM_W_PEER_ENABLE] = {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, 0},
 };
 
 #define KNOWN_MAX 4
@@ -213,6 +217,10 @@ static void find_cuda(void)
 	TARGET(vpmm_real.ptr_attr, VPMM_W_PTR_ATTR);
 	TARGET(vpmm_real.ptr_attrs, VPMM_W_PTR_ATTRS);
 	TARGET(vpmm_real.stream_destroy, VPMM_W_STREAM_DESTROY);
+	TARGET(vpmm_real.ipc_get, VPMM_W_IPC_GET);
+	TARGET(vpmm_real.ipc_open, VPMM_W_IPC_OPEN);
+	TARGET(vpmm_real.ipc_close, VPMM_W_IPC_CLOSE);
+	TARGET(vpmm_real.peer_enable, VPMM_W_PEER_ENABLE);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));

@@ -99,6 +99,9 @@ struct client {
 	struct sbuf out;
 	size_t outoff;
 	bool closing;         /* close once `out` is written */
+	long pid;             /* the peer's, from SO_PEERCRED */
+	int fds[VPMM_IPC_MAX_FDS]; /* go with the reply's first byte */
+	unsigned nfds;
 	uint64_t deadline_ms; /* of the current phase (reading or writing) */
 };
 
@@ -114,6 +117,7 @@ struct server {
 	struct client *clients;
 	unsigned nclients;
 	uint64_t accept_pause_until; /* out of descriptors: stop accepting a while */
+	uint64_t next_tick_ms;
 	/* The poll set, owned by the thread; held here so that it stays
 	 * reachable while the thread runs to the process's exit. */
 	struct pollfd *pfd;
@@ -379,6 +383,49 @@ static const char *req_trace(struct server *s, const char *arg, struct sbuf *b, 
 	return NULL;
 }
 
+/* The ipc requests hand the client's pid to the hook and park the
+ * descriptors in the client until its reply is sent. */
+static struct client *g_serving; /* the client whose line is being served */
+
+static const char *req_ipc(struct server *s, const char *name, const char *arg,
+			   struct sbuf *b, char *err, size_t errlen)
+{
+	struct client *c = g_serving;
+	if (!s->cfg.ipc)
+		return "unsupported: this process shares no memory";
+	char fields[8192];
+	fields[0] = '\0';
+	c->nfds = 0;
+	const char *e = s->cfg.ipc(name, arg ? arg : "", c->pid, fields, sizeof(fields), c->fds,
+				   &c->nfds);
+	if (e) {
+		while (c->nfds)
+			close(c->fds[--c->nfds]);
+		snprintf(err, errlen, "%s", e);
+		return err;
+	}
+	sb_printf(b, "%s", fields);
+	return NULL;
+}
+
+static const char *req_ipc_open(struct server *s, const char *arg, struct sbuf *b, char *err,
+				size_t errlen)
+{
+	return req_ipc(s, "ipc-open", arg, b, err, errlen);
+}
+
+static const char *req_ipc_pieces(struct server *s, const char *arg, struct sbuf *b,
+				  char *err, size_t errlen)
+{
+	return req_ipc(s, "ipc-pieces", arg, b, err, errlen);
+}
+
+static const char *req_ipc_close(struct server *s, const char *arg, struct sbuf *b,
+				 char *err, size_t errlen)
+{
+	return req_ipc(s, "ipc-close", arg, b, err, errlen);
+}
+
 static const char *req_help(struct server *s, const char *arg, struct sbuf *b, char *err,
 			    size_t errlen);
 static const char *req_version(struct server *s, const char *arg, struct sbuf *b, char *err,
@@ -394,6 +441,9 @@ static const struct request requests[] = {
 	{ "config", req_config, "config" },
 	{ "trim", req_trim, "trim [KEEP]" },
 	{ "trace", req_trace, "trace start PATH | stop | status | flush" },
+	{ "ipc-open", req_ipc_open, "ipc-open ID TOKEN" },
+	{ "ipc-pieces", req_ipc_pieces, "ipc-pieces ID TOKEN FIRST" },
+	{ "ipc-close", req_ipc_close, "ipc-close ID TOKEN" },
 };
 
 static const char *req_help(struct server *s, const char *arg, struct sbuf *b, char *err,
@@ -431,6 +481,12 @@ static void reply_error(struct sbuf *b, const char *request, const char *msg)
 	sb_printf(b, ",\"error\":");
 	sb_str(b, msg);
 	sb_printf(b, "}\n");
+}
+
+static void drop_fds(struct client *c)
+{
+	while (c->nfds)
+		close(c->fds[--c->nfds]);
 }
 
 /* Parses and answers one request line (without its newline) into c->out.
@@ -498,14 +554,18 @@ static void serve_line(struct server *s, struct client *c, char *line, size_t le
 	}
 	sb_printf(b, "{\"protocol\":%d,\"ok\":true,\"request\":\"%s\",\"pid\":%ld", VPMM_PROTOCOL,
 		  rq->name, (long)getpid());
+	g_serving = c;
 	const char *e = rq->fn(s, arg, b, err, sizeof(err));
+	g_serving = NULL;
 	if (e) {
 		reply_error(b, rq->name, e);
 		return;
 	}
 	sb_printf(b, "}\n");
-	if (b->failed)
+	if (b->failed) {
 		reply_error(b, rq->name, "reply too large or out of memory");
+		drop_fds(c);
+	}
 	if (b->failed) { /* not even the error fits: drop the connection */
 		b->len = 0;
 		c->closing = true;
@@ -516,6 +576,7 @@ static void serve_line(struct server *s, struct client *c, char *line, size_t le
 
 static void client_close(struct client *c)
 {
+	drop_fds(c);
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;
@@ -539,13 +600,14 @@ static void refuse(int fd, const char *msg)
 	close(fd);
 }
 
-static bool peer_allowed(int fd, uid_t *peer_uid)
+static bool peer_allowed(int fd, uid_t *peer_uid, long *peer_pid)
 {
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
 		return false;
 	*peer_uid = cred.uid;
+	*peer_pid = (long)cred.pid;
 	return cred.uid == geteuid() || cred.uid == 0;
 }
 
@@ -562,7 +624,8 @@ static void accept_clients(struct server *s)
 			return; /* EAGAIN or a transient error */
 		}
 		uid_t uid = (uid_t)-1;
-		if (!peer_allowed(fd, &uid)) {
+		long pid = 0;
+		if (!peer_allowed(fd, &uid, &pid)) {
 			char msg[128];
 			snprintf(msg, sizeof(msg),
 				 "permission denied: uid %ld may not read this process's pool",
@@ -580,6 +643,8 @@ static void accept_clients(struct server *s)
 			continue;
 		}
 		slot->fd = fd;
+		slot->pid = pid;
+		slot->nfds = 0;
 		slot->inlen = 0;
 		slot->outoff = 0;
 		slot->closing = false;
@@ -636,13 +701,34 @@ static void client_read(struct server *s, struct client *c)
 	process_input(s, c);
 }
 
+/* The reply's first bytes and the descriptors, in one message. */
+static ssize_t send_with_fds(struct client *c)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * VPMM_IPC_MAX_FDS)];
+		struct cmsghdr align;
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct iovec iov = {c->out.p + c->outoff, c->out.len - c->outoff};
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			     .msg_controllen = CMSG_SPACE(sizeof(int) * c->nfds)};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int) * c->nfds);
+	memcpy(CMSG_DATA(cm), c->fds, sizeof(int) * c->nfds);
+	return sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 static void client_write(struct server *s, struct client *c)
 {
 	while (c->outoff < c->out.len) {
-		ssize_t n = send(c->fd, c->out.p + c->outoff, c->out.len - c->outoff,
-				 MSG_NOSIGNAL | MSG_DONTWAIT);
+		ssize_t n = c->nfds ? send_with_fds(c)
+				    : send(c->fd, c->out.p + c->outoff, c->out.len - c->outoff,
+					   MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n > 0) {
 			c->outoff += (size_t)n;
+			drop_fds(c); /* the peer has its own copies now */
 			continue;
 		}
 		if (n < 0 && errno == EINTR)
@@ -702,6 +788,10 @@ static void *server_main(void *arg)
 			pfd[n] = (struct pollfd){ .fd = c->fd,
 						  .events = writing ? POLLOUT : POLLIN };
 			who[n++] = i;
+		}
+		if (s->cfg.tick && now >= s->next_tick_ms) {
+			s->cfg.tick();
+			s->next_tick_ms = now + 1000;
 		}
 		int rc = poll(pfd, n, (int)(next - now) + 1);
 		if (rc < 0) {
@@ -915,9 +1005,12 @@ static void atfork_child(void)
 	atomic_store(&g_exiting_view, NULL);
 	if (!s)
 		return;
-	for (unsigned i = 0; i < s->nclients; i++)
+	for (unsigned i = 0; i < s->nclients; i++) {
 		if (s->clients[i].fd >= 0)
 			close(s->clients[i].fd);
+		for (unsigned k = 0; k < s->clients[i].nfds; k++)
+			close(s->clients[i].fds[k]);
+	}
 	if (s->listen_fd >= 0)
 		close(s->listen_fd);
 	close(s->wake[0]);

@@ -11,6 +11,8 @@
  *   config                the effective configuration
  *   trim [KEEP]           hook: release free memory beyond KEEP bytes
  *   trace start PATH | stop | status | flush    hooks: trace recording
+ *   ipc-open, ipc-pieces, ipc-close    hook: cudaIpc* between processes
+ *                         (shim/ipc.c); replies carry descriptors
  *
  * Safety: a default directory is created 0700 and refused if it is not ours
  * or is open to group/others; the socket is 0600; a peer whose uid is neither
@@ -62,6 +64,17 @@ struct vpmm_server_config {
 	int (*trace_flush)(void);
 	/* true if a trace is being written; its absolute path and event count */
 	bool (*trace_status)(char *path, size_t n, uint64_t *events);
+
+	/* `ipc-open`, `ipc-pieces`, `ipc-close` (shim/ipc.c): `request` is the
+	 * name, `arg` the rest of the line, `peer` the client's pid. Writes the
+	 * reply's fields (",\"key\":value...") into `fields` and up to
+	 * VPMM_IPC_MAX_FDS descriptors to pass with the reply into fds (the
+	 * server closes them once sent, or on failure). Returns NULL, or the
+	 * error sentence (then no fds). */
+	const char *(*ipc)(const char *request, const char *arg, long peer, char *fields,
+			   size_t fields_len, int *fds, unsigned *nfds);
+	/* Called on the server thread about once a second. */
+	void (*tick)(void);
 
 	unsigned max_clients;       /* 0: 16 */
 	unsigned client_timeout_ms; /* 0: 2000; bounds each read and write phase */

@@ -69,6 +69,10 @@ void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(cuPointerGetAttribute)                                              \
 	X(cuPointerGetAttributes)                                             \
 	X(cuStreamDestroy_v2)                                                 \
+	X(cuIpcGetMemHandle)                                                  \
+	X(cuIpcOpenMemHandle_v2)                                              \
+	X(cuIpcCloseMemHandle)                                                \
+	X(cuCtxEnablePeerAccess)                                              \
 	X(cuGetProcAddress)                                                   \
 	X(cuGetProcAddress_v2)                                                \
 	X(dlsym_wrapped)            /* dlsym answers that were our wrappers */  \
@@ -115,6 +119,10 @@ enum vpmm_wrapped {
 	VPMM_W_PTR_ATTR,
 	VPMM_W_PTR_ATTRS,
 	VPMM_W_STREAM_DESTROY,
+	VPMM_W_IPC_GET,
+	VPMM_W_IPC_OPEN,
+	VPMM_W_IPC_CLOSE,
+	VPMM_W_PEER_ENABLE,
 	VPMM_W_COUNT
 };
 
@@ -134,6 +142,10 @@ struct vpmm_real {
 	CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
 	CUresult (*ptr_attrs)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
 	CUresult (*stream_destroy)(CUstream);
+	CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
+	CUresult (*ipc_close)(CUdeviceptr);
+	CUresult (*peer_enable)(CUcontext, unsigned);
 	/* Helpers for the dispatch layer; any may be NULL on an old driver. */
 	CUresult (*ctx_get_current)(CUcontext *);
 	CUresult (*ctx_get_device)(CUdevice *);
@@ -227,6 +239,31 @@ CUresult vpmm_torch_real(CUdeviceptr *inout, size_t size, int device, CUstream s
 void vpmm_add_reusable(size_t *free_bytes, size_t total);
 /* The live pool allocation holding ptr: true with base and size. */
 bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+
+/* For ipc.c: the driver layer, a device's pool (NULL if none) and the
+ * context it was made in, the device whose pool owns ptr (-1: none). */
+vpmm_driver *vpmm_shim_driver(void);
+vpmm_pool *vpmm_device_pool(int device, CUcontext *ctx);
+int vpmm_owner_device(CUdeviceptr ptr);
+/* The program enabled peer access from the current context to `peer`'s
+ * memory: the peer's pool grants the current device. */
+void vpmm_peer_enabled(CUcontext peer);
+
+/* ---- ipc.c ------------------------------------------------------------------------ */
+
+/* Each returns true when it handled the call (the result in *res), false
+ * when the call is the driver's own (not pool memory, not our handle). */
+bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res);
+bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flags,
+		   CUresult *res);
+bool vpmm_ipc_close(CUdeviceptr ptr, CUresult *res);
+/* A free of pool memory that another process has open: true when it was
+ * deferred until the last opener closes (the caller then reports success). */
+bool vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream);
+/* The server's ipc-* requests and its once-a-second tick (server.h). */
+const char *vpmm_ipc_serve(const char *request, const char *arg, long peer, char *fields,
+			   size_t len, int *fds, unsigned *nfds);
+void vpmm_ipc_tick(void);
 
 /* Calls the real runtime's cudaFree(NULL) to make the runtime set up its
  * context on this thread (dispatch.c uses it; hooks.c defines it). */

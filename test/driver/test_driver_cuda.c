@@ -193,6 +193,16 @@ static CUresult f_MemExportToShareableHandle(void *out, CUmemGenericAllocationHa
 	*(int *)out = 99;
 	return CUDA_SUCCESS;
 }
+static CUresult f_MemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+					       CUmemAllocationHandleType type)
+{
+	fk.last = "cuMemImportFromShareableHandle";
+	cr_assert_eq(fk.mode, CU_STREAM_CAPTURE_MODE_RELAXED, "import outside relaxed mode");
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || (int)(uintptr_t)os != 99)
+		return CUDA_ERROR_INVALID_VALUE;
+	*h = 0x1234;
+	return CUDA_SUCCESS;
+}
 static CUresult f_ThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
 	CUstreamCaptureMode old = fk.mode;
@@ -240,6 +250,7 @@ static const struct {
 	FAKE("cuStreamIsCapturing", f_StreamIsCapturing),
 	FAKE("cuMemGetInfo_v2", f_MemGetInfo),
 	FAKE("cuMemExportToShareableHandle", f_MemExportToShareableHandle),
+	FAKE("cuMemImportFromShareableHandle", f_MemImportFromShareableHandle),
 	FAKE("cuThreadExchangeStreamCaptureMode", f_ThreadExchangeStreamCaptureMode),
 	FAKE("cuCtxGetCurrent", f_CtxGetCurrent),
 	FAKE("cuCtxSetCurrent", f_CtxSetCurrent),
@@ -397,6 +408,12 @@ Test(driver, cuda_calls_reach_the_entry_points)
 	OK(d->export_fd(d, h, &fd));
 	cr_assert_eq(fd, 99);
 	cr_assert_eq(fk.mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+	CUmemGenericAllocationHandle imp = 0;
+	OK(d->import_fd(d, fd, &imp));
+	cr_assert_str_eq(fk.last, "cuMemImportFromShareableHandle");
+	cr_assert_eq(imp, 0x1234);
+	cr_assert_eq(fk.mode, CU_STREAM_CAPTURE_MODE_GLOBAL, "capture mode not restored");
+	cr_assert_eq(d->import_fd(d, -1, &imp), CUDA_ERROR_INVALID_VALUE);
 
 	CUcontext ctx = NULL;
 	OK(d->ctx_current(d, &ctx));

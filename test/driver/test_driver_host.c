@@ -841,6 +841,16 @@ Test(driver, fault_injection_each_op_has_no_effect)
 	cr_assert_eq(fd, 77);
 	cr_assert_eq(open_fds(), fds);
 
+	OK(d->export_fd(d, h, &fd));
+	CUmemGenericAllocationHandle h3 = 77;
+	size_t live_before = open_fds();
+	FAULT(VPMM_OP_IMPORT_FD, d->import_fd(d, fd, &h3));
+	cr_assert_eq(h3, 77);
+	cr_assert_eq(open_fds(), live_before);
+	OK(d->import_fd(d, fd, &h3));
+	OK(d->mem_release(d, h3));
+	close(fd);
+
 	CUcontext ctx = NULL;
 	FAULT(VPMM_OP_CTX_CURRENT, d->ctx_current(d, &ctx));
 	cr_assert_null(ctx);

@@ -642,6 +642,78 @@ CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
 	return D->export_fd(D, h, (int *)out);
 }
 
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+					    CUmemAllocationHandleType type);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+					CUmemAllocationHandleType type)
+{
+	NEED_INIT();
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_INVALID_VALUE;
+	return D->import_fd(D, (int)(uintptr_t)os, h);
+}
+
+/* ---- IPC and peers ------------------------------------------------------------------------- */
+
+/* The fake has no IPC of its own: like the real driver on VMM memory, it
+ * refuses every pointer; a handle it did not make is invalid. What the
+ * tests check is that the shim answers for pool memory and passes the rest
+ * through. */
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p);
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags);
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p);
+API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
+API int fakecuda_accessible(CUdeviceptr p, int device);
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	(void)h;
+	(void)p;
+	NEED_INIT();
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+	(void)p;
+	(void)h;
+	(void)flags;
+	NEED_INIT();
+	return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	(void)p;
+	NEED_INIT();
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+static bool peer_on[MAX_DEV][MAX_DEV]; /* [accessor][owner], under lock */
+
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	CUresult r = ctx_state();
+	struct fake_ctx *p = (struct fake_ctx *)peer, *me = current();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (flags || !p || p < ctxs || p >= ctxs + ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (p->device == me->device)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lock);
+	bool was = peer_on[me->device][p->device];
+	peer_on[me->device][p->device] = true;
+	pthread_mutex_unlock(&lock);
+	return was ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+}
+
+/* Test control: whether device `device` may access p (mapped memory). */
+int fakecuda_accessible(CUdeviceptr p, int device)
+{
+	return D && vpmm_host_accessible(D, p, device);
+}
+
 /* ---- plain allocations ---------------------------------------------------------------------- */
 
 API CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
@@ -945,6 +1017,11 @@ static const struct proc procs[] = {
 	P("cuMemUnmap", 10020, cuMemUnmap),
 	P("cuMemSetAccess", 10020, cuMemSetAccess),
 	P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+	P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+	P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+	P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+	P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+	P("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
 	P("cuMemAlloc", 2000, cuMemAlloc),
 	P("cuMemAlloc", 3020, cuMemAlloc_v2),
 	P("cuMemFree", 2000, cuMemFree),

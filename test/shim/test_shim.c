@@ -182,6 +182,66 @@ DRV_SCENARIO(gpa)
 DRV_SCENARIO(dlsym)
 DRV_SCENARIO(linked)
 
+/* ---- sharing between processes, peers --------------------------------------------------- */
+
+Test(shim_ipc, share_pool, .timeout = 60)
+{
+	run(IPC_PROG, "share", true, NULL);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "share ok"), "%s", R.out);
+	/* the one complaint: the stale handle's opener */
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: error:", "no such shared allocation"), 1, "%s",
+		     R.out);
+}
+
+/* More handles than one reply carries descriptors: fetched in batches. */
+Test(shim_ipc, share_many_pieces, .timeout = 60)
+{
+	const char *const env[] = {"VPMM_HANDLE_SIZE=64K", "IPC_SIZE=20971520", NULL};
+	run(IPC_PROG, "share", true, env);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "share ok"), "%s", R.out);
+}
+
+Test(shim_ipc, share_without_shim, .timeout = 30)
+{
+	run(IPC_PROG, "share", false, REAL);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "no ipc without the shim"), "%s", R.out);
+}
+
+Test(shim_ipc, refuse_pool, .timeout = 30)
+{
+	run(IPC_PROG, "refuse", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+	const char *const off[] = {"VPMM_SOCKET=off", NULL};
+	run(IPC_PROG, "refuse", true, off);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm: error:", "needs this process's vpmm socket"), 1,
+		     "%s", R.out);
+	run(IPC_PROG, "refuse", false, REAL);
+	EXPECT_OK();
+}
+
+Test(shim_ipc, open_with_shim_disabled, .timeout = 30)
+{
+	run(IPC_PROG, "disabled", true, NULL);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm: error:", "only opens with libvpmm active"), 1, "%s",
+		     R.out);
+}
+
+Test(shim_ipc, peer_pool, .timeout = 30)
+{
+	run(IPC_PROG, "peer", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+	run(IPC_PROG, "peer", false, REAL);
+	EXPECT_OK();
+}
+
 /* ---- the pluggable allocator ------------------------------------------------------------ */
 
 Test(shim_torch, pluggable, .timeout = 30)

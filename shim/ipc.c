@@ -1,0 +1,721 @@
+/* ipc.c — cudaIpc* on pool memory, between processes that both run the shim.
+ *
+ * Owns: the handle's wire format, the owner's table of exported allocations
+ * (who has them open, frees deferred while they do), the owner's side of the
+ * ipc-* socket requests, and the opener's side: fetching the pages'
+ * descriptors, importing and mapping them, and closing.
+ *
+ * Why not the driver's own IPC: cuIpcGetMemHandle refuses memory made with
+ * the VMM API (docs/cuda-facts.md). What the VMM API shares is a physical
+ * handle, as a file descriptor, and a descriptor crosses processes only over
+ * a Unix socket (SCM_RIGHTS). So the 64-byte handle names the owner's pid,
+ * an export id and a random token; the opener asks the owner's vpmm socket
+ * (the one vpmm-dump uses) for the descriptors of the handles under the
+ * allocation, maps them whole in a reservation of its own and returns the
+ * allocation's address inside it.
+ *
+ * Keeping pages alive: the driver keeps imported memory alive while the
+ * opener maps it, but the owner's pool would hand a freed allocation's pages
+ * to its next malloc. So a free of an allocation that is open elsewhere is
+ * deferred (an event records where the free's stream was) until the last
+ * opener closes it or exits; the pool then frees it as settled memory.
+ *
+ * Pointers the pool does not own pass through to the driver both ways; a
+ * handle of ours opened without the shim fails in the driver (it is no
+ * handle the driver made), one opened with the shim off fails here, with a
+ * log line saying why.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "protocol.h"
+#include "server.h"
+#include "shim.h"
+
+#define IPC_MAGIC "vpmmIPC1"
+#define IPC_TIMEOUT_S 10 /* an owner that does not answer: give up */
+
+/* What travels in CUipcMemHandle's 64 bytes. */
+struct ipc_wire {
+	char magic[8];
+	uint64_t token;  /* the owner process's random: a stale pid is no match */
+	uint64_t id;     /* the export, in the owner's table */
+	uint64_t base;   /* the owner's address and size: for messages */
+	uint64_t size;
+	int32_t pid;     /* the owner */
+	int32_t device;
+	char pad[16];
+};
+_Static_assert(sizeof(struct ipc_wire) == sizeof(CUipcMemHandle),
+	       "the wire format fills CUipcMemHandle exactly");
+
+/* ---- the owner's table ---------------------------------------------------------- */
+
+struct opener {
+	long pid;
+	unsigned opens; /* > 0 */
+	struct opener *next;
+};
+
+struct export {
+	uint64_t id;
+	int device;
+	CUdeviceptr base;
+	size_t size;
+	struct opener *openers;
+	/* The program freed it while open elsewhere: the pool frees it once
+	 * no opener is left, after `ev` (recorded on the free's stream; NULL
+	 * for a synchronous free) completed. */
+	bool freed;
+	CUevent ev;
+	struct export *next;
+};
+
+#define EXPORT_BUCKETS 256
+
+static struct {
+	pthread_mutex_t lock; /* guards everything below; no driver call or
+			       * socket I/O is made while holding it */
+	struct export *bucket[EXPORT_BUCKETS]; /* by base */
+	uint64_t next_id;
+	uint64_t token;
+} own = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Exports alive: a free looks at the table only when there is any. */
+static atomic_uint nexports;
+
+static unsigned bucket_of(CUdeviceptr base)
+{
+	return (unsigned)((base >> 9) * 0x9E3779B97F4A7C15ull >> 56) % EXPORT_BUCKETS;
+}
+
+/* own.lock held. */
+static struct export *export_by_base(CUdeviceptr base, int device)
+{
+	for (struct export *e = own.bucket[bucket_of(base)]; e; e = e->next)
+		if (e->base == base && e->device == device && !e->freed)
+			return e;
+	return NULL;
+}
+
+static struct export *export_by_id(uint64_t id)
+{
+	for (unsigned b = 0; b < EXPORT_BUCKETS; b++)
+		for (struct export *e = own.bucket[b]; e; e = e->next)
+			if (e->id == id)
+				return e;
+	return NULL;
+}
+
+static void export_unlink(struct export *e)
+{
+	for (struct export **l = &own.bucket[bucket_of(e->base)]; *l; l = &(*l)->next)
+		if (*l == e) {
+			*l = e->next;
+			atomic_fetch_sub(&nexports, 1);
+			return;
+		}
+}
+
+static struct opener **opener_link(struct export *e, long pid)
+{
+	struct opener **l = &e->openers;
+	while (*l && (*l)->pid != pid)
+		l = &(*l)->next;
+	return l;
+}
+
+/* The deferred free, now that nobody has the allocation open: on the
+ * server's thread (a close or an opener's exit), in the pool's context. */
+static void finish_free(struct export *e)
+{
+	vpmm_driver *drv = vpmm_shim_driver();
+	CUcontext ctx = NULL;
+	vpmm_pool *pool = vpmm_device_pool(e->device, &ctx);
+	if (pool && drv) {
+		drv->ctx_bind(drv, ctx);
+		if (e->ev) {
+			drv->event_sync(drv, e->ev);
+			drv->event_destroy(drv, e->ev);
+		}
+		int rc = vpmm_pool_free(pool, e->base, VPMM_NO_STREAM);
+		VPMM_LOGF(VPMM_LOG_DEBUG, "ipc: %#llx freed after its last opener (%d)",
+			  (unsigned long long)e->base, rc);
+	}
+	free(e);
+}
+
+bool vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream)
+{
+	if (!atomic_load_explicit(&nexports, memory_order_acquire))
+		return false;
+	pthread_mutex_lock(&own.lock);
+	struct export *e = export_by_base(ptr, device);
+	if (e && !e->openers) {
+		export_unlink(e); /* a later handle names a new export */
+		pthread_mutex_unlock(&own.lock);
+		free(e);
+		return false;
+	}
+	if (e)
+		e->freed = true;
+	pthread_mutex_unlock(&own.lock);
+	if (!e)
+		return false;
+	/* Where the free's stream is now: the pool must not hand the memory
+	 * out before that work is done. On failure the CPU waits now. */
+	vpmm_driver *drv = vpmm_shim_driver();
+	CUevent ev = NULL;
+	if (stream != VPMM_NO_STREAM && drv->event_create(drv, &ev) == CUDA_SUCCESS &&
+	    drv->event_record(drv, ev, stream) != CUDA_SUCCESS) {
+		drv->event_destroy(drv, ev);
+		ev = NULL;
+		vpmm_real.stream_synchronize(stream);
+	}
+	pthread_mutex_lock(&own.lock);
+	e->ev = ev;
+	pthread_mutex_unlock(&own.lock);
+	VPMM_LOGF(VPMM_LOG_INFO, "ipc: %#llx freed while open in another process: kept until closed",
+		  (unsigned long long)ptr);
+	return true;
+}
+
+/* The path another process of ours would serve: the default rule. */
+static int default_socket_path(char *buf, size_t n, long pid)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int m = vpmm_socket_dir(dir, sizeof dir, getenv("XDG_RUNTIME_DIR"),
+				(unsigned long)geteuid());
+	if (m < 0 || (size_t)m >= sizeof dir)
+		return -ENAMETOOLONG;
+	m = vpmm_socket_path(buf, n, dir, pid);
+	return m < 0 || (size_t)m >= n ? -ENAMETOOLONG : 0;
+}
+
+bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
+{
+	if (vpmm_tls_inside || !vpmm_active())
+		return false;
+	int device = vpmm_owner_device(ptr);
+	if (device < 0)
+		return false; /* not ours: the driver's own IPC */
+	CUdeviceptr base;
+	size_t size;
+	if (!handle || !vpmm_find_live(ptr, &base, &size)) {
+		*res = CUDA_ERROR_INVALID_VALUE;
+		return true;
+	}
+	char want[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	if (default_socket_path(want, sizeof want, (long)getpid()) != 0 ||
+	    strcmp(vpmm_server_socket(), want) != 0) {
+		vpmm_log(VPMM_LOG_ERROR,
+			 "cudaIpcGetMemHandle on pool memory needs this process's vpmm socket at %s (VPMM_SOCKET is off or elsewhere)",
+			 want);
+		*res = CUDA_ERROR_NOT_SUPPORTED;
+		return true;
+	}
+	struct export *fresh = calloc(1, sizeof *fresh);
+	pthread_mutex_lock(&own.lock);
+	if (!own.token && getrandom(&own.token, sizeof own.token, 0) != sizeof own.token)
+		own.token = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&own ^ 0x5bd1e995u;
+	struct export *e = export_by_base(base, device);
+	if (!e && fresh) {
+		e = fresh;
+		fresh = NULL;
+		e->id = ++own.next_id;
+		e->device = device;
+		e->base = base;
+		e->size = size;
+		unsigned b = bucket_of(base);
+		e->next = own.bucket[b];
+		own.bucket[b] = e;
+		atomic_fetch_add(&nexports, 1);
+	}
+	struct ipc_wire w = {.magic = IPC_MAGIC, .token = own.token, .base = base, .size = size,
+			     .pid = (int32_t)getpid(), .device = device};
+	if (e)
+		w.id = e->id;
+	pthread_mutex_unlock(&own.lock);
+	free(fresh);
+	if (!e) {
+		*res = CUDA_ERROR_OUT_OF_MEMORY;
+		return true;
+	}
+	memcpy(handle, &w, sizeof w);
+	*res = CUDA_SUCCESS;
+	return true;
+}
+
+/* ---- the owner's requests (server thread) ---------------------------------------- */
+
+static const char *serve_pieces(struct export *snapshot, size_t first, char *fields, size_t len,
+				int *fds, unsigned *nfds, char *err, size_t errlen)
+{
+	vpmm_driver *drv = vpmm_shim_driver();
+	CUcontext ctx = NULL;
+	vpmm_pool *pool = vpmm_device_pool(snapshot->device, &ctx);
+	struct vpmm_piece pc[VPMM_IPC_MAX_FDS];
+	struct vpmm_extent ext;
+	if (!pool || !drv)
+		return "the allocation's pool is gone";
+	int n = vpmm_pool_pieces(pool, snapshot->base, first, pc, VPMM_IPC_MAX_FDS, &ext);
+	if (n < 0 || ext.base != snapshot->base)
+		return "the shared allocation is no longer live";
+	drv->ctx_bind(drv, ctx);
+	for (int i = 0; i < n; i++) {
+		CUresult r = drv->export_fd(drv, pc[i].handle, &fds[i]);
+		if (r != CUDA_SUCCESS) {
+			while (*nfds)
+				close(fds[--*nfds]);
+			snprintf(err, errlen,
+				 "cannot export the pages (CUresult %d): the driver made them unshareable",
+				 (int)r);
+			return err;
+		}
+		++*nfds;
+	}
+	size_t at = (size_t)snprintf(fields, len,
+				     ",\"offset\":%zu,\"size\":%zu,\"npieces\":%zu,\"first\":%zu,\"pieces\":[",
+				     ext.offset, ext.size, ext.npieces, first);
+	for (int i = 0; i < n && at < len; i++)
+		at += (size_t)snprintf(fields + at, len - at, "%s%zu", i ? "," : "", pc[i].size);
+	if (at < len)
+		at += (size_t)snprintf(fields + at, len - at, "]");
+	if (at >= len) {
+		while (*nfds)
+			close(fds[--*nfds]);
+		return "reply too long";
+	}
+	return NULL;
+}
+
+const char *vpmm_ipc_serve(const char *request, const char *arg, long peer, char *fields,
+			   size_t len, int *fds, unsigned *nfds)
+{
+	static char err[160];
+	uint64_t id = 0, token = 0;
+	size_t first = 0;
+	int got = sscanf(arg, "%" SCNu64 " %" SCNu64 " %zu", &id, &token, &first);
+	bool pieces = strcmp(request, "ipc-pieces") == 0;
+	bool open = strcmp(request, "ipc-open") == 0;
+	if (got < 2 || (pieces && got < 3))
+		return pieces ? "ipc-pieces takes ID TOKEN FIRST" : "takes ID TOKEN";
+	struct export snap, *done = NULL;
+	const char *e = NULL;
+	pthread_mutex_lock(&own.lock);
+	struct export *x = token == own.token ? export_by_id(id) : NULL;
+	struct opener **l = x ? opener_link(x, peer) : NULL;
+	if (!x || (open && x->freed)) {
+		e = "no such shared allocation here (freed, or named by another process)";
+	} else if (open) {
+		if (!*l && (*l = calloc(1, sizeof **l)))
+			(*l)->pid = peer;
+		if (*l)
+			(*l)->opens++;
+		else
+			e = "out of memory";
+	} else if (!*l) {
+		e = "this process has not opened that allocation";
+	} else if (!pieces) { /* ipc-close */
+		struct opener *o = *l;
+		if (--o->opens == 0) {
+			*l = o->next;
+			free(o);
+		}
+		if (!x->openers && x->freed) {
+			export_unlink(x);
+			done = x;
+		}
+	}
+	if (x)
+		snap = *x;
+	pthread_mutex_unlock(&own.lock);
+	if (done)
+		finish_free(done);
+	if (e || (!open && !pieces))
+		return e;
+	e = serve_pieces(&snap, open ? 0 : first, fields, len, fds, nfds, err, sizeof err);
+	if (e && open) { /* the open did not happen */
+		pthread_mutex_lock(&own.lock);
+		x = export_by_id(id);
+		l = x ? opener_link(x, peer) : NULL;
+		if (l && *l && --(*l)->opens == 0) {
+			struct opener *o = *l;
+			*l = o->next;
+			free(o);
+		}
+		pthread_mutex_unlock(&own.lock);
+	}
+	return e;
+}
+
+/* Openers that exited without closing close now. */
+void vpmm_ipc_tick(void)
+{
+	if (!atomic_load_explicit(&nexports, memory_order_acquire))
+		return;
+	struct export *done = NULL;
+	pthread_mutex_lock(&own.lock);
+	for (unsigned b = 0; b < EXPORT_BUCKETS; b++) {
+		for (struct export **xl = &own.bucket[b]; *xl;) {
+			struct export *x = *xl;
+			for (struct opener **l = &x->openers; *l;) {
+				if (kill((pid_t)(*l)->pid, 0) != 0 && errno == ESRCH) {
+					struct opener *o = *l;
+					*l = o->next;
+					free(o);
+				} else {
+					l = &(*l)->next;
+				}
+			}
+			if (x->freed && !x->openers) {
+				*xl = x->next;
+				atomic_fetch_sub(&nexports, 1);
+				x->next = done;
+				done = x;
+			} else {
+				xl = &x->next;
+			}
+		}
+	}
+	pthread_mutex_unlock(&own.lock);
+	while (done) {
+		struct export *x = done;
+		done = x->next;
+		finish_free(x);
+	}
+}
+
+/* ---- the opener ------------------------------------------------------------------- */
+
+struct import {
+	CUdeviceptr ptr; /* what cuIpcOpenMemHandle returned */
+	CUdeviceptr va;  /* our reservation, all of it mapped */
+	size_t len;
+	long owner;
+	uint64_t id, token;
+	struct import *next;
+};
+
+static pthread_mutex_t imp_lock = PTHREAD_MUTEX_INITIALIZER; /* guards imports */
+static struct import *imports;
+
+static int owner_connect(long pid)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if (default_socket_path(a.sun_path, sizeof a.sun_path, pid) != 0)
+		return -ENAMETOOLONG;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	struct timeval tv = {IPC_TIMEOUT_S, 0};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+/* One request, one reply line; descriptors that come with it are appended
+ * to fds (those beyond `cap` are closed). Returns 0 or a negative errno. */
+static int ask(int fd, const char *line, char *reply, size_t cap, int *fds, unsigned fdcap,
+	       unsigned *nfds)
+{
+	size_t len = strlen(line), off = 0;
+	while (off < len) {
+		ssize_t n = send(fd, line + off, len - off, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EPIPE;
+		off += (size_t)n;
+	}
+	size_t got = 0;
+	for (;;) {
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * VPMM_IPC_MAX_FDS)];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = {reply + got, cap - 1 - got};
+		struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+				     .msg_controllen = sizeof u.buf};
+		if (got + 1 >= cap)
+			return -EMSGSIZE;
+		ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -ECONNRESET;
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < k; i++) {
+				int d;
+				memcpy(&d, CMSG_DATA(cm) + i * sizeof(int), sizeof d);
+				if (*nfds < fdcap)
+					fds[(*nfds)++] = d;
+				else
+					close(d);
+			}
+		}
+		got += (size_t)n;
+		reply[got] = '\0';
+		if (memchr(reply, '\n', got))
+			return 0;
+	}
+}
+
+static bool field_u64(const char *json, const char *key, uint64_t *out)
+{
+	char k[32];
+	snprintf(k, sizeof k, "\"%s\":", key);
+	const char *p = strstr(json, k);
+	return p && sscanf(p + strlen(k), "%" SCNu64, out) == 1;
+}
+
+/* The owner's error sentence, for our log line. */
+static const char *reply_error(const char *json, char *buf, size_t n)
+{
+	const char *p = strstr(json, "\"error\":\"");
+	size_t i = 0;
+	if (p)
+		for (p += 9; *p && *p != '"' && i + 1 < n; p++)
+			buf[i++] = *p;
+	buf[i] = '\0';
+	return i ? buf : "no answer";
+}
+
+static void tell_closed(long owner, uint64_t id, uint64_t token)
+{
+	int fd = owner_connect(owner);
+	if (fd < 0)
+		return; /* gone: nothing to keep alive there */
+	char line[128], reply[512];
+	unsigned nfds = 0;
+	snprintf(line, sizeof line, "vpmm %d ipc-close %" PRIu64 " %" PRIu64 "\n", VPMM_PROTOCOL,
+		 id, token);
+	ask(fd, line, reply, sizeof reply, NULL, 0, &nfds);
+	close(fd);
+}
+
+struct fetched {
+	int fds[VPMM_IPC_MAX_FDS];
+	unsigned n;
+	uint64_t sizes[VPMM_IPC_MAX_FDS];
+};
+
+/* Parses one ipc-open/ipc-pieces reply: its sizes, matched to its fds. */
+static int parse_batch(const char *reply, struct fetched *f, uint64_t *offset, uint64_t *size,
+		       uint64_t *npieces)
+{
+	const char *p = strstr(reply, "\"pieces\":[");
+	if (!strstr(reply, "\"ok\":true") || !p || !field_u64(reply, "offset", offset) ||
+	    !field_u64(reply, "size", size) || !field_u64(reply, "npieces", npieces))
+		return -EPROTO;
+	unsigned k = 0;
+	for (p += 10; *p && *p != ']'; k++) {
+		char *end;
+		unsigned long long v = strtoull(p, &end, 10);
+		if (end == p || k >= f->n)
+			return -EPROTO;
+		f->sizes[k] = v;
+		p = *end == ',' ? end + 1 : end;
+	}
+	return k == f->n ? 0 : -EPROTO;
+}
+
+bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flags,
+		   CUresult *res)
+{
+	struct ipc_wire w;
+	(void)flags; /* lazy peer access: the opener's device is granted below */
+	if (vpmm_tls_inside || !handle)
+		return false;
+	memcpy(&w, handle, sizeof w);
+	if (memcmp(w.magic, IPC_MAGIC, sizeof w.magic) != 0)
+		return false; /* the driver's own handle */
+	if (!vpmm_active()) {
+		vpmm_log(VPMM_LOG_ERROR,
+			 "cudaIpcOpenMemHandle: the handle names libvpmm memory of process %d, which only opens with libvpmm active",
+			 (int)w.pid);
+		*res = CUDA_ERROR_INVALID_HANDLE;
+		return true;
+	}
+	if (!out) {
+		*res = CUDA_ERROR_INVALID_VALUE;
+		return true;
+	}
+	if (w.pid == (int32_t)getpid()) { /* as the driver: not in its own process */
+		*res = CUDA_ERROR_INVALID_CONTEXT;
+		return true;
+	}
+	vpmm_driver *drv = vpmm_shim_driver();
+	struct fetched *f = calloc(1, sizeof *f);
+	struct import *im = calloc(1, sizeof *im);
+	CUmemGenericAllocationHandle *hs = NULL;
+	uint64_t *sizes = NULL;
+	char line[160], reply[16384], ebuf[200];
+	uint64_t offset = 0, size = 0, npieces = 0, len = 0;
+	size_t nh = 0, mapped = 0;
+	bool opened = false, reserved = false;
+	CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+	int fd = -1, e = 0;
+
+	if (!f || !im)
+		goto fail;
+	fd = owner_connect(w.pid);
+	if (fd < 0) {
+		vpmm_log(VPMM_LOG_ERROR,
+			 "cudaIpcOpenMemHandle: cannot reach process %d's vpmm socket (%s): is it alive and under libvpmm?",
+			 (int)w.pid, strerror(-fd));
+		r = CUDA_ERROR_INVALID_HANDLE;
+		goto fail;
+	}
+	do { /* batches of descriptors until every piece is here */
+		if (!opened)
+			snprintf(line, sizeof line, "vpmm %d ipc-open %" PRIu64 " %" PRIu64 "\n",
+				 VPMM_PROTOCOL, w.id, w.token);
+		else
+			snprintf(line, sizeof line,
+				 "vpmm %d ipc-pieces %" PRIu64 " %" PRIu64 " %zu\n", VPMM_PROTOCOL,
+				 w.id, w.token, nh);
+		e = ask(fd, line, reply, sizeof reply, f->fds, VPMM_IPC_MAX_FDS, &f->n);
+		if (!e && !strstr(reply, "\"ok\":true")) {
+			vpmm_log(VPMM_LOG_ERROR, "cudaIpcOpenMemHandle: process %d says: %s",
+				 (int)w.pid, reply_error(reply, ebuf, sizeof ebuf));
+			r = CUDA_ERROR_INVALID_HANDLE;
+			goto fail;
+		}
+		opened |= !e;
+		if (!e)
+			e = parse_batch(reply, f, &offset, &size, &npieces);
+		if (!e && (!f->n || npieces > SIZE_MAX / sizeof *sizes || nh + f->n > npieces))
+			e = -EPROTO;
+		if (e) {
+			vpmm_log(VPMM_LOG_ERROR, "cudaIpcOpenMemHandle: process %d: %s", (int)w.pid,
+				 strerror(-e));
+			r = CUDA_ERROR_INVALID_HANDLE;
+			goto fail;
+		}
+		if (!hs && (!(hs = calloc(npieces, sizeof *hs)) ||
+			    !(sizes = calloc(npieces, sizeof *sizes))))
+			goto fail;
+		for (unsigned i = 0; i < f->n; i++) {
+			r = drv->import_fd(drv, f->fds[i], &hs[nh]);
+			if (r != CUDA_SUCCESS)
+				goto fail;
+			sizes[nh++] = f->sizes[i];
+			len += f->sizes[i];
+		}
+		while (f->n)
+			close(f->fds[--f->n]);
+	} while (nh < npieces);
+	if (offset + size > len) {
+		r = CUDA_ERROR_INVALID_HANDLE;
+		goto fail;
+	}
+
+	r = drv->va_reserve(drv, len, &im->va);
+	if (r != CUDA_SUCCESS)
+		goto fail;
+	reserved = true;
+	CUdeviceptr at = im->va;
+	for (; mapped < nh; mapped++) {
+		r = drv->map(drv, at, sizes[mapped], hs[mapped]);
+		if (r != CUDA_SUCCESS)
+			goto fail;
+		at += sizes[mapped];
+	}
+	int dev = -1; /* the calling thread's device */
+	r = drv->set_access(drv, im->va, len, &dev, 1);
+	if (r != CUDA_SUCCESS) {
+		vpmm_log(VPMM_LOG_ERROR,
+			 "cudaIpcOpenMemHandle: mapping process %d's pages failed (CUresult %d)",
+			 (int)w.pid, (int)r);
+		goto fail;
+	}
+	/* The mappings hold the memory now. */
+	for (size_t i = 0; i < nh; i++)
+		drv->mem_release(drv, hs[i]);
+	close(fd);
+	im->ptr = im->va + offset;
+	im->len = len;
+	im->owner = w.pid;
+	im->id = w.id;
+	im->token = w.token;
+	pthread_mutex_lock(&imp_lock);
+	im->next = imports;
+	imports = im;
+	pthread_mutex_unlock(&imp_lock);
+	free(hs);
+	free(sizes);
+	free(f);
+	*out = im->ptr;
+	*res = CUDA_SUCCESS;
+	VPMM_LOGF(VPMM_LOG_DEBUG, "ipc: opened %" PRIu64 " bytes of process %d at %#llx (%zu pieces)",
+		  size, (int)w.pid, (unsigned long long)im->ptr, nh);
+	return true;
+
+fail:
+	while (f && f->n)
+		close(f->fds[--f->n]);
+	if (mapped) {
+		CUdeviceptr end = im->va;
+		for (size_t i = 0; i < mapped; i++)
+			end += sizes[i];
+		drv->unmap(drv, im->va, end - im->va);
+	}
+	if (reserved)
+		drv->va_free(drv, im->va, len);
+	for (size_t i = 0; i < nh; i++)
+		drv->mem_release(drv, hs[i]);
+	if (fd >= 0)
+		close(fd);
+	if (opened)
+		tell_closed(w.pid, w.id, w.token);
+	free(hs);
+	free(sizes);
+	free(f);
+	free(im);
+	*res = r == CUDA_SUCCESS ? CUDA_ERROR_UNKNOWN : r;
+	return true;
+}
+
+bool vpmm_ipc_close(CUdeviceptr ptr, CUresult *res)
+{
+	if (vpmm_tls_inside)
+		return false;
+	pthread_mutex_lock(&imp_lock);
+	struct import **l = &imports;
+	while (*l && (*l)->ptr != ptr)
+		l = &(*l)->next;
+	struct import *im = *l;
+	if (im)
+		*l = im->next;
+	pthread_mutex_unlock(&imp_lock);
+	if (!im)
+		return false; /* the driver's own */
+	vpmm_driver *drv = vpmm_shim_driver();
+	CUresult r = drv->unmap(drv, im->va, im->len);
+	if (r == CUDA_SUCCESS)
+		r = drv->va_free(drv, im->va, im->len);
+	tell_closed(im->owner, im->id, im->token);
+	free(im);
+	*res = r;
+	return true;
+}
