@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# gpu-share.sh — issue 6's sharing checks on real GPUs: cudaIpc* between two
+# processes (test/gpu/share.cu ipc), torch.multiprocessing sharing CUDA
+# tensors (test/gpu/share_torch.py, no-caching mode and caching allocator),
+# and peer access after a defragmentation (share.cu peer: needs 2 GPUs, says
+# SKIP on one). Each runs without the shim (the driver's behaviour, the
+# baseline) and with it (EXPECT_POOL=1: the pool must have served). Needs gcc,
+# nvcc, python3 with torch; no meson. Results in $OUT (default
+# build-gpu-share/): share.log and summary.txt. Exit 0 when every step passed.
+#
+# Environment: CUDA_HOME (default /usr/local/cuda), GPU_ARCH (sm_90),
+# SHARE_ONLY (a regex of step names).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/build-gpu-share}
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+ARCH=${GPU_ARCH:-sm_90}
+ONLY=${SHARE_ONLY:-.}
+W=$(mktemp -d)
+mkdir -p "$OUT"
+LOG=$OUT/share.log
+: >"$LOG"
+export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
+RESULTS=()
+FAILED=0
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+step() { # NAME COMMAND...
+	local name=$1
+	shift
+	[[ $name =~ $ONLY ]] || return 0
+	say "== $name: $*"
+	local t0=$SECONDS
+	if declare -F "$1" >/dev/null; then
+		"$@" >"$W/step.txt" 2>&1
+	else
+		timeout 300 "$@" >"$W/step.txt" 2>&1
+	fi
+	local rc=$?
+	cat "$W/step.txt" >>"$LOG"
+	tail -n 3 "$W/step.txt"
+	local note=""
+	grep -q '^SKIP' "$W/step.txt" && note=" (skipped: $(grep -m1 '^SKIP' "$W/step.txt"))"
+	if [ "$rc" -eq 0 ]; then
+		RESULTS+=("ok      $name ($((SECONDS - t0)) s)$note")
+	else
+		RESULTS+=("FAILED  $name (exit $rc, $((SECONDS - t0)) s)")
+		FAILED=1
+	fi
+}
+
+say "gpu-share: $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+
+sources() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
+build() {
+	gcc -O2 -g -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
+		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" \
+		$(sources allocator) $(sources shim) \
+		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,defs \
+		-lpthread -ldl -o "$W/libvpmm.so" &&
+		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/share" "$ROOT/test/gpu/share.cu"
+}
+step build build
+LIB=$W/libvpmm.so
+if [ -f "$LIB" ]; then
+	# Without the shim the driver's own IPC and peer access: the baseline.
+	step ipc-native "$W/share" ipc
+	step ipc-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" "$W/share" ipc
+	step torch-nocache-native env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 "$ROOT/test/gpu/share_torch.py"
+	step torch-nocache-shim env EXPECT_POOL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$LIB" \
+		python3 "$ROOT/test/gpu/share_torch.py"
+	step torch-caching-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" python3 "$ROOT/test/gpu/share_torch.py"
+	step peer-native "$W/share" peer
+	step peer-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" "$W/share" peer
+fi
+printf '%s\n' "${RESULTS[@]}" | tee "$OUT/summary.txt"
+rm -rf "$W"
+exit $FAILED
