@@ -172,7 +172,7 @@ struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h)
 		free(s);
 		return NULL;
 	}
-	s->id = p->nstreams++;
+	s->id = __atomic_fetch_add(&p->nstreams, 1, __ATOMIC_RELEASE);
 	s->epoch = 1;
 	vpmm_tree_init(&s->free_by_size, region_by_size, s->id + 1);
 	struct stream **tail = &p->streams;
@@ -1747,6 +1747,31 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 		poll_stream(p, s);
 	vpmm_small_drain_locked(p);
 	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false);
+	pthread_mutex_unlock(&p->lock);
+	return n;
+}
+
+int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
+{
+	if (!p)
+		return -EINVAL;
+	/* A pool only synchronous callers used has nothing to settle. */
+	if (!__atomic_load_n(&p->nstreams, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&p->lock);
+	uint64_t settled = p->settled_count;
+	if (before_sync) {
+		/* Parked frees join their stream's pending ones, so that the
+		 * events closing the open epochs cover them too. */
+		for (struct stream *s = p->streams; s; s = s->next)
+			vpmm_front_flush_stream_locked(p, s);
+		poll_others(p, NULL);
+	} else {
+		for (struct stream *s = p->streams; s; s = s->next)
+			poll_stream(p, s);
+		vpmm_small_drain_locked(p);
+	}
+	int n = (int)(p->settled_count - settled);
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }

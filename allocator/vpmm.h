@@ -97,6 +97,13 @@ int vpmm_pool_reclaim(vpmm_pool *pool);
  * real destroy. Returns 0 or a negative errno (the stream is retired all the
  * same). */
 int vpmm_pool_stream_gone(vpmm_pool *pool, CUstream stream);
+/* Around a synchronisation of the device (cudaFree's): called with
+ * before_sync before it, every stream's pending and cached frees get an
+ * event (their open epochs close); called without after it, every event
+ * that completed settles its frees, so that memory freed on any stream is
+ * reusable by all and merges with its free neighbours. Returns how many
+ * free regions settled, or a negative errno. */
+int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */
 long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);

@@ -612,6 +612,11 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 
 	ps = pool_stream(stream, via);
 	if (ps == VPMM_NO_STREAM) {
+		/* The synchronisation completes every stream's work: frees made
+		 * on streams settle with it, if events say so (one per stream
+		 * with frees in its open epoch), instead of staying out of
+		 * reach of other streams and of merging. */
+		vpmm_pool_poll(atomic_load(&dp->pool), true);
 		r = sync_context(dp);
 	} else if (ps == CU_STREAM_PER_THREAD) {
 		if (capturing(ps) == 1)
@@ -657,6 +662,8 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		return true;
 	}
 	e = vpmm_pool_free(atomic_load(&dp->pool), ptr, ps);
+	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)
+		vpmm_pool_poll(atomic_load(&dp->pool), false);
 	leave(&sc);
 	*res = pool_result(atomic_load(&dp->pool), e);
 	if (!e)
@@ -766,6 +773,7 @@ void vpmm_peer_enabled(CUcontext peer)
 
 VPMM_EXPORT int vpmm_shim_active(void);
 VPMM_EXPORT int vpmm_shim_stats(int device, struct vpmm_stats *out);
+VPMM_EXPORT long vpmm_shim_check(int device, FILE *log);
 VPMM_EXPORT long vpmm_shim_stats_json(int device, char *buf, size_t len);
 VPMM_EXPORT long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit);
 VPMM_EXPORT unsigned long long vpmm_shim_hook_calls(const char *name);
@@ -786,6 +794,14 @@ int vpmm_shim_stats(int device, struct vpmm_stats *out)
 		return -ENODEV;
 	vpmm_pool_stats(p, out);
 	return 0;
+}
+
+/* vpmm_pool_check() of the device's pool: the number of broken invariants
+ * (each written to log, which may be NULL), or -ENODEV without a pool. */
+long vpmm_shim_check(int device, FILE *log)
+{
+	vpmm_pool *p = existing_pool(device);
+	return p ? (long)vpmm_pool_check(p, log) : -ENODEV;
 }
 
 /* The stats as one JSON object; returns the length it needed (snprintf-like)

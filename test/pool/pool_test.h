@@ -41,6 +41,8 @@ struct pt_setup {
 	uint64_t event_interval_ns;
 	size_t small_max;     /* sub-page classes up to this (0: whole pages) */
 	size_t grain;         /* allocation unit (0: the page, the spec's rule) */
+	unsigned front_entries; /* per-stream caches (0: off, every free reaches
+				 * the structures under test) */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -90,7 +92,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 	cfg.defrag = s->defrag;
 	cfg.small_max = s->small_max; /* default 0: whole pages, the page-level
 				       * rules under test */
-	cfg.front_entries = 0; /* every free reaches the structures under test */
+	cfg.front_entries = s->front_entries;
 	cfg.grain = s->grain;
 	cfg.handle_size = 0; /* one page a handle: the spec's unit of remapping */
 	if (!s->keep_event_interval)

@@ -343,3 +343,44 @@ Test(streams, malloc_on_no_stream_gets_no_pending_memory)
 	pt_settle(&t);
 	pt_close(&t);
 }
+
+/* Around a device synchronisation (the shim's cudaFree): frees made on a
+ * stream, pending or parked in its cache, become everyone's memory. */
+Test(streams, poll_around_sync_settles_every_stream)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000000000,
+			      .front_entries = 16};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 4, s);
+	CUdeviceptr b = PT_MALLOC(&t, 2, s);
+	CUdeviceptr keep = PT_MALLOC(&t, 1, VPMM_NO_STREAM);
+	PT_FREE(&t, a, s); /* parked in s's cache */
+	PT_FREE(&t, b, s);
+	cr_assert_eq(vpmm_pool_poll(t.pool, false), 0, "nothing completed yet");
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.events_recorded, s0.events_recorded + 1,
+		     "one event closes s's open epoch");
+	cr_assert_eq(s1.parked, 0, "s's cache was not flushed");
+	PT_CHECK(&t);
+	vpmm_host_complete_all(t.drv); /* the synchronisation */
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 1);
+	PT_CHECK(&t);
+	struct vpmm_region_info ri;
+	cr_assert(pt_region_at(&t, a, &ri));
+	cr_assert_eq(ri.kind, VPMM_REGION_FREE);
+	cr_assert(ri.settled, "a is still s's");
+	cr_assert_geq(ri.size, 6 * t.page, "a and b did not merge (%zu)", ri.size);
+	/* A synchronous caller takes it in place, without growing. */
+	struct vpmm_stats s2 = pt_stats(&t);
+	CUdeviceptr c = PT_MALLOC(&t, 6, VPMM_NO_STREAM);
+	cr_assert_eq(c, a);
+	cr_assert_eq(pt_stats(&t).pages_created, s2.pages_created);
+	PT_FREE(&t, c, VPMM_NO_STREAM);
+	PT_FREE(&t, keep, VPMM_NO_STREAM);
+	pt_settle(&t);
+	pt_close(&t);
+}
