@@ -3,14 +3,17 @@
 # the shim's checks (scripts/gpu-shim.sh: CUDA C static and shared, memcheck,
 # CuPy, PyTorch training, the seed's laboratory cases), vpmm-dump against a
 # PyTorch process (scripts/gpu-dump.sh, when present), the hot path through
-# the shim against the CUDA pool (bench/shim_hotpath.cu), and issue 5's
-# comparisons (scripts/gpu-bench.sh). Prints a short table last.
+# the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's sharing
+# checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and soak checks (scripts/gpu-reliability.sh, about 6 minutes
+# by itself), and issue 5's comparisons (scripts/gpu-bench.sh). Prints a
+# short table last.
 #
 # The device tool brings back at most 8 files from $OUT: the logs go into one
 # archive, $OUT/logs.tgz, beside summary.txt and table.md.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|hotpath|bench, default all), SHIM_STEPS, DEADLINE (bench).
+# shim|dump|hotpath|share|reliab|bench, default all), SHIM_STEPS, SOAK_DURATION
+# (reliab), DEADLINE (bench).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu}
@@ -62,6 +65,20 @@ if part hotpath; then
 	else
 		note "hot path: build failed (logs/hotpath-build.txt)"
 	fi
+fi
+
+if part share; then
+	t0=$SECONDS
+	OUT=$W/logs/share bash "$ROOT/scripts/gpu-share.sh" >"$W/logs/share.txt" 2>&1
+	note "sharing (ipc, torch.multiprocessing, peers): exit $? ($((SECONDS - t0)) s)"
+	sed 's/^/  /' "$W/logs/share/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
+if part reliab && [ -f "$ROOT/scripts/gpu-reliability.sh" ]; then
+	t0=$SECONDS
+	OUT=$W/logs/reliab bash "$ROOT/scripts/gpu-reliability.sh" >"$W/logs/reliab.txt" 2>&1
+	note "reliability (out of memory, soak): exit $? ($((SECONDS - t0)) s)"
+	sed 's/^/  /' "$W/logs/reliab/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
 fi
 
 if part bench; then
