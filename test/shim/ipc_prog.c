@@ -21,6 +21,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -234,6 +236,26 @@ static void share(void)
 	printf("share ok\n");
 }
 
+/* One request on our own vpmm socket; the reply line into buf. */
+static void own_socket_ask(const char *line, char *buf, size_t n)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	snprintf(a.sun_path, sizeof a.sun_path, "/tmp/vpmm-%lu/%ld.sock",
+		 (unsigned long)geteuid(), (long)getpid());
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(fd >= 0);
+	CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+	CHECK(send(fd, line, strlen(line), 0) == (ssize_t)strlen(line));
+	size_t got = 0;
+	while (got + 1 < n && !memchr(buf, '\n', got)) {
+		ssize_t r = recv(fd, buf + got, n - 1 - got, 0);
+		CHECK(r > 0);
+		got += (size_t)r;
+		buf[got] = '\0';
+	}
+	close(fd);
+}
+
 static void refuse(void)
 {
 	start(0);
@@ -259,6 +281,25 @@ static void refuse(void)
 		CHECK_EQ(cuMemAlloc(&q, SZ), CUDA_SUCCESS);
 		CHECK_EQ(cuMemFree(q), CUDA_SUCCESS);
 		CHECK_EQ(cuIpcGetMemHandle(&h, q), CUDA_ERROR_INVALID_VALUE);
+		/* Bad requests on the socket: an error each, nothing handed out. */
+		static const struct {
+			const char *line, *says;
+		} bad[] = {
+			{"vpmm 1 ipc-open\n", "takes ID TOKEN"},
+			{"vpmm 1 ipc-open x y\n", "takes ID TOKEN"},
+			{"vpmm 1 ipc-open 1 12345\n", "no such shared allocation"},
+			{"vpmm 1 ipc-pieces 1 2\n", "takes ID TOKEN FIRST"},
+			{"vpmm 1 ipc-pieces 1 2 0\n", "no such shared allocation"},
+			{"vpmm 1 ipc-close 99 1\n", "no such shared allocation"},
+		};
+		for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+			char reply[1024] = "";
+			own_socket_ask(bad[i].line, reply, sizeof reply);
+			if (!strstr(reply, "\"ok\":false") || !strstr(reply, bad[i].says)) {
+				fprintf(stderr, "FAIL: %s -> %s\n", bad[i].line, reply);
+				exit(1);
+			}
+		}
 	}
 	CHECK_EQ(cuMemFree(a), CUDA_SUCCESS);
 	printf("refuse ok\n");
