@@ -65,8 +65,8 @@ step build build
 LIB=$W/libvpmm.so
 if [ -f "$LIB" ]; then
 	# Without the shim the driver's own IPC and peer access: the baseline.
-	step ipc-native "$W/share" ipc
-	step ipc-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" "$W/share" ipc
+	step ipc-native env SHIM_LIB="$LIB" "$W/share" ipc
+	step ipc-shim env SHIM_LIB="$LIB" EXPECT_POOL=1 LD_PRELOAD="$LIB" "$W/share" ipc
 	step torch-nocache-native env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 "$ROOT/test/gpu/share_torch.py"
 	step torch-nocache-shim env EXPECT_POOL=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$LIB" \
 		python3 "$ROOT/test/gpu/share_torch.py"

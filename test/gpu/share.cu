@@ -12,6 +12,11 @@
 //         buffer while it is open elsewhere and allocates after it: the freed
 //         memory must not be reused until the opener closed (the opener checks
 //         the owner's pattern once more after the owner's reallocation).
+//         Across the shim's edge (SHIM_LIB names libvpmm.so): a handle of
+//         pool memory opened in a process without the shim fails with an
+//         error (the driver does not know it), and a handle of plain
+//         cudaMalloc memory opened in a process under the shim works (the
+//         shim passes it through to the driver).
 //   peer  two GPUs: GPU 1 enables peer access to GPU 0, a kernel on GPU 1
 //         reads GPU 0's buffers; then GPU 0 frees every other buffer and
 //         allocates one larger than any gap (the pool remaps: pages_remapped
@@ -26,6 +31,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <string>
 #include <vector>
 
 extern char **environ;
@@ -152,6 +158,60 @@ static void ipc_open(int argc, char **argv)
 	printf("closed\n");
 }
 
+// `share ipc-one HEX`: opens one handle of the first size; prints "opened"
+// (its data checked) or "refused <error>".
+static void ipc_one(const char *hex)
+{
+	cudaIpcMemHandle_t h;
+	void *p = NULL;
+	from_hex(hex, &h);
+	cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+	if (e != cudaSuccess) {
+		printf("refused %s\n", cudaGetErrorName(e));
+		cudaGetLastError();
+		return;
+	}
+	REQUIRE(mismatches(p, sizes[0], 100) == 0);
+	CK(cudaIpcCloseMemHandle(p));
+	printf("opened\n");
+}
+
+// Runs `self ipc-one HEX` with LD_PRELOAD set to `preload` (NULL: unset);
+// returns its first line.
+static std::string run_one(const char *self, const char *hex, const char *preload)
+{
+	std::vector<std::string> env;
+	for (char **e = environ; *e; e++)
+		if (strncmp(*e, "LD_PRELOAD=", 11) && strncmp(*e, "EXPECT_POOL=", 12))
+			env.push_back(*e);
+	if (preload)
+		env.push_back(std::string("LD_PRELOAD=") + preload);
+	std::vector<char *> envp;
+	for (auto &e : env)
+		envp.push_back((char *)e.c_str());
+	envp.push_back(NULL);
+	char *argv[] = {(char *)self, (char *)"ipc-one", (char *)hex, NULL};
+	int from[2];
+	REQUIRE(pipe(from) == 0);
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+	posix_spawn_file_actions_addclose(&fa, from[0]);
+	pid_t pid;
+	REQUIRE(posix_spawn(&pid, self, &fa, NULL, argv, envp.data()) == 0);
+	close(from[1]);
+	FILE *out = fdopen(from[0], "r");
+	char line[256] = "";
+	if (!fgets(line, sizeof line, out))
+		line[0] = 0;
+	fclose(out);
+	int st;
+	REQUIRE(waitpid(pid, &st, 0) == pid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		return std::string("crashed or failed: ") + line;
+	return line;
+}
+
 static void ipc_owner(void)
 {
 	void *p[NBUF];
@@ -213,6 +273,19 @@ static void ipc_owner(void)
 	REQUIRE(fgets(line, sizeof line, out) && !strncmp(line, "closed", 6));
 	int st;
 	REQUIRE(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	// Across the shim's edge.
+	const char *lib = getenv("SHIM_LIB");
+	if (lib && *lib) {
+		if (expect_pool()) {
+			std::string got = run_one(self, hex[0], NULL);
+			printf("pool handle opened without the shim: %s", got.c_str());
+			REQUIRE(!strncmp(got.c_str(), "refused ", 8));
+		} else {
+			std::string got = run_one(self, hex[0], lib);
+			printf("driver handle opened under the shim: %s", got.c_str());
+			REQUIRE(!strncmp(got.c_str(), "opened", 6));
+		}
+	}
 	CK(cudaFree(again));
 	for (int i = 0; i < NBUF; i++)
 		if (i != 1)
@@ -287,6 +360,8 @@ int main(int argc, char **argv)
 		ipc_owner();
 	} else if (!strcmp(what, "ipc-open")) {
 		ipc_open(argc, argv);
+	} else if (!strcmp(what, "ipc-one") && argc > 2) {
+		ipc_one(argv[2]);
 	} else if (!strcmp(what, "peer")) {
 		peer();
 	} else {
