@@ -197,6 +197,7 @@ static void event_unref(vpmm_pool *p, struct event *ev)
 static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 {
 	struct event *ev = p->event_cache;
+	bool fresh = !ev;
 	CUresult r;
 	if (ev) {
 		p->event_cache = ev->next;
@@ -210,8 +211,6 @@ static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 			p->last_result = r;
 			return cu_errno(r);
 		}
-		ev->all_next = p->events;
-		p->events = ev;
 	}
 	/* The epoch moves before the record: a lock-free free that reads the
 	 * old epoch did so before this record was issued, so the event covers
@@ -219,10 +218,21 @@ static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 	uint64_t e = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
 	r = DRV(p, VPMM_OP_EVENT_RECORD, event_record, ev->ev, s->handle);
 	if (r != CUDA_SUCCESS) {
-		ev->next = p->event_cache;
-		p->event_cache = ev;
 		p->last_result = r;
+		if (fresh) {
+			/* It may be what failed (made in a context the stream is
+			 * not of): not cached, so it cannot fail every record. */
+			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+			free(ev);
+		} else {
+			ev->next = p->event_cache;
+			p->event_cache = ev;
+		}
 		return cu_errno(r);
+	}
+	if (fresh) {
+		ev->all_next = p->events;
+		p->events = ev;
 	}
 	ev->stream = s;
 	ev->epoch = e;

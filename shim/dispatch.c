@@ -151,7 +151,13 @@ static int server_trim(uint64_t keep, uint64_t *released, void *arg)
 	*released = 0;
 	for (int i = 0; i < ndev; i++) {
 		vpmm_pool *p = existing_pool(i);
-		long long n = p ? vpmm_pool_trim(p, (size_t)keep) : 0;
+		bool pushed = false;
+		if (!p)
+			continue;
+		/* trimming closes streams' epochs: events of the pool's context */
+		CUresult r = vpmm_push_pool_ctx(i, &pushed);
+		long long n = r == CUDA_SUCCESS ? vpmm_pool_trim(p, (size_t)keep) : -EIO;
+		vpmm_pop_ctx(pushed);
 		if (n < 0)
 			return (int)n;
 		*released += (uint64_t)n;
@@ -573,6 +579,43 @@ void vpmm_stream_destroying(CUstream s)
 }
 
 /* Synchronise the pool's context, as the real synchronous free would. */
+/* Makes the context the pool of `device` was created in current on this
+ * thread (pushed when another one, or none, is). Work that creates or
+ * records the pool's events must run there: an event of another device's
+ * context cannot be recorded on the pool's streams. */
+CUresult vpmm_push_pool_ctx(int device, bool *pushed)
+{
+	CUcontext cur = NULL, want;
+	*pushed = false;
+	if (device < 0 || device >= MAX_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	want = atomic_load(&st.dev[device].ctx);
+	if (!want)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (vpmm_real.ctx_get_current(&cur) == CUDA_SUCCESS && cur == want)
+		return CUDA_SUCCESS;
+	CUresult r = vpmm_real.ctx_push(want);
+	*pushed = r == CUDA_SUCCESS;
+	return r;
+}
+
+void vpmm_pop_ctx(bool pushed)
+{
+	CUcontext c;
+	if (pushed)
+		vpmm_real.ctx_pop(&c);
+}
+
+/* vpmm_pool_poll in the pool's context. */
+static void poll_pool(struct dev_pool *dp, bool before_sync)
+{
+	bool pushed;
+	if (vpmm_push_pool_ctx((int)(dp - st.dev), &pushed) != CUDA_SUCCESS)
+		return; /* the next poll, or a malloc's own, settles it */
+	vpmm_pool_poll(atomic_load(&dp->pool), before_sync);
+	vpmm_pop_ctx(pushed);
+}
+
 static CUresult sync_context(struct dev_pool *dp)
 {
 	CUcontext cur = NULL, popped, ctx = atomic_load(&dp->ctx);
@@ -616,7 +659,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		 * on streams settle with it, if events say so (one per stream
 		 * with frees in its open epoch), instead of staying out of
 		 * reach of other streams and of merging. */
-		vpmm_pool_poll(atomic_load(&dp->pool), true);
+		poll_pool(dp, true);
 		r = sync_context(dp);
 	} else if (ps == CU_STREAM_PER_THREAD) {
 		if (capturing(ps) == 1)
@@ -655,15 +698,20 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		vpmm_pool_find(atomic_load(&dp->pool), ptr, &base, &size);
 		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
 	}
-	if (vpmm_ipc_defer_free((int)(dp - st.dev), ptr, ps)) {
+	switch (vpmm_ipc_defer_free((int)(dp - st.dev), ptr, ps)) {
+	case 1:
 		leave(&sc);
 		vpmm_count(VPMM_HOOK_pool_free);
 		*res = CUDA_SUCCESS;
 		return true;
+	case -1:
+		leave(&sc);
+		*res = CUDA_ERROR_INVALID_VALUE;
+		return true;
 	}
 	e = vpmm_pool_free(atomic_load(&dp->pool), ptr, ps);
 	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)
-		vpmm_pool_poll(atomic_load(&dp->pool), false);
+		poll_pool(dp, false);
 	leave(&sc);
 	*res = pool_result(atomic_load(&dp->pool), e);
 	if (!e)

@@ -45,6 +45,9 @@
 
 #define IPC_MAGIC "vpmmIPC1"
 #define IPC_TIMEOUT_S 10 /* an owner that does not answer: give up */
+/* Most handles under one shared allocation: a 64 TiB allocation of 2 MiB
+ * pages; a reply naming more is not believed. */
+#define VPMM_IPC_MAX_PIECES ((uint64_t)1 << 25)
 
 /* What travels in CUipcMemHandle's 64 bytes. */
 struct ipc_wire {
@@ -92,6 +95,20 @@ static struct {
 	uint64_t token;
 } own = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* ---- the opener's table ----------------------------------------------------------- */
+
+struct import {
+	CUdeviceptr ptr; /* what cuIpcOpenMemHandle returned */
+	CUdeviceptr va;  /* our reservation, all of it mapped */
+	size_t len;
+	long owner;
+	uint64_t id, token;
+	struct import *next;
+};
+
+static pthread_mutex_t imp_lock = PTHREAD_MUTEX_INITIALIZER; /* guards imports */
+static struct import *imports;
+
 /* Exports alive: a free looks at the table only when there is any. */
 static atomic_uint nexports;
 
@@ -100,11 +117,12 @@ static unsigned bucket_of(CUdeviceptr base)
 	return (unsigned)((base >> 9) * 0x9E3779B97F4A7C15ull >> 56) % EXPORT_BUCKETS;
 }
 
-/* own.lock held. */
-static struct export *export_by_base(CUdeviceptr base, int device)
+/* own.lock held. At most one export of a base is live (not freed); freed
+ * ones stay until their last opener closes. */
+static struct export *export_by_base(CUdeviceptr base, int device, bool freed)
 {
 	for (struct export *e = own.bucket[bucket_of(base)]; e; e = e->next)
-		if (e->base == base && e->device == device && !e->freed)
+		if (e->base == base && e->device == device && e->freed == freed)
 			return e;
 	return NULL;
 }
@@ -136,59 +154,127 @@ static struct opener **opener_link(struct export *e, long pid)
 	return l;
 }
 
+/* Deferred frees whose openers are gone, waiting for their event (tick
+ * polls them: the server thread never blocks on the device). own.lock. */
+static struct export *finishing;
+
 /* The deferred free, now that nobody has the allocation open: on the
- * server's thread (a close or an opener's exit), in the pool's context. */
-static void finish_free(struct export *e)
+ * server's thread, in the pool's context, once the free's stream reached
+ * the free. Returns false (and changes nothing) while that work runs. */
+static bool try_finish(struct export *e)
 {
 	vpmm_driver *drv = vpmm_shim_driver();
-	CUcontext ctx = NULL;
-	vpmm_pool *pool = vpmm_device_pool(e->device, &ctx);
-	if (pool && drv) {
-		drv->ctx_bind(drv, ctx);
-		if (e->ev) {
-			drv->event_sync(drv, e->ev);
-			drv->event_destroy(drv, e->ev);
-		}
-		int rc = vpmm_pool_free(pool, e->base, VPMM_NO_STREAM);
-		VPMM_LOGF(VPMM_LOG_DEBUG, "ipc: %#llx freed after its last opener (%d)",
-			  (unsigned long long)e->base, rc);
+	vpmm_pool *pool = vpmm_device_pool(e->device, NULL);
+	bool pushed = false;
+	if (!pool || !drv) {
+		free(e);
+		return true;
 	}
+	if (vpmm_push_pool_ctx(e->device, &pushed) != CUDA_SUCCESS)
+		return false;
+	if (e->ev) {
+		CUresult r = drv->event_query(drv, e->ev);
+		if (r == CUDA_ERROR_NOT_READY) {
+			vpmm_pop_ctx(pushed);
+			return false;
+		}
+		drv->event_destroy(drv, e->ev);
+	}
+	int rc = vpmm_pool_free(pool, e->base, VPMM_NO_STREAM);
+	vpmm_pop_ctx(pushed);
+	VPMM_LOGF(VPMM_LOG_DEBUG, "ipc: %#llx freed after its last opener (%d)",
+		  (unsigned long long)e->base, rc);
 	free(e);
+	return true;
 }
 
-bool vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream)
+static void finish_free(struct export *e)
+{
+	if (try_finish(e))
+		return;
+	pthread_mutex_lock(&own.lock);
+	e->next = finishing;
+	finishing = e;
+	atomic_fetch_add(&nexports, 1); /* keeps the tick looking */
+	pthread_mutex_unlock(&own.lock);
+}
+
+int vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream)
 {
 	if (!atomic_load_explicit(&nexports, memory_order_acquire))
-		return false;
+		return 0;
 	pthread_mutex_lock(&own.lock);
-	struct export *e = export_by_base(ptr, device);
+	bool again = export_by_base(ptr, device, true) != NULL;
+	for (struct export *f = finishing; f && !again; f = f->next)
+		again = f->base == ptr && f->device == device;
+	struct export *e = export_by_base(ptr, device, false);
 	if (e && !e->openers) {
 		export_unlink(e); /* a later handle names a new export */
-		pthread_mutex_unlock(&own.lock);
 		free(e);
-		return false;
+		e = NULL;
 	}
-	if (e)
-		e->freed = true;
 	pthread_mutex_unlock(&own.lock);
+	if (again)
+		return -1; /* freed already, kept only for its openers */
 	if (!e)
-		return false;
-	/* Where the free's stream is now: the pool must not hand the memory
-	 * out before that work is done. On failure the CPU waits now. */
+		return 0;
+	/* Where the free's stream is now, before the export says "freed": the
+	 * pool must not hand the memory out before that work is done. Without
+	 * an event, the CPU waits now. */
 	vpmm_driver *drv = vpmm_shim_driver();
 	CUevent ev = NULL;
-	if (stream != VPMM_NO_STREAM && drv->event_create(drv, &ev) == CUDA_SUCCESS &&
-	    drv->event_record(drv, ev, stream) != CUDA_SUCCESS) {
-		drv->event_destroy(drv, ev);
-		ev = NULL;
-		vpmm_real.stream_synchronize(stream);
+	if (stream != VPMM_NO_STREAM) {
+		if (drv->event_create(drv, &ev) != CUDA_SUCCESS) {
+			ev = NULL;
+		} else if (drv->event_record(drv, ev, stream) != CUDA_SUCCESS) {
+			drv->event_destroy(drv, ev);
+			ev = NULL;
+		}
+		if (!ev)
+			vpmm_real.stream_synchronize(stream);
 	}
+	/* Looked up again: the last opener may have closed meanwhile. */
 	pthread_mutex_lock(&own.lock);
-	e->ev = ev;
+	e = export_by_base(ptr, device, false);
+	bool deferred = e && e->openers;
+	if (deferred) {
+		e->ev = ev;
+		e->freed = true;
+	} else if (e) {
+		export_unlink(e);
+		free(e);
+	}
 	pthread_mutex_unlock(&own.lock);
+	if (!deferred) {
+		if (ev)
+			drv->event_destroy(drv, ev);
+		return 0;
+	}
 	VPMM_LOGF(VPMM_LOG_INFO, "ipc: %#llx freed while open in another process: kept until closed",
 		  (unsigned long long)ptr);
-	return true;
+	return 1;
+}
+
+/* A forked child: nothing of the parent's sharing is its own, and the
+ * locks may have been held by threads the child does not have. */
+static void ipc_atfork_child(void)
+{
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	own.lock = fresh;
+	imp_lock = fresh;
+	memset(own.bucket, 0, sizeof own.bucket); /* the parent's, left as they are */
+	own.next_id = 0;
+	own.token = 0;
+	finishing = NULL;
+	imports = NULL;
+	atomic_store(&nexports, 0);
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void install_atfork(void)
+{
+	pthread_atfork(NULL, NULL, ipc_atfork_child);
 }
 
 /* The path another process of ours would serve: the default rule. */
@@ -216,6 +302,7 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}
+	pthread_once(&atfork_once, install_atfork);
 	char want[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	if (default_socket_path(want, sizeof want, (long)getpid()) != 0 ||
 	    strcmp(vpmm_server_socket(), want) != 0) {
@@ -229,7 +316,14 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
 	pthread_mutex_lock(&own.lock);
 	if (!own.token && getrandom(&own.token, sizeof own.token, 0) != sizeof own.token)
 		own.token = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&own ^ 0x5bd1e995u;
-	struct export *e = export_by_base(base, device);
+	if (export_by_base(base, device, true) && !export_by_base(base, device, false)) {
+		/* freed by the program, kept only for other processes */
+		pthread_mutex_unlock(&own.lock);
+		free(fresh);
+		*res = CUDA_ERROR_INVALID_VALUE;
+		return true;
+	}
+	struct export *e = export_by_base(base, device, false);
 	if (!e && fresh) {
 		e = fresh;
 		fresh = NULL;
@@ -263,19 +357,20 @@ static const char *serve_pieces(struct export *snapshot, size_t first, char *fie
 				int *fds, unsigned *nfds, char *err, size_t errlen)
 {
 	vpmm_driver *drv = vpmm_shim_driver();
-	CUcontext ctx = NULL;
-	vpmm_pool *pool = vpmm_device_pool(snapshot->device, &ctx);
+	vpmm_pool *pool = vpmm_device_pool(snapshot->device, NULL);
 	struct vpmm_piece pc[VPMM_IPC_MAX_FDS];
 	struct vpmm_extent ext;
+	bool pushed = false;
 	if (!pool || !drv)
 		return "the allocation's pool is gone";
 	int n = vpmm_pool_pieces(pool, snapshot->base, first, pc, VPMM_IPC_MAX_FDS, &ext);
 	if (n < 0 || ext.base != snapshot->base)
 		return "the shared allocation is no longer live";
-	drv->ctx_bind(drv, ctx);
+	vpmm_push_pool_ctx(snapshot->device, &pushed);
 	for (int i = 0; i < n; i++) {
 		CUresult r = drv->export_fd(drv, pc[i].handle, &fds[i]);
 		if (r != CUDA_SUCCESS) {
+			vpmm_pop_ctx(pushed);
 			while (*nfds)
 				close(fds[--*nfds]);
 			snprintf(err, errlen,
@@ -285,6 +380,7 @@ static const char *serve_pieces(struct export *snapshot, size_t first, char *fie
 		}
 		++*nfds;
 	}
+	vpmm_pop_ctx(pushed);
 	size_t at = (size_t)snprintf(fields, len,
 				     ",\"offset\":%zu,\"size\":%zu,\"npieces\":%zu,\"first\":%zu,\"pieces\":[",
 				     ext.offset, ext.size, ext.npieces, first);
@@ -313,6 +409,8 @@ const char *vpmm_ipc_serve(const char *request, const char *arg, long peer, char
 		return pieces ? "ipc-pieces takes ID TOKEN FIRST" : "takes ID TOKEN";
 	struct export snap, *done = NULL;
 	const char *e = NULL;
+	if (peer <= 0) /* another pid namespace: its exit could not be seen */
+		return "the peer's process id is unknown here";
 	pthread_mutex_lock(&own.lock);
 	struct export *x = token == own.token ? export_by_id(id) : NULL;
 	struct opener **l = x ? opener_link(x, peer) : NULL;
@@ -360,18 +458,39 @@ const char *vpmm_ipc_serve(const char *request, const char *arg, long peer, char
 	return e;
 }
 
-/* Openers that exited without closing close now. */
+/* Whether pid runs: a zombie (exited, not yet reaped by its parent, which
+ * may be us) has unmapped everything already. */
+static bool alive(long pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return !(kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *close = strrchr(buf, ')');
+	return !(close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X'));
+}
+
+/* Openers that exited without closing close now; deferred frees whose
+ * work completed finish. */
 void vpmm_ipc_tick(void)
 {
 	if (!atomic_load_explicit(&nexports, memory_order_acquire))
 		return;
 	struct export *done = NULL;
 	pthread_mutex_lock(&own.lock);
+	struct export *waiting = finishing;
+	finishing = NULL;
+	for (struct export *x = waiting; x; x = x->next)
+		atomic_fetch_sub(&nexports, 1);
 	for (unsigned b = 0; b < EXPORT_BUCKETS; b++) {
 		for (struct export **xl = &own.bucket[b]; *xl;) {
 			struct export *x = *xl;
 			for (struct opener **l = &x->openers; *l;) {
-				if (kill((pid_t)(*l)->pid, 0) != 0 && errno == ESRCH) {
+				if (!alive((*l)->pid)) {
 					struct opener *o = *l;
 					*l = o->next;
 					free(o);
@@ -390,6 +509,11 @@ void vpmm_ipc_tick(void)
 		}
 	}
 	pthread_mutex_unlock(&own.lock);
+	while (waiting) {
+		struct export *x = waiting;
+		waiting = x->next;
+		finish_free(x);
+	}
 	while (done) {
 		struct export *x = done;
 		done = x->next;
@@ -399,17 +523,6 @@ void vpmm_ipc_tick(void)
 
 /* ---- the opener ------------------------------------------------------------------- */
 
-struct import {
-	CUdeviceptr ptr; /* what cuIpcOpenMemHandle returned */
-	CUdeviceptr va;  /* our reservation, all of it mapped */
-	size_t len;
-	long owner;
-	uint64_t id, token;
-	struct import *next;
-};
-
-static pthread_mutex_t imp_lock = PTHREAD_MUTEX_INITIALIZER; /* guards imports */
-static struct import *imports;
 
 static int owner_connect(long pid)
 {
@@ -560,6 +673,7 @@ bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flag
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}
+	pthread_once(&atfork_once, install_atfork);
 	if (w.pid == (int32_t)getpid()) { /* as the driver: not in its own process */
 		*res = CUDA_ERROR_INVALID_CONTEXT;
 		return true;
@@ -602,9 +716,15 @@ bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flag
 			goto fail;
 		}
 		opened |= !e;
+		uint64_t said = 0;
 		if (!e)
-			e = parse_batch(reply, f, &offset, &size, &npieces);
-		if (!e && (!f->n || npieces > SIZE_MAX / sizeof *sizes || nh + f->n > npieces))
+			e = parse_batch(reply, f, &offset, &size, &said);
+		/* The first reply fixes the count; later ones must agree. */
+		if (!e && hs && said != npieces)
+			e = -EPROTO;
+		npieces = said;
+		if (!e && (!f->n || !npieces || npieces > VPMM_IPC_MAX_PIECES ||
+			   nh + f->n > npieces))
 			e = -EPROTO;
 		if (e) {
 			vpmm_log(VPMM_LOG_ERROR, "cudaIpcOpenMemHandle: process %d: %s", (int)w.pid,
@@ -616,6 +736,10 @@ bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flag
 			    !(sizes = calloc(npieces, sizeof *sizes))))
 			goto fail;
 		for (unsigned i = 0; i < f->n; i++) {
+			if (!f->sizes[i] || f->sizes[i] > UINT64_MAX / 2 - len) {
+				r = CUDA_ERROR_INVALID_HANDLE;
+				goto fail;
+			}
 			r = drv->import_fd(drv, f->fds[i], &hs[nh]);
 			if (r != CUDA_SUCCESS)
 				goto fail;
@@ -625,7 +749,7 @@ bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flag
 		while (f->n)
 			close(f->fds[--f->n]);
 	} while (nh < npieces);
-	if (offset + size > len) {
+	if (offset > len || size > len - offset) {
 		r = CUDA_ERROR_INVALID_HANDLE;
 		goto fail;
 	}
@@ -712,10 +836,18 @@ bool vpmm_ipc_close(CUdeviceptr ptr, CUresult *res)
 		return false; /* the driver's own */
 	vpmm_driver *drv = vpmm_shim_driver();
 	CUresult r = drv->unmap(drv, im->va, im->len);
-	if (r == CUDA_SUCCESS)
-		r = drv->va_free(drv, im->va, im->len);
+	if (r != CUDA_SUCCESS) {
+		/* Still mapped here: the owner must not reuse the pages. */
+		pthread_mutex_lock(&imp_lock);
+		im->next = imports;
+		imports = im;
+		pthread_mutex_unlock(&imp_lock);
+		*res = r;
+		return true;
+	}
+	drv->va_free(drv, im->va, im->len);
 	tell_closed(im->owner, im->id, im->token);
 	free(im);
-	*res = r;
+	*res = CUDA_SUCCESS;
 	return true;
 }

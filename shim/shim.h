@@ -243,6 +243,9 @@ bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* For ipc.c: the driver layer, a device's pool (NULL if none) and the
  * context it was made in, the device whose pool owns ptr (-1: none). */
 vpmm_driver *vpmm_shim_driver(void);
+/* The context of device's pool made current (pushed if needed), and back. */
+CUresult vpmm_push_pool_ctx(int device, bool *pushed);
+void vpmm_pop_ctx(bool pushed);
 vpmm_pool *vpmm_device_pool(int device, CUcontext *ctx);
 int vpmm_owner_device(CUdeviceptr ptr);
 /* The program enabled peer access from the current context to `peer`'s
@@ -257,9 +260,11 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res);
 bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flags,
 		   CUresult *res);
 bool vpmm_ipc_close(CUdeviceptr ptr, CUresult *res);
-/* A free of pool memory that another process has open: true when it was
- * deferred until the last opener closes (the caller then reports success). */
-bool vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream);
+/* A free of pool memory that was shared: 1 when it was deferred until the
+ * last opener closes (the caller reports success), -1 when the program
+ * freed it before and it is only kept for the openers (a double free), 0
+ * when the pool frees it now. */
+int vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream);
 /* The server's ipc-* requests and its once-a-second tick (server.h). */
 const char *vpmm_ipc_serve(const char *request, const char *arg, long peer, char *fields,
 			   size_t len, int *fds, unsigned *nfds);

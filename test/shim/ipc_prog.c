@@ -204,6 +204,11 @@ static void share(void)
 	size_t live0 = pool_stats(0).live;
 	CHECK_EQ(cuMemFree(a), CUDA_SUCCESS);
 	CHECK_EQ(pool_stats(0).live, live0);
+	/* Freed, though kept for the other process: a second free is the
+	 * program's error, and it has no handle any more. */
+	CHECK_EQ(cuMemFree(a), CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ(cuIpcGetMemHandle(&h2, a), CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ(pool_stats(0).live, live0);
 	CHECK_EQ(cuMemAlloc(&b, SZ), CUDA_SUCCESS);
 	CHECK(b + SZ <= a || a + SZ <= b);
 	for (size_t i = 0; i < SZ; i++)
