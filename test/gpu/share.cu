@@ -158,8 +158,8 @@ static void ipc_open(int argc, char **argv)
 	printf("closed\n");
 }
 
-// `share ipc-one HEX`: opens one handle of the first size; prints "opened"
-// (its data checked) or "refused <error>".
+// `share ipc-one HEX`: opens the handle of buffer 0; prints "opened" (the
+// first opener's pattern checked) or "refused <error>".
 static void ipc_one(const char *hex)
 {
 	cudaIpcMemHandle_t h;
@@ -171,7 +171,8 @@ static void ipc_one(const char *hex)
 		cudaGetLastError();
 		return;
 	}
-	REQUIRE(mismatches(p, sizes[0], 100) == 0);
+	// the first opener's pattern: it wrote over the owner's
+	REQUIRE(mismatches(p, sizes[0], 200) == 0);
 	CK(cudaIpcCloseMemHandle(p));
 	printf("opened\n");
 }
