@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -193,10 +194,11 @@ static void raw_access(CUdeviceptr va, size_t size)
 static vpmm_driver *drv;
 
 /* handle_size and growth_split as given; split < 0: the defaults. */
-static vpmm_pool *pool_new(size_t handle_size, int split = -1)
+static vpmm_pool *pool_new(size_t handle_size, int split = -1, bool background = false)
 {
 	struct vpmm_config cfg;
 	vpmm_config_default(&cfg);
+	cfg.background = background;
 	if (split >= 0) {
 		cfg.handle_size = handle_size;
 		cfg.growth_split = (unsigned)split;
@@ -460,7 +462,9 @@ static void bench_defrag(cudaStream_t s)
 		int reps = (n >= 512 ? 4 : 8) / reps_scale;
 		if (reps < 2)
 			reps = 2;
-		std::vector<double> df, next, rawv, unm;
+		std::vector<double> df, next, rawv, unm, bg_next, bg_gone;
+		uint64_t bg_left = 0;
+		double bg_by_thread = 0;
 		size_t remapped = 0, created = 0;
 		for (int rep = 0; rep <= reps; rep++) {
 			vpmm_pool *p = pool_new(0);
@@ -490,6 +494,28 @@ static void bench_defrag(cudaStream_t s)
 			struct vpmm_stats z = pool_stats(p);
 			vpmm_pool_destroy(p);
 
+			/* The same with the pool's own thread unmapping zombies (the
+			 * shim's setting): the next malloc should not pay for it. */
+			p = pool_new(0, -1, true);
+			for (size_t i = 0; i < 2 * n; i++)
+				VP(vpmm_pool_malloc(p, page, (CUstream)s, &a[i]));
+			for (size_t i = 0; i < 2 * n; i += 2)
+				VP(vpmm_pool_free(p, a[i], (CUstream)s));
+			VP(vpmm_pool_malloc(p, n * page, (CUstream)s, &big));
+			struct vpmm_stats bm = pool_stats(p);
+			CK(cudaStreamSynchronize(s));
+			uint64_t b2 = now_ns();
+			VP(vpmm_pool_malloc(p, page, (CUstream)s, &after));
+			uint64_t b3 = now_ns();
+			/* and the zombies do go, off this thread */
+			struct vpmm_stats bz = pool_stats(p);
+			for (int w = 0; w < 2000 && bz.zombies; w++) {
+				usleep(500);
+				bz = pool_stats(p);
+			}
+			uint64_t b4 = now_ns();
+			vpmm_pool_destroy(p);
+
 			/* The driver alone: map as many handles side by side and
 			 * grant access over the range, as the pool does. */
 			std::vector<CUmemGenericAllocationHandle> h(n);
@@ -510,6 +536,10 @@ static void bench_defrag(cudaStream_t s)
 			CU(raw.MemAddressFree(va, n * page));
 			if (rep == 0)
 				continue;
+			bg_next.push_back((double)(b3 - b2) / (double)n);
+			bg_gone.push_back((double)(b4 - b2) / 1e3);
+			bg_left = bz.zombies;
+			bg_by_thread = (double)(bz.zombies_reclaimed - bm.zombies_reclaimed);
 			df.push_back((double)(t1 - t0) / (double)n);
 			rawv.push_back((double)(t5 - t4) / (double)n);
 			unm.push_back((double)(t6 - t5) / (double)n);
@@ -532,6 +562,13 @@ static void bench_defrag(cudaStream_t s)
 		metric("defrag_" + k + "_created", (double)created);
 		metric("defrag_" + k + "_next_malloc_us_per_handle", median(next) / 1e3);
 		metric("defrag_" + k + "_raw_unmap_us_per_handle", median(unm) / 1e3);
+		printf("N=%4zu  background reclaimer: next malloc %6.2f us/handle; zombies gone "
+		       "%.0f us after the sync (%.0f ranges unmapped by the thread, %llu bytes left)\n",
+		       n, median(bg_next) / 1e3, median(bg_gone), bg_by_thread,
+		       (unsigned long long)bg_left);
+		metric("defrag_" + k + "_bg_next_malloc_us_per_handle", median(bg_next) / 1e3);
+		metric("defrag_" + k + "_bg_zombies_gone_us", median(bg_gone));
+		metric("defrag_" + k + "_bg_zombies_left", (double)bg_left);
 	}
 }
 

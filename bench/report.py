@@ -150,6 +150,12 @@ def hotpath_rows(m):
         out.append(row("next malloc unmapping the zombies, µs per handle (vs driver unmap)",
                        "%s handles" % n, {"direct": nx, "driver": un}, ratio(nx, un),
                        "off the calling thread (0)"))
+        bg = m.get("defrag_%s_bg_next_malloc_us_per_handle" % n)
+        if bg is not None:
+            out.append(row("next malloc with the background reclaimer (the shim's setting), "
+                           "µs per handle (vs driver unmap)",
+                           "%s handles" % n, {"direct": bg, "driver": un}, ratio(bg, un),
+                           "off the calling thread (0)"))
     if "threads_vpmm_1_mpairs" in m:
         n = int(m.get("threads_n", 8))
         v = ratio(m["threads_vpmm_n_mpairs"], m["threads_vpmm_1_mpairs"])
