@@ -12,7 +12,7 @@
 # archive, $OUT/logs.tgz, beside summary.txt and table.md.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|hotpath|share|reliab|bench, default all), SHIM_STEPS, SOAK_DURATION
+# shim|dump|hotpath|share|reliab|step|bench, default all), SHIM_STEPS, SOAK_DURATION
 # (reliab), DEADLINE (bench).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -79,6 +79,13 @@ if part reliab && [ -f "$ROOT/scripts/gpu-reliability.sh" ]; then
 	OUT=$W/logs/reliab bash "$ROOT/scripts/gpu-reliability.sh" >"$W/logs/reliab.txt" 2>&1
 	note "reliability (out of memory, soak): exit $? ($((SECONDS - t0)) s)"
 	sed 's/^/  /' "$W/logs/reliab/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
+if part step; then
+	t0=$SECONDS
+	OUT=$W/logs/step bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
+	note "PyTorch step, native and pluggable alternated: exit $? ($((SECONDS - t0)) s)"
+	grep -E '^(round|median)' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
 if part bench; then
