@@ -241,6 +241,21 @@ static void handle_free(struct host_handle *hd)
 	free(hd);
 }
 
+/* A new handle (no fd yet), with room made for it in h->handles; NULL when
+ * out of memory. The caller gives it an id and appends it. */
+static struct host_handle *handle_alloc(struct host_driver *h)
+{
+	struct host_handle **handles = grow(h->handles, &h->caphandles,
+					    h->nhandles + 1, sizeof *h->handles);
+	if (!handles)
+		return NULL;
+	h->handles = handles;
+	struct host_handle *hd = calloc(1, sizeof *hd);
+	if (hd)
+		hd->fd = -1;
+	return hd;
+}
+
 /* Frees the handle once nothing holds it: released and mapped nowhere. */
 static void handle_settle(struct host_driver *h, struct host_handle *hd)
 {
@@ -525,15 +540,10 @@ static CUresult host_mem_create(vpmm_driver *d, int device, size_t size,
 		r_ = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
-	struct host_handle **handles = grow(h->handles, &h->caphandles,
-					    h->nhandles + 1, sizeof *h->handles);
-	if (handles)
-		h->handles = handles;
-	if (!handles || !(hd = calloc(1, sizeof *hd))) {
+	if (!(hd = handle_alloc(h))) {
 		r_ = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
-	hd->fd = -1;
 	hd->size = size;
 	if (!h->unbacked) {
 		hd->fd = memfd_create("vpmm-host", MFD_CLOEXEC);
@@ -928,8 +938,6 @@ out:
 	return r_;
 }
 
-/* Frees the driver and, so that tests leak nothing, whatever it still
- * tracks: reservations (and the mappings inside), memfds, events, streams. */
 static CUresult host_import_fd(vpmm_driver *d, int fd, CUmemGenericAllocationHandle *out)
 {
 	struct host_driver *h = host_of(d);
@@ -950,11 +958,7 @@ static CUresult host_import_fd(vpmm_driver *d, int fd, CUmemGenericAllocationHan
 		r_ = CUDA_ERROR_INVALID_HANDLE;
 		goto out;
 	}
-	struct host_handle **handles = grow(h->handles, &h->caphandles,
-					    h->nhandles + 1, sizeof *h->handles);
-	if (handles)
-		h->handles = handles;
-	if (!handles || !(hd = calloc(1, sizeof *hd))) {
+	if (!(hd = handle_alloc(h))) {
 		r_ = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
@@ -974,6 +978,8 @@ out:
 	return r_;
 }
 
+/* Frees the driver and, so that tests leak nothing, whatever it still
+ * tracks: reservations (and the mappings inside), memfds, events, streams. */
 static void host_destroy(vpmm_driver *d)
 {
 	struct host_driver *h = host_of(d);
