@@ -384,11 +384,13 @@ static const char *req_trace(struct server *s, const char *arg, struct sbuf *b, 
 }
 
 /* The ipc requests hand the client's pid to the hook and park the
- * descriptors in the client until its reply is sent. */
-static struct client *g_serving; /* the client whose line is being served */
+ * descriptors in the client until its reply is sent: serve_line says which
+ * client and which request it is serving. */
+static struct client *g_serving;
+static const char *g_serving_name;
 
-static const char *req_ipc(struct server *s, const char *name, const char *arg,
-			   struct sbuf *b, char *err, size_t errlen)
+static const char *req_ipc(struct server *s, const char *arg, struct sbuf *b, char *err,
+			   size_t errlen)
 {
 	struct client *c = g_serving;
 	if (!s->cfg.ipc)
@@ -396,8 +398,8 @@ static const char *req_ipc(struct server *s, const char *name, const char *arg,
 	char fields[8192];
 	fields[0] = '\0';
 	c->nfds = 0;
-	const char *e = s->cfg.ipc(name, arg ? arg : "", c->pid, fields, sizeof(fields), c->fds,
-				   &c->nfds);
+	const char *e = s->cfg.ipc(g_serving_name, arg ? arg : "", c->pid, fields, sizeof(fields),
+				   c->fds, &c->nfds);
 	if (e) {
 		while (c->nfds)
 			close(c->fds[--c->nfds]);
@@ -406,24 +408,6 @@ static const char *req_ipc(struct server *s, const char *name, const char *arg,
 	}
 	sb_printf(b, "%s", fields);
 	return NULL;
-}
-
-static const char *req_ipc_open(struct server *s, const char *arg, struct sbuf *b, char *err,
-				size_t errlen)
-{
-	return req_ipc(s, "ipc-open", arg, b, err, errlen);
-}
-
-static const char *req_ipc_pieces(struct server *s, const char *arg, struct sbuf *b,
-				  char *err, size_t errlen)
-{
-	return req_ipc(s, "ipc-pieces", arg, b, err, errlen);
-}
-
-static const char *req_ipc_close(struct server *s, const char *arg, struct sbuf *b,
-				 char *err, size_t errlen)
-{
-	return req_ipc(s, "ipc-close", arg, b, err, errlen);
 }
 
 static const char *req_help(struct server *s, const char *arg, struct sbuf *b, char *err,
@@ -441,9 +425,9 @@ static const struct request requests[] = {
 	{ "config", req_config, "config" },
 	{ "trim", req_trim, "trim [KEEP]" },
 	{ "trace", req_trace, "trace start PATH | stop | status | flush" },
-	{ "ipc-open", req_ipc_open, "ipc-open ID TOKEN" },
-	{ "ipc-pieces", req_ipc_pieces, "ipc-pieces ID TOKEN FIRST" },
-	{ "ipc-close", req_ipc_close, "ipc-close ID TOKEN" },
+	{ "ipc-open", req_ipc, "ipc-open ID TOKEN" },
+	{ "ipc-pieces", req_ipc, "ipc-pieces ID TOKEN FIRST" },
+	{ "ipc-close", req_ipc, "ipc-close ID TOKEN" },
 };
 
 static const char *req_help(struct server *s, const char *arg, struct sbuf *b, char *err,
@@ -555,6 +539,7 @@ static void serve_line(struct server *s, struct client *c, char *line, size_t le
 	sb_printf(b, "{\"protocol\":%d,\"ok\":true,\"request\":\"%s\",\"pid\":%ld", VPMM_PROTOCOL,
 		  rq->name, (long)getpid());
 	g_serving = c;
+	g_serving_name = rq->name;
 	const char *e = rq->fn(s, arg, b, err, sizeof(err));
 	g_serving = NULL;
 	if (e) {
