@@ -82,6 +82,11 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 		if (r->va < c->va || r->va + r->size > c->va + c->size)
 			bad += complain(log, "region %#" PRIx64 " crosses its chunk",
 					(uint64_t)r->va);
+		else if (kind_of(r) == R_HOLE && r->size >= p->page &&
+			 (c->smap[(r->va - c->va) / p->page] ||
+			  c->smap[(r->va + r->size - c->va) / p->page - 1]))
+			bad += complain(log, "slab map names a slab over hole %#" PRIx64,
+					(uint64_t)r->va);
 		expect = r->va + r->size;
 		if (r->kind == R_BUSY) {
 			(*nbusy)++;
@@ -177,6 +182,15 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 		}
 		if (home && zombie)
 			bad += complain(log, "mapping %#" PRIx64 " half zombie", (uint64_t)m->va);
+		/* The slab map names a home over its pages, nothing else. */
+		const struct chunk *c = &p->chunks[chunk];
+		if (m->va >= c->va && end <= c->va + c->size)
+			for (size_t i = 0; i < s->size / p->page; i++)
+				if (c->smap[(m->va - c->va) / p->page + i] != (home ? m : NULL)) {
+					bad += complain(log, "slab map wrong over mapping %#" PRIx64,
+							(uint64_t)m->va);
+					break;
+				}
 		prev = m;
 	}
 	/* Count maps and homes per slab in the slabs' scratch fields. */

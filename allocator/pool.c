@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "pool_internal.h"
@@ -441,6 +442,46 @@ static struct mapping *mapping_next(struct mapping *m)
 	return MAP(vpmm_tree_next(&m->by_va));
 }
 
+/* ---- the slab map ------------------------------------------------------------ */
+
+/* Placement asks, for a page of free memory, which slab lies over it; the
+ * map answers in O(1) where the tree of mappings takes O(log n) (a dozen
+ * lookups per region looked at). Reserved like the page map: untouched
+ * pages of it cost nothing. */
+static int smap_create(vpmm_pool *p, struct chunk *c)
+{
+	size_t bytes = c->size / p->page * sizeof(struct mapping *);
+	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return -ENOMEM;
+	c->smap = m;
+	return 0;
+}
+
+static void smap_destroy(vpmm_pool *p, struct chunk *c)
+{
+	if (c->smap)
+		munmap(c->smap, c->size / p->page * sizeof(struct mapping *));
+	c->smap = NULL;
+}
+
+/* m becomes the home of its pages (home), or stops being it. */
+static void smap_set(vpmm_pool *p, unsigned chunk, struct mapping *m, bool home)
+{
+	struct chunk *c = &p->chunks[chunk];
+	struct mapping **e = &c->smap[(m->va - c->va) / p->page];
+	for (size_t i = 0; i < m->slab->size / p->page; i++)
+		e[i] = home ? m : NULL;
+}
+
+/* The slab over va, which lies in live or free memory of `chunk`. */
+static struct mapping *slab_at(vpmm_pool *p, unsigned chunk, CUdeviceptr va)
+{
+	struct chunk *c = &p->chunks[chunk];
+	return c->smap[(va - c->va) / p->page];
+}
+
 /* Drop one mapping record; the slab goes with its last mapping. */
 static void mapping_forget(vpmm_pool *p, struct mapping *m)
 {
@@ -679,12 +720,16 @@ static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 		return cu_errno(r);
 	}
 	struct chunk *c = &p->chunks[p->nchunks];
-	if (p->nchunks < VPMM_MAX_CHUNKS)
-		vpmm_pmap_destroy(p, c); /* left by chunk_drop_if_unused() */
+	if (p->nchunks < VPMM_MAX_CHUNKS) { /* left by chunk_drop_if_unused() */
+		vpmm_pmap_destroy(p, c);
+		smap_destroy(p, c);
+	}
 	*c = (struct chunk){.va = va, .size = size};
 	rc = p->nchunks == VPMM_MAX_CHUNKS ? -ENOMEM : reserve_regions(p, 1);
 	if (!rc)
 		rc = vpmm_pmap_create(p, c);
+	if (!rc && (rc = smap_create(p, c)))
+		vpmm_pmap_destroy(p, c);
 	if (rc) {
 		DRV(p, VPMM_OP_VA_FREE, va_free, va, size);
 		return rc;
@@ -766,18 +811,21 @@ static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
 	return b ? plan_push(pl, (struct harvest){.r = r, .a = a, .b = b}) : 0;
 }
 
-static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
-			const struct region *skip)
+/* VPMM_DEFRAG_ALL: every free slab that fits the hole, the caller's
+ * regions first, then settled ones (smallest first), then other streams'
+ * (oldest free first); within a region, lowest address first. */
+static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller,
+			    const struct region *skip, const struct region *skip2)
 {
 	int rc = 0;
 	if (caller)
 		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
-			if (r != skip && pl->taken < pl->target)
+			if (r != skip && r != skip2 && pl->taken < pl->target)
 				rc = plan_region(p, pl, r);
 	for (struct vpmm_tnode *n = vpmm_tree_first(&p->settled); n && !rc;
 	     n = vpmm_tree_next(n)) {
 		struct region *r = REG(n, by_size);
-		if (r != skip && pl->taken < pl->target)
+		if (r != skip && r != skip2 && pl->taken < pl->target)
 			rc = plan_region(p, pl, r);
 	}
 	/* Other streams: oldest free first across all of them (each fifo is in
@@ -789,7 +837,7 @@ static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 			continue;
 		if (n == 64) { /* more streams than the merge holds: in turn */
 			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
-				if (r != skip && pl->taken < pl->target)
+				if (r != skip && r != skip2 && pl->taken < pl->target)
 					rc = plan_region(p, pl, r);
 			continue;
 		}
@@ -802,10 +850,162 @@ static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 				best = i;
 		if (best == n)
 			break;
-		if (cur[best] != skip)
+		if (cur[best] != skip && cur[best] != skip2)
 			rc = plan_region(p, pl, cur[best]);
 		cur[best] = cur[best]->next;
 	}
+	return rc;
+}
+
+struct slab_cand { /* a slab a defragmentation may move */
+	struct region *r;   /* the free region it lies wholly inside */
+	struct mapping *m;
+	size_t order;       /* r's rank (harvest order), then address */
+	bool others;        /* r is pending on another stream: costs a wait */
+	bool take;
+};
+
+/* Largest first; the caller's and settled memory before other streams'. */
+static int cand_by_size(const void *a, const void *b)
+{
+	const struct slab_cand *x = *(struct slab_cand *const *)a;
+	const struct slab_cand *y = *(struct slab_cand *const *)b;
+	if (x->others != y->others)
+		return x->others ? 1 : -1;
+	if (x->m->slab->size != y->m->slab->size)
+		return x->m->slab->size < y->m->slab->size ? 1 : -1;
+	return cmp_u64(x->order, y->order);
+}
+
+static int cand_push(struct slab_cand **c, size_t *n, size_t *cap, struct region *r,
+		     struct mapping *m, bool others)
+{
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 64;
+		struct slab_cand *t = realloc(*c, nc * sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		*c = t;
+		*cap = nc;
+	}
+	(*c)[*n] = (struct slab_cand){.r = r, .m = m, .order = *n, .others = others};
+	(*n)++;
+	return 0;
+}
+
+static int cand_region(vpmm_pool *p, struct slab_cand **c, size_t *n, size_t *cap,
+		       struct region *r, const struct region *const *skip, bool others)
+{
+	CUdeviceptr end = r->va + r->size;
+	int rc = 0;
+	if (r == skip[0] || r == skip[1])
+		return 0;
+	for (struct mapping *m = mapping_ceil(p, r->va);
+	     m && m->va + m->slab->size <= end && !rc; m = mapping_next(m))
+		rc = cand_push(c, n, cap, r, m, others);
+	return rc;
+}
+
+/* VPMM_DEFRAG_LACKING: which free slabs supply `target` bytes. A slab moved
+ * beyond the lack stays free in the new span, behind the allocation and in
+ * the same handle as its end: a piece no defragmentation can move again.
+ * So the slabs are chosen by size, largest first (fewest handles to remap)
+ * among those that still fit the lack; the rest, if any, is covered by the
+ * smallest single slab that covers it, before anything is created (a
+ * creation grows the pool for good, an overshoot only until the allocation
+ * is freed). The caller's and settled memory come before other streams'. */
+static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
+			const struct region *skip1, const struct region *skip2)
+{
+	const struct region *skip[2] = {skip1, skip2};
+	struct slab_cand *c = NULL, **by = NULL;
+	size_t n = 0, cap = 0, lim, i;
+	int rc = 0;
+
+	if (p->cfg.defrag == VPMM_DEFRAG_ALL)
+		return plan_harvest_all(p, pl, caller, skip1, skip2);
+	if (caller)
+		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
+			rc = cand_region(p, &c, &n, &cap, r, skip, false);
+	for (struct vpmm_tnode *t = vpmm_tree_first(&p->settled); t && !rc;
+	     t = vpmm_tree_next(t))
+		rc = cand_region(p, &c, &n, &cap, REG(t, by_size), skip, false);
+	/* Other streams: oldest free first across all of them, as in
+	 * plan_harvest_all(); a wait on each stream is the same price. */
+	struct region *cur[64];
+	unsigned ns = 0;
+	for (struct stream *s = p->streams; s && !rc; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (ns == 64) { /* more streams than the merge holds: in turn */
+			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
+				rc = cand_region(p, &c, &n, &cap, r, skip, true);
+			continue;
+		}
+		cur[ns++] = s->fifo_head;
+	}
+	while (!rc) {
+		unsigned best = ns;
+		for (unsigned j = 0; j < ns; j++)
+			if (cur[j] && (best == ns || cur[j]->seq < cur[best]->seq))
+				best = j;
+		if (best == ns)
+			break;
+		rc = cand_region(p, &c, &n, &cap, cur[best], skip, true);
+		cur[best] = cur[best]->next;
+	}
+	if (!rc && n && !(by = malloc(n * sizeof(*by))))
+		rc = -ENOMEM;
+	if (rc || !n)
+		goto out;
+	for (i = 0; i < n; i++)
+		by[i] = &c[i];
+	qsort(by, n, sizeof(*by), cand_by_size);
+
+	lim = pl->target / p->page * p->page;
+	if (lim < pl->target) /* the lack is mapped in whole pages anyway */
+		lim += p->page;
+	if (lim > pl->room)
+		lim = pl->room;
+	for (i = 0; i < n && pl->taken < pl->target; i++)
+		if (pl->taken + by[i]->m->slab->size <= lim) {
+			by[i]->take = true;
+			pl->taken += by[i]->m->slab->size;
+		}
+	if (pl->taken < pl->target) {
+		struct slab_cand *best = NULL;
+		size_t rest = pl->target - pl->taken;
+		for (i = 0; i < n; i++) {
+			struct slab_cand *x = by[i];
+			if (x->take || x->m->slab->size < rest ||
+			    pl->taken + x->m->slab->size > pl->room)
+				continue;
+			if (!best || x->others < best->others ||
+			    (x->others == best->others && x->m->slab->size < best->m->slab->size))
+				best = x;
+		}
+		if (best) {
+			best->take = true;
+			pl->taken += best->m->slab->size;
+		}
+	}
+	/* One harvest per run of adjacent chosen slabs. Within a region the
+	 * runs go highest address first: defrag() splits each off the end of
+	 * what is left of the region. */
+	for (i = n; i-- > 0 && !rc;) {
+		size_t j = i;
+		if (!c[i].take)
+			continue;
+		while (j > 0 && c[j - 1].take && c[j - 1].r == c[i].r &&
+		       c[j - 1].m->va + c[j - 1].m->slab->size == c[j].m->va)
+			j--;
+		rc = plan_push(pl, (struct harvest){.r = c[i].r, .a = c[j].m->va,
+						    .b = c[i].m->va + c[i].m->slab->size});
+		i = j;
+	}
+out:
+	free(by);
+	free(c);
 	return rc;
 }
 
@@ -854,6 +1054,16 @@ struct fresh { /* a range mapped by this defragmentation */
 	struct mapping *rec; /* preallocated record */
 };
 
+/* Largest first; ties in harvest order, the new slabs last. */
+static int fresh_by_size(const void *a, const void *b)
+{
+	const struct fresh *x = *(struct fresh *const *)a;
+	const struct fresh *y = *(struct fresh *const *)b;
+	if (x->slab->size != y->slab->size)
+		return x->slab->size < y->slab->size ? 1 : -1;
+	return x < y ? -1 : x > y;
+}
+
 static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
 {
 	if (!fr)
@@ -879,6 +1089,50 @@ static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
 	return h;
 }
 
+static bool lender_ok(const struct region *f, const struct region *hole,
+		      struct stream *caller, size_t need)
+{
+	return f && f->kind == R_FREE && f->chunk == hole->chunk && f->size < need &&
+	       (!f->stream || f->stream == caller);
+}
+
+/* A free region usable by caller beside a hole lends its bytes: only the
+ * rest of `need` is remapped or created, and the partly live slab at its
+ * far end gets used instead of left behind (a harvest leaves such pieces
+ * beside the hole it makes). The region may lie before the hole (the
+ * request starts in it, *after = false) or after it (the request ends in
+ * it), and the hole must hold the rest. The largest such region wins;
+ * NULL if there is none. */
+static struct region *find_lender(vpmm_pool *p, struct stream *caller, size_t need,
+				  struct region **hole, bool *after)
+{
+	struct vpmm_tree *idx[2] = {caller ? &caller->free_by_size : NULL, &p->settled};
+	struct region *best = NULL;
+	for (int i = 0; i < 2; i++) {
+		struct vpmm_tnode *t = idx[i] ? vpmm_tree_last(idx[i]) : NULL;
+		for (; t; t = vpmm_tree_prev(t)) {
+			struct region *f = REG(t, by_size), *h;
+			if (best && f->size <= best->size)
+				break; /* smaller from here on */
+			if (f->size >= need)
+				continue;
+			h = region_next(f);
+			if (!(h && h->kind == R_HOLE && h->chunk == f->chunk &&
+			      h->size >= need - f->size)) {
+				h = region_prev(f);
+				if (!(h && h->kind == R_HOLE && h->chunk == f->chunk &&
+				      h->size >= need - f->size))
+					continue;
+			}
+			best = f;
+			*hole = h;
+			*after = h->va < f->va;
+			break;
+		}
+	}
+	return best;
+}
+
 /* Phase 2. Makes a FREE region of at least `need` bytes usable by `caller`
  * (NULL: by anyone) and returns it.
  *
@@ -892,33 +1146,40 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		  struct region **out, CUdeviceptr *at)
 {
 	struct plan pl = {0};
-	struct fresh *fr = NULL;
+	struct fresh *fr = NULL, **order = NULL;
 	size_t nfr = 0, nmove = 0, nmapped = 0, shortfall, lack, have = 0, off, k;
 	size_t calls_create = 0, calls_map = 0, calls_access = 0;
-	struct region *hole, *adj;
+	struct region *hole, *adj, *adj2 = NULL;
 	unsigned new_chunk = UINT32_MAX;
 	CUresult r = CUDA_SUCCESS;
 	int rc;
 
-	struct region probe = {.size = need};
-	while (!(hole = REG(vpmm_tree_ceil(&p->holes, &probe.by_size), by_size))) {
-		rc = chunk_add(p, need, &new_chunk);
-		if (rc)
-			return rc;
+	/* Where to map: beside a free region that lends its bytes (see
+	 * find_lender()), else the smallest hole that fits, after a free
+	 * region that lends what it has. */
+	struct region probe = {.size = need}, *lender = NULL;
+	bool after = false;
+	if (p->cfg.defrag != VPMM_DEFRAG_ALL)
+		lender = find_lender(p, caller, need, &hole, &after);
+	if (lender) {
+		adj = after ? NULL : lender;
+		adj2 = after ? lender : NULL;
+	} else {
+		while (!(hole = REG(vpmm_tree_ceil(&p->holes, &probe.by_size), by_size))) {
+			rc = chunk_add(p, need, &new_chunk);
+			if (rc)
+				return rc;
+		}
+		adj = region_prev(hole);
+		if (!lender_ok(adj, hole, caller, need))
+			adj = NULL;
 	}
-	/* A usable free region ending where the hole starts lends its bytes:
-	 * only the rest has to be remapped or created. */
-	adj = region_prev(hole);
-	if (adj && adj->kind == R_FREE && adj->chunk == hole->chunk &&
-	    (!adj->stream || adj->stream == caller))
-		have = adj->size;
-	else
-		adj = NULL;
+	have = adj ? adj->size : adj2 ? adj2->size : 0;
 	lack = need - have;
 
 	pl.room = hole->size;
 	pl.target = p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
-	rc = plan_harvest(p, &pl, caller, adj);
+	rc = plan_harvest(p, &pl, caller, adj, adj2);
 	if (rc)
 		goto out;
 	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
@@ -939,7 +1200,8 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	nfr = nmove + nnew;
 	rc = reserve_regions(p, (unsigned)(2 * pl.n + 2));
 	fr = rc ? NULL : calloc(nfr, sizeof(*fr));
-	if (!fr) {
+	order = fr ? malloc(nfr * sizeof(*order)) : NULL;
+	if (!order) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -955,8 +1217,8 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		goto out;
 
 	/* Out of circulation: the harvested pieces, the lending neighbour and
-	 * the part of the hole that will be mapped. */
-	off = hole->va;
+	 * the part of the hole that will be mapped (its end when the request
+	 * ends in adj2). */
 	k = 0;
 	for (size_t i = 0; i < pl.n; i++) {
 		struct harvest *h = &pl.h[i];
@@ -974,18 +1236,40 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		p->busy++;
 		h->r = src;
 		for (struct mapping *m = mapping_ceil(p, h->a); m && m->va < h->b;
-		     m = mapping_next(m)) {
-			fr[k].slab = m->slab;
-			fr[k++].va = off;
-			off += m->slab->size;
-		}
+		     m = mapping_next(m))
+			fr[k++].slab = m->slab;
 	}
+	for (size_t left = shortfall; k < nfr; k++) {
+		fr[k].slab->size = left < hsize ? left : hsize;
+		left -= fr[k].slab->size;
+	}
+	/* Largest slab first in the span, from where the request starts (from
+	 * where it ends, when it ends in adj2): what it leaves free at its other
+	 * end lies in the smallest slabs, wholly free ones among them (they can
+	 * move again), rather than in part of a large one. */
+	for (k = 0; k < nfr; k++)
+		order[k] = &fr[k];
+	qsort(order, nfr, sizeof(*order), fresh_by_size);
 	if (adj)
 		busy_take(p, adj);
+	if (adj2)
+		busy_take(p, adj2);
 	vpmm_tree_remove(&p->holes, &hole->by_size);
-	if (hole->size > pl.taken + shortfall)
+	if (hole->size > pl.taken + shortfall && adj2) {
+		/* The request ends in adj2: map the end of the hole. */
+		struct region *back = split_off(p, hole, hole->va + hole->size - pl.taken - shortfall);
+		vpmm_tree_insert(&p->holes, &hole->by_size);
+		hole = back;
+	} else if (hole->size > pl.taken + shortfall) {
 		vpmm_tree_insert(&p->holes,
 				 &split_off(p, hole, hole->va + pl.taken + shortfall)->by_size);
+	}
+	off = hole->va;
+	for (k = 0; k < nfr; k++) {
+		struct fresh *f = order[adj2 ? nfr - 1 - k : k];
+		f->va = off;
+		off += f->slab->size;
+	}
 	hole->was = R_HOLE;
 	hole->kind = R_BUSY;
 	p->busy++;
@@ -996,18 +1280,14 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	memcpy(acc, p->access, nacc * sizeof acc[0]);
 
 	pthread_mutex_unlock(&p->lock);
-	/* Create the shortfall; map harvested pages first, new ones after. */
-	for (size_t left = shortfall; k < nfr; k++) {
-		size_t sz = left < hsize ? left : hsize;
-		fr[k].slab->size = sz;
-		r = p->drv->mem_create(p->drv, p->cfg.device, sz, &fr[k].slab->handle);
+	/* Create the shortfall; map harvested slabs first, new ones after. */
+	for (k = nmove; k < nfr; k++) {
+		r = p->drv->mem_create(p->drv, p->cfg.device, fr[k].slab->size,
+				       &fr[k].slab->handle);
 		calls_create++;
 		if (r != CUDA_SUCCESS)
 			break;
 		fr[k].created = true;
-		fr[k].va = off;
-		off += sz;
-		left -= sz;
 	}
 	for (k = 0; r == CUDA_SUCCESS && k < nfr; k++) {
 		r = p->drv->map(p->drv, fr[k].va, fr[k].slab->size, fr[k].slab->handle);
@@ -1048,6 +1328,8 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 			busy_return(p, pl.h[i].r);
 		if (adj)
 			busy_return(p, adj);
+		if (adj2)
+			busy_return(p, adj2);
 		busy_return(p, hole);
 		goto out;
 	}
@@ -1061,6 +1343,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		fr[k].rec->slab = fr[k].slab;
 		fr[k].slab->nmaps++;
 		vpmm_tree_insert(&p->maps, &fr[k].rec->by_va);
+		smap_set(p, hole->chunk, fr[k].rec, true);
 		fr[k].rec = NULL;
 		if (fr[k].created) {
 			created += fr[k].slab->size;
@@ -1078,15 +1361,28 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		z->ev = pl.h[i].ev; /* plan_events' reference */
 		pl.h[i].ev = NULL;
 		zombie_append(p, z);
+		for (struct mapping *m = mapping_ceil(p, z->va); m && m->va < z->va + z->size;
+		     m = mapping_next(m))
+			smap_set(p, z->chunk, m, false);
 		GAUGE_SUB(p, reusable, z->size);
 		GAUGE_ADD(p, zombies, z->size);
 		p->st.pages_remapped += z->size / p->page;
 	}
 	if (pl.n)
 		pthread_cond_signal(&p->reclaim_cond);
-	/* The allocation starts at the lending neighbour, else at the hole's
-	 * start (a handle boundary), whatever the merges below make of them. */
-	*at = adj ? adj->va : base;
+	/* The allocation starts at the lending neighbour, or ends with the one
+	 * after the span, else starts at the span (a handle boundary), whatever
+	 * the merges below make of them. */
+	*at = adj ? adj->va : adj2 ? adj2->va - (need - adj2->size) : base;
+	if (adj2) { /* absorbed by the span below, before any other merge */
+		p->busy--;
+		adj2->kind = R_FREE;
+		if (adj2->stream && adj2->epoch <= adj2->stream->done) {
+			adj2->stream = NULL;
+			adj2->epoch = 0;
+		}
+		free_index(p, adj2);
+	}
 	if (adj) {
 		/* Indexed alone: it must join the new span first (the request
 		 * starts in it); free_insert() below then also merges the span
@@ -1107,6 +1403,11 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
 	p->st.pages_created += created / p->page;
+	/* The request ends in adj2: the span takes it in first. A left
+	 * neighbour of another stream that the span merges with afterwards
+	 * would give it that stream, and adj2 (the caller's) could not join. */
+	if (adj2)
+		free_absorb(p, hole, adj2);
 	*out = free_insert(p, hole);
 	new_chunk = UINT32_MAX;
 	rc = 0;
@@ -1114,6 +1415,7 @@ out:
 	for (size_t i = 0; i < pl.n; i++)
 		event_unref(p, pl.h[i].ev);
 	fresh_free(fr, nfr, nmove);
+	free(order);
 	free(pl.h);
 	if (new_chunk != UINT32_MAX)
 		chunk_drop_if_unused(p, new_chunk);
@@ -1219,6 +1521,7 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
 			continue;
 		}
 		got += r->size;
+		smap_set(p, r->chunk, job[i].m, false);
 		mapping_forget(p, job[i].m); /* releases the handle: last mapping */
 		p->busy--;
 		r->kind = R_HOLE;
@@ -1404,6 +1707,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		if (i < p->nchunks)
 			DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
 		vpmm_pmap_destroy(p, &p->chunks[i]);
+		smap_destroy(p, &p->chunks[i]);
 	}
 	while ((n = vpmm_tree_first(&p->regions))) {
 		struct region *r = REG(n, by_va);
@@ -1457,21 +1761,6 @@ static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
 	return r;
 }
 
-static struct region *best_fit(vpmm_pool *p, struct stream *caller, size_t need)
-{
-	struct region probe = {.size = need};
-	struct region *a = NULL, *b;
-	if (caller)
-		a = REG(vpmm_tree_ceil(&caller->free_by_size, &probe.by_size), by_size);
-	b = REG(vpmm_tree_ceil(&p->settled, &probe.by_size), by_size);
-	if (!a)
-		return b;
-	if (!b)
-		return a;
-	return region_by_size(&a->by_size, &b->by_size) <= 0 ? a : b;
-}
-
-
 /* The last resort before an allocation fails: wait on the CPU for every
  * stream's frees, so that free neighbours of different streams merge (a
  * handle lying across two of them can move only then). */
@@ -1485,20 +1774,119 @@ static void settle_all_waiting(vpmm_pool *p)
 	}
 }
 
-/* Where in free region r to place `need` bytes. At its start, unless r
- * starts less than a page before a handle boundary and the request still
- * fits from there: then at the boundary, so that the request does not leave
- * the handle it would straddle part live, part free (such a handle cannot
- * move); the skipped piece stays free in place. */
-static CUdeviceptr slab_aligned_start(vpmm_pool *p, struct region *r, size_t need)
+
+/* ---- placement ------------------------------------------------------------------ */
+
+/* What placing [x, x + need) inside free region r risks leaving stranded:
+ * free memory in a slab that also holds live memory, which no
+ * defragmentation can move (a handle moves only whole). Two parts:
+ *
+ * - Now: every wholly free slab it touches counts whole, since that slab
+ *   becomes partly live. The slabs r shares with its neighbours are pinned
+ *   already; using their free part costs nothing. (This part less `need`
+ *   is exactly the change in stranded bytes.)
+ * - Later: a slab its start or its end falls inside (not on a slab
+ *   boundary) counts once more. Whatever lies on the other side of that
+ *   boundary, once one side is freed the other pins the slab. Half, where
+ *   the request lies against r's neighbour: that boundary exists already
+ *   (a neighbour that goes first leaves the slab pinned either way).
+ *
+ * O(1): r is wholly mapped, by the slabs between s1 (over x) and s2 (over
+ * its last byte). */
+static size_t place_cost(const struct region *r, CUdeviceptr x, size_t need,
+			 const struct mapping *s1, const struct mapping *s2)
 {
-	if (p->cfg.handle_size <= p->page)
-		return r->va;
-	struct mapping *m = mapping_ceil(p, r->va);
-	if (m && m->va > r->va && m->va - r->va < p->page &&
-	    m->va + need <= r->va + r->size)
-		return m->va;
-	return r->va;
+	CUdeviceptr lo = s1->va, hi = s2->va + s2->slab->size, end = r->va + r->size;
+	size_t cost = hi - lo;
+	if (lo < r->va) /* shared with the left neighbour already */
+		cost -= s1->slab->size;
+	if (hi > end && (s2 != s1 || lo >= r->va)) /* with the right one */
+		cost -= s2->slab->size;
+	if (x > lo)
+		cost += x == r->va ? s1->slab->size / 2 : s1->slab->size;
+	if (x + need < hi)
+		cost += x + need == end ? s2->slab->size / 2 : s2->slab->size;
+	return cost;
+}
+
+/* The cheapest place for `need` bytes in r (need <= r->size) among those
+ * where the cost can change: r's two ends, and the request's start or end
+ * on the slab boundary nearest either end of r. The slab map finds the
+ * slab over any page of r. */
+static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
+			    size_t *cost)
+{
+	CUdeviceptr a = r->va, b = r->va + r->size, best = a;
+	struct mapping *head = slab_at(p, r->chunk, a);
+	struct mapping *first_end = slab_at(p, r->chunk, a + need - 1);
+	*cost = place_cost(r, a, need, head, first_end);
+	if (need == r->size)
+		return a;
+	struct mapping *tail = slab_at(p, r->chunk, b - 1);
+	struct mapping *last_start = slab_at(p, r->chunk, b - need);
+	struct spot { /* a place; its end slabs where known, else NULL */
+		CUdeviceptr x;
+		struct mapping *s1, *s2;
+	} c[5];
+	unsigned n = 0;
+	c[n++] = (struct spot){b - need, last_start, tail};
+	if (head->va < a) /* start on the first boundary */
+		c[n++] = (struct spot){head->va + head->slab->size, NULL, NULL};
+	/* end on the first boundary it can */
+	c[n++] = (struct spot){first_end->va + first_end->slab->size - need, NULL, first_end};
+	if (tail->va + tail->slab->size > b) /* end on the last boundary */
+		c[n++] = (struct spot){tail->va - need, NULL, NULL};
+	/* start on the last boundary it can */
+	c[n++] = (struct spot){last_start->va, last_start, NULL};
+	for (unsigned i = 0; i < n; i++) {
+		size_t k;
+		/* Within r; x - a wraps when x lies before a. */
+		if (c[i].x - a > r->size - need || c[i].x == best)
+			continue;
+		k = place_cost(r, c[i].x, need,
+			       c[i].s1 ? c[i].s1 : slab_at(p, r->chunk, c[i].x),
+			       c[i].s2 ? c[i].s2 : slab_at(p, r->chunk, c[i].x + need - 1));
+		if (k < *cost) {
+			*cost = k;
+			best = c[i].x;
+		}
+	}
+	return best;
+}
+
+/* Free regions looked at per request, from the best fit up, the caller's
+ * and the settled ones together. 8, 12 and 16 gave the same ratios in the
+ * replays (docs/design.md); each region costs a few slab map lookups. */
+#define PLACE_SCAN 8
+
+/* Phase 1's choice: of the free regions usable by caller that fit `need`,
+ * the smallest few, and in each the cheapest place (place_cost); the
+ * cheapest wins, the smaller region on a tie. NULL if none fits. No driver
+ * call, and no lock but the pool's. */
+static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t need,
+				   CUdeviceptr *at)
+{
+	struct region probe = {.size = need}, *best = NULL;
+	struct vpmm_tnode *t[2] = {
+		caller ? vpmm_tree_ceil(&caller->free_by_size, &probe.by_size) : NULL,
+		vpmm_tree_ceil(&p->settled, &probe.by_size)};
+	size_t best_cost = SIZE_MAX;
+	/* Both indexes merged, smallest first. */
+	for (unsigned seen = 0; seen < PLACE_SCAN && (t[0] || t[1]); seen++) {
+		int i = !t[0] || (t[1] && region_by_size(t[1], t[0]) < 0);
+		struct region *r = REG(t[i], by_size);
+		size_t c;
+		CUdeviceptr x = place_in(p, r, need, &c);
+		t[i] = vpmm_tree_next(t[i]);
+		if (c < best_cost) { /* a tie keeps the smaller region */
+			best = r;
+			best_cost = c;
+			*at = x;
+		}
+		if (best_cost <= need) /* nothing stranded now or later */
+			break;
+	}
+	return best;
 }
 
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
@@ -1512,12 +1900,12 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		return rc;
 	if (p->zombie_head && !p->reclaimer_running)
 		reclaim_zombies(p, false);
-	r = best_fit(p, caller, need);
+	r = place_locked(p, caller, need, &at);
 	if (!r && vpmm_front_flush_locked(p))
-		r = best_fit(p, caller, need);
+		r = place_locked(p, caller, need, &at);
 	if (!r) {
 		poll_others(p, caller);
-		r = best_fit(p, caller, need);
+		r = place_locked(p, caller, need, &at);
 	}
 	if (!r) {
 		rc = defrag(p, caller, need, &r, &at);
@@ -1529,7 +1917,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			size_t trimmed = vpmm_small_trim_locked(p);
 			settle_all_waiting(p);
 			if (trimmed || settled != p->settled_count) {
-				r = best_fit(p, caller, need);
+				r = place_locked(p, caller, need, &at);
 				rc = r ? 0 : defrag(p, caller, need, &r, &at);
 			}
 		}
@@ -1537,10 +1925,8 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			return rc;
 		p->st.defrags++;
 	}
-	if (at <= r->va)
-		at = slab_aligned_start(p, r, need);
 	if (at > r->va && reserve_regions(p, 1) == 0) {
-		/* Start where the defragmentation placed the request. */
+		/* Start where the placement or the defragmentation put it. */
 		free_unindex(p, r);
 		struct region *t = split_off(p, r, at);
 		free_index(p, r);

@@ -23,6 +23,10 @@ struct chunk { /* one VA reservation */
 	size_t size;          /* multiple of page_size */
 	struct region **pmap; /* grain map (front.c): a live region's first grain,
 			       * every grain of a slab; NULL elsewhere */
+	struct mapping **smap; /* slab map, per page: the home mapping over it
+				* where the page is live or free memory (busy
+				* ones included); NULL over holes and zombies.
+				* Pool lock. For placement (pool.c) */
 };
 
 struct fentry { /* an allocation parked in a stream's cache */

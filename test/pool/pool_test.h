@@ -43,6 +43,8 @@ struct pt_setup {
 	size_t grain;         /* allocation unit (0: the page, the spec's rule) */
 	unsigned front_entries; /* per-stream caches (0: off, every free reaches
 				 * the structures under test) */
+	size_t handle_pages;  /* largest handle in pages (0: one page a handle) */
+	unsigned growth_split; /* with handle_pages (0: the default) */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -94,7 +96,11 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 				       * rules under test */
 	cfg.front_entries = s->front_entries;
 	cfg.grain = s->grain;
-	cfg.handle_size = 0; /* one page a handle: the spec's unit of remapping */
+	cfg.handle_size = s->handle_pages * cfg.page_size; /* 0: one page a
+							   * handle, the spec's
+							   * unit of remapping */
+	if (s->growth_split)
+		cfg.growth_split = s->growth_split;
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

@@ -77,6 +77,27 @@ static void build_settled(struct ctx *c)
 	c->on = c->b;
 }
 
+/* The allocation ends in a free region behind a hole, created into the
+ * end of the hole: [*3][-2][1][4][*22], then +3. */
+static void build_suffix(struct ctx *c)
+{
+	struct pt_setup su = { .va_pages = 32 };
+	pt_open(&c->t, &su);
+	struct pt *t = &c->t;
+	c->a = vpmm_host_stream_create(t->drv);
+	c->b = vpmm_host_stream_create(t->drv);
+	CUdeviceptr x = PT_MALLOC(t, 3, c->a);
+	CUdeviceptr y = PT_MALLOC(t, 2, c->a);
+	PT_MALLOC(t, 1, c->a);
+	PT_FREE(t, x, c->a);
+	PT_MALLOC(t, 4, c->a);
+	pt_settle(t);
+	PT_FREE(t, y, c->a);
+	PT_LAYOUT_IS(t, "[*3][-2][1][4][*22]");
+	c->target = 3;
+	c->on = c->a;
+}
+
 /* A long event interval: the second free joins the open epoch, so the
  * malloc on b must close it (create and record an event) and wait for both:
  * [-2][1][-2][1][*26], both freed on a, then +4 on b. */
@@ -232,6 +253,12 @@ FAULT(prefix, map, VPMM_OP_MAP, BAD)
 FAULT(prefix, set_access, VPMM_OP_SET_ACCESS, BAD)
 FAULT_OTHERS(prefix)
 
+FAULT(suffix, mem_create_oom, VPMM_OP_MEM_CREATE, OOM)
+FAULT(suffix, mem_create_other, VPMM_OP_MEM_CREATE, CUDA_ERROR_INVALID_VALUE)
+FAULT(suffix, map, VPMM_OP_MAP, BAD)
+FAULT(suffix, set_access, VPMM_OP_SET_ACCESS, BAD)
+FAULT_OTHERS(suffix)
+
 FAULT(settled, va_reserve, VPMM_OP_VA_RESERVE, BAD)
 FAULT(settled, mem_create_oom, VPMM_OP_MEM_CREATE, OOM)
 FAULT(settled, map, VPMM_OP_MAP, BAD)
@@ -270,6 +297,17 @@ Test(rollback, scenarios_succeed_as_designed)
 	vpmm_pool_regions(c.t.pool, &r0, 1);
 	cr_assert_eq(p, r0.va + 4 * c.t.page, "+6 does not start at the free [-2]");
 	cr_assert_eq(s1.pages_remapped - s0.pages_remapped, 3);
+	cr_assert_eq(s1.pages_created - s0.pages_created, 1);
+	pt_close(&c.t);
+
+	build_suffix(&c);
+	s0 = pt_stats(&c.t);
+	p = PT_MALLOC(&c.t, c.target, c.a);
+	s1 = pt_stats(&c.t);
+	PT_LAYOUT_IS(&c.t, "[*2][3][1][4][*22]");
+	vpmm_pool_regions(c.t.pool, &r0, 1);
+	cr_assert_eq(p, r0.va + 2 * c.t.page, "+3 does not end with the free [-2]");
+	cr_assert_eq(s1.pages_remapped, s0.pages_remapped);
 	cr_assert_eq(s1.pages_created - s0.pages_created, 1);
 	pt_close(&c.t);
 

@@ -1,0 +1,131 @@
+/* test_placement.c — where a request goes when handles are larger than a
+ * page: free memory in a handle that also holds live memory cannot move
+ * (a handle moves only whole), so the pool avoids leaving any. In place,
+ * the request goes where it pins the fewest wholly free handles and puts
+ * its ends on handle boundaries or in handles shared already; a
+ * defragmentation moves only the slabs that fit what the request lacks,
+ * and a free region beside the hole lends its bytes from either side. */
+#include "pool_test.h"
+
+/* Handles of up to 4 pages, a growth of n pages made of as few as that
+ * allows (split 1): 12 pages are 3 handles of 4. */
+static void open_handles(struct pt *t)
+{
+	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1};
+	pt_open(t, &su);
+}
+
+static CUdeviceptr chunk_base(struct pt *t)
+{
+	struct vpmm_region_info r;
+	cr_assert_geq(vpmm_pool_regions(t->pool, &r, 1), 1);
+	return r.va;
+}
+
+/* [A 4][-4 .. |][C 3] over handles [0,4) [4,8) [8,12): the free region
+ * [4,9) holds the whole handle [4,8) and one page of [8,12), whose rest C
+ * holds. One page goes next to C, into the handle C pins already, not at
+ * the start of the free region, which would pin [4,8) for one page. */
+Test(placement, a_request_does_not_pin_a_free_handle)
+{
+	struct pt t;
+	open_handles(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr w = PT_MALLOC(&t, 12, s);
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_eq(s0.handles_created, 3, "12 pages made %llu handles",
+		     (unsigned long long)s0.handles_created);
+	PT_FREE(&t, w, s);
+	PT_MALLOC(&t, 4, s);
+	CUdeviceptr b = PT_MALLOC(&t, 5, s);
+	PT_MALLOC(&t, 3, s);
+	PT_LAYOUT_IS(&t, "[4][5][3][*52]");
+	PT_FREE(&t, b, s);
+	CUdeviceptr d = PT_MALLOC(&t, 1, s);
+	cr_assert_eq(d, chunk_base(&t) + 8 * t.page, "1 page at +%llu pages, not +8",
+		     (unsigned long long)((d - chunk_base(&t)) / t.page));
+	PT_LAYOUT_IS(&t, "[4][-4][1][3][*52]");
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.mapped, s0.mapped);
+	cr_assert_eq(s1.defrags, s0.defrags);
+	pt_close(&t);
+}
+
+/* Free slabs of 4, 4 and 2 pages, each between live pages; +6 needs all
+ * of it moved. It moves 4 + 2, not 4 + 4: a slab moved beyond the lack
+ * would stay free behind the allocation, in a handle it pins. */
+Test(placement, a_defragmentation_moves_what_fits_the_lack)
+{
+	struct pt t;
+	open_handles(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a1 = PT_MALLOC(&t, 4, s);
+	PT_MALLOC(&t, 1, s);
+	CUdeviceptr a2 = PT_MALLOC(&t, 4, s);
+	PT_MALLOC(&t, 1, s);
+	CUdeviceptr a3 = PT_MALLOC(&t, 2, s);
+	PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, a1, s);
+	PT_FREE(&t, a2, s);
+	PT_FREE(&t, a3, s);
+	PT_LAYOUT_IS(&t, "[-4][1][-4][1][-2][1][*51]");
+	struct vpmm_stats s0 = pt_stats(&t);
+	PT_MALLOC(&t, 6, s);
+	struct vpmm_stats s1 = pt_stats(&t);
+	PT_LAYOUT_IS(&t, "[~4][1][-4][1][~2][1][6][*45]");
+	cr_assert_eq(s1.handles_remapped - s0.handles_remapped, 2);
+	cr_assert_eq(s1.handles_created, s0.handles_created);
+	cr_assert_eq(s1.mapped, s0.mapped);
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*4][1][-4][1][*2][1][6][*45]");
+	pt_close(&t);
+}
+
+/* [*2][-2][1][3]: the free region after the hole lends its 2 pages, the
+ * request ends in it, and only the other 2 are created into the end of
+ * the hole. Nothing moves. */
+Test(placement, a_free_region_after_the_hole_lends)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 2, s);
+	CUdeviceptr b = PT_MALLOC(&t, 2, s);
+	PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, a, s);
+	PT_MALLOC(&t, 3, s);
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*2][2][1][3][*56]");
+	PT_FREE(&t, b, s);
+	struct vpmm_stats s0 = pt_stats(&t);
+	CUdeviceptr p = PT_MALLOC(&t, 4, s);
+	struct vpmm_stats s1 = pt_stats(&t);
+	PT_LAYOUT_IS(&t, "[4][1][3][*56]");
+	cr_assert_eq(p, a, "+4 does not end in the lending region");
+	cr_assert_eq(s1.pages_created - s0.pages_created, 2);
+	cr_assert_eq(s1.pages_remapped, s0.pages_remapped);
+	pt_close(&t);
+}
+
+/* The same with a hole larger than the rest: the end of the hole is
+ * mapped, its front stays a hole. */
+Test(placement, only_the_end_of_a_larger_hole_is_mapped)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 3, s);
+	CUdeviceptr b = PT_MALLOC(&t, 2, s);
+	PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, a, s);
+	PT_MALLOC(&t, 4, s);
+	pt_settle(&t);
+	PT_LAYOUT_IS(&t, "[*3][2][1][4][*54]");
+	PT_FREE(&t, b, s);
+	CUdeviceptr p = PT_MALLOC(&t, 3, s);
+	PT_LAYOUT_IS(&t, "[*2][3][1][4][*54]");
+	cr_assert_eq(p, a + 2 * t.page);
+	pt_close(&t);
+}
