@@ -1089,11 +1089,22 @@ static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
 	return h;
 }
 
-static bool lender_ok(const struct region *f, const struct region *hole,
-		      struct stream *caller, size_t need)
+/* Whether `have` free bytes beside the span spare it a page. When they do
+ * not, the request would only start (or end) inside a slab that stays
+ * partly live, and leave as much free at the span's far end: no byte saved
+ * and one more slab pinned. The first allocation of a PyTorch process (a
+ * small tensor in a page of its own) made every later large one straddle
+ * that page this way. */
+static bool lends_a_page(const vpmm_pool *p, size_t have, size_t need)
+{
+	return (need - have + p->page - 1) / p->page < (need + p->page - 1) / p->page;
+}
+
+static bool lender_ok(const vpmm_pool *p, const struct region *f,
+		      const struct region *hole, struct stream *caller, size_t need)
 {
 	return f && f->kind == R_FREE && f->chunk == hole->chunk && f->size < need &&
-	       (!f->stream || f->stream == caller);
+	       (!f->stream || f->stream == caller) && lends_a_page(p, f->size, need);
 }
 
 /* A free region usable by caller beside a hole lends its bytes: only the
@@ -1114,7 +1125,7 @@ static struct region *find_lender(vpmm_pool *p, struct stream *caller, size_t ne
 			struct region *f = REG(t, by_size), *h;
 			if (best && f->size <= best->size)
 				break; /* smaller from here on */
-			if (f->size >= need)
+			if (f->size >= need || !lends_a_page(p, f->size, need))
 				continue;
 			h = region_next(f);
 			if (!(h && h->kind == R_HOLE && h->chunk == f->chunk &&
@@ -1171,7 +1182,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 				return rc;
 		}
 		adj = region_prev(hole);
-		if (!lender_ok(adj, hole, caller, need))
+		if (!lender_ok(p, adj, hole, caller, need))
 			adj = NULL;
 	}
 	have = adj ? adj->size : adj2 ? adj2->size : 0;

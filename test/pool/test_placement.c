@@ -129,3 +129,37 @@ Test(placement, only_the_end_of_a_larger_hole_is_mapped)
 	cr_assert_eq(p, a + 2 * t.page);
 	pt_close(&t);
 }
+
+/* A PyTorch process starts with a small tensor, carved from a page of its
+ * own. A free region in that page, next to the first hole, spares a large
+ * request no page: it must not lend, or the request starts inside that
+ * page, every later one is shifted off the handle boundaries, and the
+ * seed's +10 +1 -10 +4 +11 case (here in units of 16 pages) ended half a
+ * handle above its live bytes. */
+static void seed_case_after_a_small_tensor(unsigned split)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 4096, .handle_pages = 64, .growth_split = split,
+			      .grain = 4 * PT_KiB, .small_max = 32 * PT_KiB};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	const size_t u = 16;
+	PT_MALLOC_BYTES(&t, 512, s);
+	CUdeviceptr a = PT_MALLOC(&t, 10 * u, s);
+	PT_MALLOC(&t, 1 * u, s);
+	PT_FREE(&t, a, s);
+	PT_MALLOC(&t, 4 * u, s);
+	PT_MALLOC(&t, 11 * u, s);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.mapped_peak, (16 * u + 1) * t.page,
+		     "split %u: mapped peak %zu pages for %zu live and the small tensor's one",
+		     split, (size_t)(st.mapped_peak / t.page), 16 * u);
+	pt_close(&t);
+}
+
+Test(placement, a_small_first_tensor_strands_nothing)
+{
+	seed_case_after_a_small_tensor(16);
+	seed_case_after_a_small_tensor(4);
+	seed_case_after_a_small_tensor(1);
+}
