@@ -1076,15 +1076,26 @@ static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
 }
 
 /* The handle size for a growth of `shortfall` bytes: the largest power of
- * two of pages within shortfall / growth_split, at most handle_size. Each
- * handle costs about as much as a whole cudaMalloc (cuMemSetAccess is per
- * handle), but only whole handles can move: see docs/design.md. */
+ * two of pages within shortfall / k, at most handle_size. Each handle costs
+ * about as much as a whole cudaMalloc (cuMemSetAccess is per handle), but
+ * only whole handles can move: see docs/design.md.
+ *
+ * k is growth_split once the pool holds much more than the growth, and
+ * falls to 1 as the growth outweighs what the pool holds:
+ * k = 1 + split * mapped / (mapped + shortfall). A large handle strands
+ * memory only once it holds live and free bytes side by side, and what it
+ * can strand is measured against the whole pool: in an empty pool the
+ * first growth (model weights, a preallocated cache) costs one handle, as
+ * cudaMalloc would, and later growths split finer as the pool grows. */
 static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
 {
-	size_t h = p->page;
-	if (!p->cfg.growth_split)
+	size_t h = p->page, k = p->cfg.growth_split;
+	double mapped = (double)p->st.mapped;
+	if (!k)
 		return p->cfg.handle_size;
-	while (h * 2 <= shortfall / p->cfg.growth_split && h * 2 <= p->cfg.handle_size)
+	if (1.0 + (double)k * mapped / (mapped + (double)shortfall) < (double)k)
+		k = 1 + (size_t)((double)k * mapped / (mapped + (double)shortfall));
+	while (h * 2 <= shortfall / k && h * 2 <= p->cfg.handle_size)
 		h *= 2;
 	return h;
 }

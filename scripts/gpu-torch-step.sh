@@ -7,15 +7,20 @@
 # differ by about 10 % between processes; alternating spreads clock and
 # thermal drift over both. Prints every run's median step and peak, then the
 # ratio of the medians of the rounds and its range over the rounds.
+# MODES adds modes of shim_torch.py to each round (e.g. pluggable-cache, the
+# interface over a trivial cache: what the interface itself costs); each
+# is reported against native. Every run also reports its host share of the
+# step (enqueue: the time until the step's work is queued).
 #
-# Environment: ROUNDS (4), STEPS (200), OUT (build-gpu-torch-step),
-# CUDA_HOME. Needs gcc and python3 with torch.
+# Environment: ROUNDS (4), STEPS (200), MODES (pluggable), OUT
+# (build-gpu-torch-step), CUDA_HOME. Needs gcc, nvcc and python3 with torch.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu-torch-step}
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 ROUNDS=${ROUNDS:-4}
 STEPS=${STEPS:-200}
+MODES=${MODES:-pluggable}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT"
@@ -25,31 +30,39 @@ gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 	-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
 	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic \
 	-lpthread -ldl -o "$W/libvpmm.so" || exit 1
+case " $MODES " in *" pluggable-async "*|*" pluggable-cache "*)
+	"$CUDA/bin/nvcc" -O2 -shared -Xcompiler -fPIC -cudart shared \
+		-o "$W/libtorch_async.so" "$ROOT/test/gpu/torch_async_alloc.cu" || exit 1 ;;
+esac
 echo "gpu-torch-step $(date -u +%FT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $ROUNDS rounds of $STEPS steps"
 for r in $(seq 1 "$ROUNDS"); do
-	python3 "$ROOT/test/gpu/shim_torch.py" native "$STEPS" >"$OUT/native-$r.json" || exit 1
-	VPMM_LIB="$W/libvpmm.so" python3 "$ROOT/test/gpu/shim_torch.py" pluggable "$STEPS" \
-		>"$OUT/pluggable-$r.json" || exit 1
+	for m in native $MODES; do
+		VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
+			python3 "$ROOT/test/gpu/shim_torch.py" "$m" "$STEPS" >"$OUT/$m-$r.json" || exit 1
+	done
 done
-python3 - "$OUT" "$ROUNDS" <<'EOF'
+python3 - "$OUT" "$ROUNDS" $MODES <<'EOF'
 import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(mode, r):
     with open("%s/%s-%d.json" % (out, mode, r)) as f:
         return json.loads(f.read().strip().splitlines()[-1])
-rows = []
-for r in range(1, rounds + 1):
-    n, p = load("native", r), load("pluggable", r)
-    mib = lambda b: "%.0f" % (b / 2**20) if b else "?"
-    rows.append((n["step_ms"], p["step_ms"], mib(n.get("max_reserved")),
-                 mib(p.get("pool_mapped_peak")),
-                 mib(n.get("nvml_peak")), mib(p.get("nvml_peak"))))
-    print("round %d: native %.2f ms, pluggable %.2f ms (%.3f); allocator peak %s / %s MiB, NVML %s / %s MiB"
-          % (r, rows[-1][0], rows[-1][1], rows[-1][1] / rows[-1][0], rows[-1][2], rows[-1][3],
-             rows[-1][4], rows[-1][5]))
-nat = statistics.median(x[0] for x in rows)
-plu = statistics.median(x[1] for x in rows)
-per = [x[1] / x[0] for x in rows]
-print("median step: native %.2f ms, pluggable %.2f ms: ratio %.3f (rounds %.3f-%.3f); target <= 1.02"
-      % (nat, plu, plu / nat, min(per), max(per)))
+mib = lambda b: "%.0f" % (b / 2**20) if b else "?"
+runs = {m: [load(m, r) for r in range(1, rounds + 1)] for m in ["native"] + modes}
+for r in range(rounds):
+    n = runs["native"][r]
+    line = "round %d: native %.2f ms (enqueue %.2f), peak %s MiB, NVML %s" % (
+        r + 1, n["step_ms"], n["enqueue_ms"], mib(n.get("max_reserved")), mib(n.get("nvml_peak")))
+    for m in modes:
+        x = runs[m][r]
+        line += "; %s %.2f ms (%.3f, enqueue %.2f), peak %s MiB, NVML %s" % (
+            m, x["step_ms"], x["step_ms"] / n["step_ms"], x["enqueue_ms"],
+            mib(x.get("pool_mapped_peak")), mib(x.get("nvml_peak")))
+    print(line)
+nat = statistics.median(x["step_ms"] for x in runs["native"])
+for m in modes:
+    med = statistics.median(x["step_ms"] for x in runs[m])
+    per = [runs[m][r]["step_ms"] / runs["native"][r]["step_ms"] for r in range(rounds)]
+    print("median step: native %.2f ms, %s %.2f ms: ratio %.3f (rounds %.3f-%.3f); target <= 1.02"
+          % (nat, m, med, med / nat, min(per), max(per)))
 EOF

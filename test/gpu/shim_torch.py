@@ -9,8 +9,10 @@ MODE says how memory is allocated; the environment must match it:
   nocache     PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cudaMalloc/cudaFree per tensor)
   shim        nocache, with LD_PRELOAD=libvpmm.so
   pluggable   CUDAPluggableAllocator over libvpmm.so (VPMM_LIB), no preload
-  pluggable-async  CUDAPluggableAllocator over cudaMallocAsync (ASYNC_LIB): what
-              the pluggable interface costs by itself
+  pluggable-async  CUDAPluggableAllocator over cudaMallocAsync (ASYNC_LIB)
+  pluggable-cache  CUDAPluggableAllocator over an exact-size cache on
+              cudaMalloc (ASYNC_LIB): what the pluggable interface costs by
+              itself, a hit being a hash lookup
 
 nvml_peak: device memory used at its highest during the run, above what was
 used once the context existed (sampled each millisecond, so a peak shorter
@@ -38,6 +40,10 @@ if mode == "pluggable":
 elif mode == "pluggable-async":
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         os.environ["ASYNC_LIB"], "async_malloc", "async_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+elif mode == "pluggable-cache":
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        os.environ["ASYNC_LIB"], "cache_malloc", "cache_free")
     torch.cuda.memory.change_current_allocator(alloc)
 
 
@@ -123,7 +129,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 gen = torch.Generator(device="cpu").manual_seed(1)
 data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
 
-losses, times = [], []
+losses, times, enqueue = [], [], []
 for step in range(steps):
     batch = data[step % 64].to(dev)
     torch.cuda.synchronize()
@@ -133,6 +139,7 @@ for step in range(steps):
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
+    enqueue.append(time.perf_counter() - t0)  # the host's share, before the wait
     losses.append(loss.item())  # synchronises
     times.append(time.perf_counter() - t0)
 
@@ -142,6 +149,7 @@ out = {
     "steps": steps,
     "losses": losses,
     "step_ms": statistics.median(times[10:]) * 1e3,
+    "enqueue_ms": statistics.median(enqueue[10:]) * 1e3,
     "card": torch.cuda.get_device_name(0),
 }
 if mode in ("native", "expandable", "nocache", "shim"):

@@ -163,3 +163,33 @@ Test(placement, a_small_first_tensor_strands_nothing)
 	seed_case_after_a_small_tensor(4);
 	seed_case_after_a_small_tensor(1);
 }
+
+/* How many handles a growth makes, at split 16 with handles of up to 64
+ * pages: one for the first growth of an empty pool (nothing yet to strand
+ * against), then finer as the pool outgrows the request: k = 1 + 16 *
+ * mapped / (mapped + shortfall), handles the largest power of two of pages
+ * within shortfall / k. */
+Test(placement, growth_splits_finer_as_the_pool_grows)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 4096, .handle_pages = 64, .growth_split = 16};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	struct vpmm_stats s0 = pt_stats(&t), s1, s2, s3;
+	PT_MALLOC(&t, 64, s); /* empty: k = 1, one handle of 64 */
+	s1 = pt_stats(&t);
+	cr_assert_eq(s1.handles_created - s0.handles_created, 1, "first growth: %llu handles",
+		     (unsigned long long)(s1.handles_created - s0.handles_created));
+	PT_MALLOC(&t, 64, s); /* k = 1 + 16 * 64 / 128 = 9: 64 / 9 -> 4 pages */
+	s2 = pt_stats(&t);
+	cr_assert_eq(s2.handles_created - s1.handles_created, 16, "second growth: %llu handles",
+		     (unsigned long long)(s2.handles_created - s1.handles_created));
+	for (int i = 0; i < 14; i++)
+		PT_MALLOC(&t, 64, s);
+	s2 = pt_stats(&t);
+	PT_MALLOC(&t, 32, s); /* 1024 mapped: k = 1 + 16 * 1024 / 1056 = 16: 2 pages */
+	s3 = pt_stats(&t);
+	cr_assert_eq(s3.handles_created - s2.handles_created, 16, "growth in a large pool: %llu",
+		     (unsigned long long)(s3.handles_created - s2.handles_created));
+	pt_close(&t);
+}
