@@ -9,8 +9,10 @@
 # ratio of the medians of the rounds and its range over the rounds.
 # MODES adds modes of shim_torch.py to each round (e.g. pluggable-cache, the
 # interface over a trivial cache: what the interface itself costs); each
-# is reported against native. Every run also reports its host share of the
-# step (enqueue: the time until the step's work is queued).
+# is reported against native; MODE:VAR=VALUE[,VAR=VALUE] runs a mode with
+# those variables set (e.g. pluggable:VPMM_GROWTH_SPLIT=1). Every run also
+# reports its host share of the step (enqueue: the time until the step's
+# work is queued).
 #
 # Environment: ROUNDS (4), STEPS (200), MODES (pluggable), OUT
 # (build-gpu-torch-step), CUDA_HOME. Needs gcc, nvcc and python3 with torch.
@@ -37,8 +39,11 @@ esac
 echo "gpu-torch-step $(date -u +%FT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $ROUNDS rounds of $STEPS steps"
 for r in $(seq 1 "$ROUNDS"); do
 	for m in native $MODES; do
-		VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
-			python3 "$ROOT/test/gpu/shim_torch.py" "$m" "$STEPS" >"$OUT/$m-$r.json" || exit 1
+		# MODE:VAR=VALUE runs MODE with VAR=VALUE in its environment
+		mode=${m%%:*} envs=()
+		[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
+		env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
+			python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" >"$OUT/$m-$r.json" || exit 1
 	done
 done
 python3 - "$OUT" "$ROUNDS" $MODES <<'EOF'
@@ -58,6 +63,8 @@ for r in range(rounds):
         line += "; %s %.2f ms (%.3f, enqueue %.2f), peak %s MiB, NVML %s" % (
             m, x["step_ms"], x["step_ms"] / n["step_ms"], x["enqueue_ms"],
             mib(x.get("pool_mapped_peak")), mib(x.get("nvml_peak")))
+        if x.get("pool_defrags") is not None:
+            line += ", %d defrags, %s handles remapped" % (x["pool_defrags"], x.get("pool_handles_remapped"))
     print(line)
 nat = statistics.median(x["step_ms"] for x in runs["native"])
 for m in modes:

@@ -161,4 +161,6 @@ if st:
     out["pool_live_peak"] = st["live_peak"]
     out["pool_mallocs"] = st["mallocs"]
     out["pool_defrags"] = st["defrags"]
+    out["pool_handles_remapped"] = st.get("handles_remapped")
+    out["pool_handles_created"] = st.get("handles_created")
 print(json.dumps(out))
