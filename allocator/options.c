@@ -50,9 +50,10 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "1G",         \
 	  "largest physical handle created when the pool grows (0: one page)") \
 	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "16",      \
-	  "a growth of S bytes is made of handles of about S/N (a power of "   \
-	  "two of pages, at most VPMM_HANDLE_SIZE); 0: every handle is "        \
-	  "VPMM_HANDLE_SIZE") \
+	  "a growth of S bytes in a pool holding M is made of handles of "     \
+	  "about S/k, k = 1 + N*M/(M+S) (one handle in an empty pool, about "  \
+	  "S/N once the pool is much larger; a power of two of pages, at most " \
+	  "VPMM_HANDLE_SIZE); 0: every handle is VPMM_HANDLE_SIZE") \
 	X(LIMIT, "VPMM_LIMIT", G_POOL, T_SIZE, NULL, "0",                      \
 	  "most physical bytes the pool maps; beyond it allocations fail as "  \
 	  "out of memory (0: no limit)")                                       \

@@ -139,6 +139,13 @@ def hotpath_rows(m):
                        {"cudaMalloc": cm, "direct": one,
                         "driver": m.get("growth_%s_raw_one_us" % k)},
                        ratio(one, cm), "≤ 1.5"))
+        dp = m.get("growth_%s_default_us" % k)
+        if dp is not None:
+            out.append(row("growth, µs, default policy, %s handle(s) (vs cudaMalloc)"
+                           % m.get("growth_%s_default_handles" % k, "?"), k,
+                           {"cudaMalloc": cm, "direct": dp,
+                            "driver": m.get("growth_%s_raw_one_us" % k)},
+                           ratio(dp, cm), "≤ 1.5"))
     for n in ("64", "512"):
         v, d = m.get("defrag_%s_vpmm_us_per_handle" % n), m.get("defrag_%s_raw_us_per_handle" % n)
         if v is None:
