@@ -1,11 +1,15 @@
 // shim_hotpath.cu — the hot path as an unmodified program sees it: runtime
 // calls timed in this process, run once plainly and once under
 // LD_PRELOAD=libvpmm.so by scripts/gpu-check.sh. Prints one line per case:
-//   case <name> <size> <median ns per pair> <pairs/s with 8 threads>
+//   case <name> <size> <median ns per pair> <pairs/s, 8 threads> <pairs/s, 1 thread>
 // Pool hits only: each case warms up first. The CUDA pool keeps everything
-// (release threshold UINT64_MAX), as in cuda-facts.md.
+// (release threshold UINT64_MAX), as in cuda-facts.md. The thread counts are
+// steady state: each thread creates its stream and warms up before the clock
+// starts, and the clock stops when the last thread has done its pairs
+// (stream synchronisation and destruction are outside it).
 #include <cuda_runtime.h>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,26 +57,38 @@ static double pairs(kind k, size_t size, cudaStream_t s, int batches, int batch)
 	return t[t.size() / 2];
 }
 
-static double threads8(size_t size, int per_thread)
+// Pairs per second of n threads, each on its own stream, steady state.
+static double threads(int n, size_t size, int per_thread)
 {
 	std::vector<std::thread> th;
-	double t0 = now_ns();
-	for (int i = 0; i < 8; i++)
-		th.emplace_back([=] {
+	std::atomic<int> ready{0}, done{0};
+	std::atomic<bool> go{false};
+	double t0 = 0, t1 = 0;
+	for (int i = 0; i < n; i++)
+		th.emplace_back([&] {
 			cudaStream_t s;
 			CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-			pairs(ASYNC, size, s, 1, 100); // warm
+			pairs(ASYNC, size, s, 1, 100); // warm: this stream's first pages
+			ready++;
+			while (!go.load())
+				std::this_thread::yield();
 			for (int i2 = 0; i2 < per_thread; i2++) {
 				void *p;
 				CHECK(cudaMallocAsync(&p, size, s));
 				CHECK(cudaFreeAsync(p, s));
 			}
+			if (++done == n)
+				t1 = now_ns();
 			CHECK(cudaStreamSynchronize(s));
 			CHECK(cudaStreamDestroy(s));
 		});
+	while (ready.load() < n)
+		std::this_thread::yield();
+	t0 = now_ns();
+	go = true;
 	for (auto &t : th)
 		t.join();
-	return 8.0 * per_thread / ((now_ns() - t0) * 1e-9);
+	return (double)n * per_thread / ((t1 - t0) * 1e-9);
 }
 
 int main()
@@ -89,8 +105,8 @@ int main()
 		pairs(ASYNC, size, s, 5, 1000); // warm up
 		double a = pairs(ASYNC, size, s, 31, 1000);
 		double m = pairs(SYNC, size, s, 11, 200);
-		double th = threads8(size, 20000);
-		printf("case async %zu %.1f %.0f\n", size, a, th);
+		double one = threads(1, size, 200000), eight = threads(8, size, 200000);
+		printf("case async %zu %.1f %.0f %.0f\n", size, a, eight, one);
 		printf("case sync %zu %.1f 0\n", size, m);
 	}
 	CHECK(cudaStreamSynchronize(s));

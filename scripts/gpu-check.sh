@@ -57,10 +57,12 @@ if part hotpath; then
 			>>"$W/logs/hotpath-build.txt" 2>&1; then
 		VPMM_SOCKET=off "$W/shim_hotpath" >"$W/logs/hotpath-plain.txt" 2>&1
 		VPMM_SOCKET=off LD_PRELOAD="$lib" "$W/shim_hotpath" >"$W/logs/hotpath-vpmm.txt" 2>&1
-		note "hot path through the shim (ns per malloc+free pair, one thread; 8-thread pairs/s):"
-		join <(awk '/^case/{print $2"/"$3, $4, $5}' "$W/logs/hotpath-plain.txt" | sort) \
-			<(awk '/^case/{print $2"/"$3, $4, $5}' "$W/logs/hotpath-vpmm.txt" | sort) |
-			awk '{printf "  %-16s cuda %8.1f ns  vpmm %8.1f ns  ratio %.2f   8 threads: cuda %.2g/s vpmm %.2g/s\n", $1, $2, $4, $4/$2, $3, $5}' |
+		note "hot path through the shim (ns per malloc+free pair, one thread; pairs/s, 8 threads over 1, own streams, steady state):"
+		join <(awk '/^case/{print $2"/"$3, $4, $5, ($6 ? $6 : 0)}' "$W/logs/hotpath-plain.txt" | sort) \
+			<(awk '/^case/{print $2"/"$3, $4, $5, ($6 ? $6 : 0)}' "$W/logs/hotpath-vpmm.txt" | sort) |
+			awk '{printf "  %-16s cuda %8.1f ns  vpmm %8.1f ns  ratio %.2f", $1, $2, $5, $5/$2;
+			      if ($4 > 0 && $7 > 0) printf "   8 threads: cuda %.2g/s (%.2fx one) vpmm %.2g/s (%.2fx one)", $3, $3/$4, $6, $6/$7;
+			      printf "\n"}' |
 			tee -a "$SUMMARY"
 	else
 		note "hot path: build failed (logs/hotpath-build.txt)"
