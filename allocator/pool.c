@@ -1090,11 +1090,16 @@ static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
 static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
 {
 	size_t h = p->page, k = p->cfg.growth_split;
-	double mapped = (double)p->st.mapped;
+	uint64_t mapped = p->st.mapped;
 	if (!k)
 		return p->cfg.handle_size;
-	if (1.0 + (double)k * mapped / (mapped + (double)shortfall) < (double)k)
-		k = 1 + (size_t)((double)k * mapped / (mapped + (double)shortfall));
+	if (!shortfall)
+		return h;
+	/* 128 bits: split * mapped may pass 64; the quotient is below split. */
+	__extension__ typedef unsigned __int128 wide;
+	k = 1 + (size_t)((wide)k * mapped / ((wide)mapped + shortfall));
+	if (k > p->cfg.growth_split)
+		k = p->cfg.growth_split;
 	while (h * 2 <= shortfall / k && h * 2 <= p->cfg.handle_size)
 		h *= 2;
 	return h;
@@ -1136,8 +1141,10 @@ static struct region *find_lender(vpmm_pool *p, struct stream *caller, size_t ne
 			struct region *f = REG(t, by_size), *h;
 			if (best && f->size <= best->size)
 				break; /* smaller from here on */
-			if (f->size >= need || !lends_a_page(p, f->size, need))
+			if (f->size >= need)
 				continue;
+			if (!lends_a_page(p, f->size, need))
+				break; /* nor will any smaller one */
 			h = region_next(f);
 			if (!(h && h->kind == R_HOLE && h->chunk == f->chunk &&
 			      h->size >= need - f->size)) {

@@ -37,9 +37,11 @@ struct vpmm_config {
 	size_t va_size;       /* bytes of one VA reservation chunk */
 	size_t initial_pages; /* pages mapped at creation */
 	size_t handle_size;   /* largest physical handle made when growing; 0 = page_size */
-	/* A growth of S bytes is made of handles of the largest power of two of
-	 * pages within S / growth_split (at most handle_size); 0 = every handle
-	 * is handle_size. */
+	/* A growth of S bytes, with M bytes mapped, is made of handles of the
+	 * largest power of two of pages within S / k (at most handle_size),
+	 * k = 1 + growth_split * M / (M + S): one handle in an empty pool,
+	 * S / growth_split once the pool is much larger. 0 = every handle is
+	 * handle_size. */
 	unsigned growth_split;
 	size_t limit;         /* most physical bytes the pool may hold; 0 = no limit */
 	/* Requests of at most this many bytes (and under a page) are carved in

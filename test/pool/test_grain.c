@@ -49,6 +49,22 @@ Test(grain, neighbours_share_pages)
 	pt_close(&t);
 }
 
+/* The rest of a's last page (960 KiB) would not spare b a page: b starts
+ * on the next page, and the two still need 4 pages. */
+Test(grain, a_rest_that_spares_no_page_is_not_shared)
+{
+	struct pt t;
+	open_grain(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = gmalloc(&t, 3 * PT_MiB + 1, s);
+	CUdeviceptr b = gmalloc(&t, 3 * PT_MiB + 1, s);
+	cr_assert_eq(b, a + 2 * PAGE, "b at +%llu KiB, not on the next page",
+		     (unsigned long long)((b - a) >> 10));
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.mapped, 4 * PAGE, "mapped %lu", (unsigned long)st.mapped);
+	pt_close(&t);
+}
+
 Test(grain, a_shared_page_moves_only_when_free)
 {
 	struct pt t;

@@ -180,11 +180,15 @@ Test(placement, growth_splits_finer_as_the_pool_grows)
 	s1 = pt_stats(&t);
 	cr_assert_eq(s1.handles_created - s0.handles_created, 1, "first growth: %llu handles",
 		     (unsigned long long)(s1.handles_created - s0.handles_created));
-	PT_MALLOC(&t, 64, s); /* k = 1 + 16 * 64 / 128 = 9: 64 / 9 -> 4 pages */
+	PT_MALLOC(&t, 128, s); /* k = 1 + 16 * 64 / 192 = 6: 128 / 6 -> 16 pages */
 	s2 = pt_stats(&t);
-	cr_assert_eq(s2.handles_created - s1.handles_created, 16, "second growth: %llu handles",
+	cr_assert_eq(s2.handles_created - s1.handles_created, 8, "second growth: %llu handles",
 		     (unsigned long long)(s2.handles_created - s1.handles_created));
-	for (int i = 0; i < 14; i++)
+	PT_MALLOC(&t, 64, s); /* k = 1 + 16 * 192 / 256 = 13: 64 / 13 -> 4 pages */
+	s1 = pt_stats(&t);
+	cr_assert_eq(s1.handles_created - s2.handles_created, 16, "third growth: %llu handles",
+		     (unsigned long long)(s1.handles_created - s2.handles_created));
+	for (int i = 0; i < 12; i++)
 		PT_MALLOC(&t, 64, s);
 	s2 = pt_stats(&t);
 	PT_MALLOC(&t, 32, s); /* 1024 mapped: k = 1 + 16 * 1024 / 1056 = 16: 2 pages */
