@@ -43,14 +43,16 @@ for r in $(seq 1 "$ROUNDS"); do
 		mode=${m%%:*} envs=()
 		[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
 		env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
-			python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" >"$OUT/$m-$r.json" || exit 1
+			python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
+			>"$OUT/$(echo "$m" | tr ':=,' '___')-$r.json" || exit 1
 	done
 done
 python3 - "$OUT" "$ROUNDS" $MODES <<'EOF'
 import json, statistics, sys
 out, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(mode, r):
-    with open("%s/%s-%d.json" % (out, mode, r)) as f:
+    name = mode.replace(":", "_").replace("=", "_").replace(",", "_")
+    with open("%s/%s-%d.json" % (out, name, r)) as f:
         return json.loads(f.read().strip().splitlines()[-1])
 mib = lambda b: "%.0f" % (b / 2**20) if b else "?"
 runs = {m: [load(m, r) for r in range(1, rounds + 1)] for m in ["native"] + modes}
