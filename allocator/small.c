@@ -195,11 +195,16 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	struct small_state *s = st_of(p);
 	size_t nblocks = s->slab_bytes[cls] / s->block[cls];
 	size_t words = (nblocks + 63) / 64;
-	struct small_slab *sl = calloc(1, sizeof(*sl) + 2 * words * sizeof(uint64_t));
+	/* Whole cache lines of its own: the front path sets bits of `parked`
+	 * from any thread, and slabs of different streams side by side in the
+	 * heap would make threads that share nothing wait on each other. */
+	size_t bytes = (sizeof(struct small_slab) + 2 * words * sizeof(uint64_t) + 63) & ~(size_t)63;
+	struct small_slab *sl = aligned_alloc(64, bytes);
 	struct region *r;
 	int rc;
 	if (!sl)
 		return -ENOMEM;
+	memset(sl, 0, bytes);
 	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], &r);
 	if (rc) {
 		free(sl);
