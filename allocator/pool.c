@@ -484,6 +484,18 @@ static struct mapping *slab_at(vpmm_pool *p, unsigned chunk, CUdeviceptr va)
 	return c->smap[(va - c->va) / p->page];
 }
 
+/* The first mapping at or after va, which lies in live, free or busy
+ * memory of `chunk`: the slab map gives the slab over it at once, where the
+ * tree would take a dozen comparisons; a defragmentation asks for each
+ * region it looks at and each piece it moves. */
+static struct mapping *mapping_from(vpmm_pool *p, unsigned chunk, CUdeviceptr va)
+{
+	struct mapping *m = slab_at(p, chunk, va);
+	if (!m)
+		return mapping_ceil(p, va);
+	return m->va >= va ? m : mapping_next(m);
+}
+
 /* Drop one mapping record; the slab goes with its last mapping. */
 static void mapping_forget(vpmm_pool *p, struct mapping *m)
 {
@@ -800,7 +812,7 @@ static int plan_push(struct plan *pl, struct harvest h)
 static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
 {
 	CUdeviceptr end = r->va + r->size, a = 0, b = 0;
-	for (struct mapping *m = mapping_ceil(p, r->va);
+	for (struct mapping *m = mapping_from(p, r->chunk, r->va);
 	     m && m->va < end && pl->taken < pl->target; m = mapping_next(m)) {
 		size_t sz = m->slab->size;
 		if (m->va + sz > end || pl->taken + sz > pl->room)
@@ -902,7 +914,7 @@ static int cand_region(vpmm_pool *p, struct slab_cand **c, size_t *n, size_t *ca
 	int rc = 0;
 	if (r == skip[0] || r == skip[1])
 		return 0;
-	for (struct mapping *m = mapping_ceil(p, r->va);
+	for (struct mapping *m = mapping_from(p, r->chunk, r->va);
 	     m && m->va + m->slab->size <= end && !rc; m = mapping_next(m))
 		rc = cand_push(c, n, cap, r, m, others);
 	return rc;
@@ -1225,7 +1237,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 	size_t hsize = handle_size_for(p, shortfall);
 	size_t nnew = (shortfall + hsize - 1) / hsize;
 	for (size_t i = 0; i < pl.n; i++)
-		for (struct mapping *m = mapping_ceil(p, pl.h[i].a);
+		for (struct mapping *m = mapping_from(p, pl.h[i].r->chunk, pl.h[i].a);
 		     m && m->va < pl.h[i].b; m = mapping_next(m))
 			nmove++;
 	nfr = nmove + nnew;
@@ -1266,7 +1278,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		src->kind = R_BUSY;
 		p->busy++;
 		h->r = src;
-		for (struct mapping *m = mapping_ceil(p, h->a); m && m->va < h->b;
+		for (struct mapping *m = mapping_from(p, src->chunk, h->a); m && m->va < h->b;
 		     m = mapping_next(m))
 			fr[k++].slab = m->slab;
 	}
@@ -1392,8 +1404,8 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need,
 		z->ev = pl.h[i].ev; /* plan_events' reference */
 		pl.h[i].ev = NULL;
 		zombie_append(p, z);
-		for (struct mapping *m = mapping_ceil(p, z->va); m && m->va < z->va + z->size;
-		     m = mapping_next(m))
+		for (struct mapping *m = mapping_from(p, z->chunk, z->va);
+		     m && m->va < z->va + z->size; m = mapping_next(m))
 			smap_set(p, z->chunk, m, false);
 		GAUGE_SUB(p, reusable, z->size);
 		GAUGE_ADD(p, zombies, z->size);
