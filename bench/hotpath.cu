@@ -462,7 +462,7 @@ static void bench_defrag(cudaStream_t s)
 		int reps = (n >= 512 ? 4 : 8) / reps_scale;
 		if (reps < 2)
 			reps = 2;
-		std::vector<double> df, next, rawv, unm, bg_next, bg_gone;
+		std::vector<double> df, next, rawv, raw2, unm, bg_next, bg_gone;
 		uint64_t bg_left = 0;
 		double bg_by_thread = 0;
 		size_t remapped = 0, created = 0;
@@ -528,6 +528,20 @@ static void bench_defrag(cudaStream_t s)
 				CU(raw.MemMap(va + i * page, page, 0, h[i], 0));
 			raw_access(va, n * page);
 			uint64_t t5 = now_ns();
+			/* The same handles, mapped already, at a second address:
+			 * the operation a defragmentation makes (the old address
+			 * stays mapped until its zombie is unmapped). */
+			CUdeviceptr va2;
+			CU(raw.MemAddressReserve(&va2, n * page, 0, 0, 0));
+			uint64_t t7 = now_ns();
+			for (size_t i = 0; i < n; i++)
+				CU(raw.MemMap(va2 + i * page, page, 0, h[i], 0));
+			raw_access(va2, n * page);
+			uint64_t t8 = now_ns();
+			for (size_t i = 0; i < n; i++)
+				CU(raw.MemUnmap(va2 + i * page, page));
+			CU(raw.MemAddressFree(va2, n * page));
+			uint64_t t5b = now_ns();
 			for (size_t i = 0; i < n; i++)
 				CU(raw.MemUnmap(va + i * page, page));
 			uint64_t t6 = now_ns();
@@ -542,7 +556,8 @@ static void bench_defrag(cudaStream_t s)
 			bg_by_thread = (double)(bz.zombies_reclaimed - bm.zombies_reclaimed);
 			df.push_back((double)(t1 - t0) / (double)n);
 			rawv.push_back((double)(t5 - t4) / (double)n);
-			unm.push_back((double)(t6 - t5) / (double)n);
+			raw2.push_back((double)(t8 - t7) / (double)n);
+			unm.push_back((double)(t6 - t5b) / (double)n);
 			double reclaimed = (double)(z.zombies_reclaimed - m.zombies_reclaimed);
 			next.push_back(reclaimed > 0 ? (double)(t3 - t2) / (double)n : 0);
 			if (rep == reps)
@@ -558,6 +573,9 @@ static void bench_defrag(cudaStream_t s)
 		       median(next) / 1e3, median(unm) / 1e3);
 		metric("defrag_" + k + "_vpmm_us_per_handle", median(df) / 1e3);
 		metric("defrag_" + k + "_raw_us_per_handle", median(rawv) / 1e3);
+		printf("N=%4zu  driver mapping the same handles at a second address %6.1f us/handle | "
+		       "ratio %.2f\n", n, median(raw2) / 1e3, median(df) / median(raw2));
+		metric("defrag_" + k + "_raw_second_us_per_handle", median(raw2) / 1e3);
 		metric("defrag_" + k + "_remapped", (double)remapped);
 		metric("defrag_" + k + "_created", (double)created);
 		metric("defrag_" + k + "_next_malloc_us_per_handle", median(next) / 1e3);
