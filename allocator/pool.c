@@ -487,7 +487,9 @@ static struct mapping *slab_at(vpmm_pool *p, unsigned chunk, CUdeviceptr va)
 /* The first mapping at or after va, which lies in live, free or busy
  * memory of `chunk`: the slab map gives the slab over it at once, where the
  * tree would take a dozen comparisons; a defragmentation asks for each
- * region it looks at and each piece it moves. */
+ * region it looks at and each piece it moves. One step past it is enough
+ * because no mapping starts inside a home mapping. Over a page the map
+ * leaves empty (holes, zombies) it asks the tree. */
 static struct mapping *mapping_from(vpmm_pool *p, unsigned chunk, CUdeviceptr va)
 {
 	struct mapping *m = slab_at(p, chunk, va);

@@ -24,8 +24,9 @@ struct chunk { /* one VA reservation */
 	struct region **pmap; /* grain map (front.c): a live region's first grain,
 			       * every grain of a slab; NULL elsewhere */
 	struct mapping **smap; /* slab map, per page: the home mapping over it
-				* where the page is live or free memory (busy
-				* ones included); NULL over holes and zombies.
+				* where the page is live or free memory (and
+				* busy regions taken from free memory); NULL over
+				* holes, zombies and a span being mapped.
 				* Pool lock. For placement (pool.c) */
 };
 
