@@ -5,14 +5,15 @@
 # PyTorch process (scripts/gpu-dump.sh, when present), the hot path through
 # the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's sharing
 # checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and soak checks (scripts/gpu-reliability.sh, about 6 minutes
-# by itself), and issue 5's comparisons (scripts/gpu-bench.sh). Prints a
-# short table last.
+# by itself), what the driver's calls cost (bench/vmm_costs.cu,
+# bench/driver_queries.cu, a few seconds) and issue 5's comparisons
+# (scripts/gpu-bench.sh). Prints a short table last.
 #
 # The device tool brings back at most 8 files from $OUT: the logs go into one
 # archive, $OUT/logs.tgz, beside summary.txt and table.md.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|hotpath|share|reliab|step|bench, default all), SHIM_STEPS, SOAK_DURATION
+# shim|dump|hotpath|share|reliab|costs|step|bench, default all), SHIM_STEPS, SOAK_DURATION
 # (reliab), DEADLINE (bench).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -81,6 +82,22 @@ if part reliab && [ -f "$ROOT/scripts/gpu-reliability.sh" ]; then
 	OUT=$W/logs/reliab bash "$ROOT/scripts/gpu-reliability.sh" >"$W/logs/reliab.txt" 2>&1
 	note "reliability (out of memory, soak): exit $? ($((SECONDS - t0)) s)"
 	sed 's/^/  /' "$W/logs/reliab/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
+if part costs; then
+	# The driver alone: what a handle operation costs however it is called,
+	# and how the queries the shim makes per call scale over threads.
+	if nvcc -O2 -o "$W/vmm_costs" "$ROOT/bench/vmm_costs.cu" -lcuda >"$W/logs/costs-build.txt" 2>&1 &&
+		nvcc -O2 -o "$W/driver_queries" "$ROOT/bench/driver_queries.cu" -lcuda >>"$W/logs/costs-build.txt" 2>&1; then
+		"$W/vmm_costs" >"$W/logs/vmm_costs.txt" 2>&1
+		note "driver costs, us per handle (second pass; bench/vmm_costs.cu): exit $?"
+		sed -n '/^pass 1/,$p' "$W/logs/vmm_costs.txt" | grep '^cost' | sed 's/^cost /  /' | tee -a "$SUMMARY"
+		"$W/driver_queries" >"$W/logs/driver_queries.txt" 2>&1
+		note "driver queries, 8 threads over 1 (bench/driver_queries.cu): exit $?"
+		tail -n 6 "$W/logs/driver_queries.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+	else
+		note "driver costs: build failed (logs/costs-build.txt)"
+	fi
 fi
 
 if part step; then

@@ -1,0 +1,178 @@
+// vmm_costs.cu — what one handle operation costs the driver, and whether any
+// way of calling it costs less: per-handle vs one call over a range, a fresh
+// VA vs a VA that was mapped before, a second address for handles already
+// mapped, handle size, and the GPU busy with a kernel.
+//
+// The pool's replay time is made of these operations (docs/design.md,
+// "What peak <= 1.01 costs in driver time"); this program decides whether
+// the pool can make them cheaper rather than fewer.
+// Build: nvcc -O2 -o vmm_costs bench/vmm_costs.cu -lcuda
+// Prints one line per case: "cost CASE us_per_handle".
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CU(x)                                                                  \
+	do {                                                                   \
+		CUresult r_ = (x);                                             \
+		if (r_ != CUDA_SUCCESS) {                                      \
+			fprintf(stderr, "%s: %d\n", #x, (int)r_);              \
+			exit(1);                                               \
+		}                                                              \
+	} while (0)
+
+static double now_us(void)
+{
+	timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+static CUmemAllocationProp prop;
+static CUmemAccessDesc access;
+static const int N = 64;
+
+static void make(std::vector<CUmemGenericAllocationHandle> &h, size_t sz)
+{
+	for (auto &x : h)
+		CU(cuMemCreate(&x, sz, &prop, 0));
+}
+
+static void report(const char *what, double us, int n)
+{
+	printf("cost %-44s %8.2f\n", what, us / n);
+	fflush(stdout);
+}
+
+// Maps h at va, one handle after another; access per handle or once.
+static void map_all(CUdeviceptr va, std::vector<CUmemGenericAllocationHandle> &h,
+		    size_t sz, bool per_handle, double *map_us, double *acc_us)
+{
+	double t0 = now_us();
+	for (size_t i = 0; i < h.size(); i++) {
+		CU(cuMemMap(va + i * sz, sz, 0, h[i], 0));
+		if (per_handle)
+			CU(cuMemSetAccess(va + i * sz, sz, &access, 1));
+	}
+	double t1 = now_us();
+	if (!per_handle)
+		CU(cuMemSetAccess(va, sz * h.size(), &access, 1));
+	double t2 = now_us();
+	*map_us = per_handle ? 0 : t1 - t0;
+	*acc_us = per_handle ? t2 - t0 : t2 - t1;
+}
+
+static double unmap_all(CUdeviceptr va, size_t sz, int n, bool per_handle)
+{
+	double t0 = now_us();
+	if (per_handle)
+		for (int i = 0; i < n; i++)
+			CU(cuMemUnmap(va + i * sz, sz));
+	else
+		CU(cuMemUnmap(va, sz * n));
+	return now_us() - t0;
+}
+
+__global__ void spin(long long cycles)
+{
+	long long t0 = clock64();
+	while (clock64() - t0 < cycles)
+		;
+}
+
+static void sizes(size_t sz, const char *tag)
+{
+	char name[96];
+	std::vector<CUmemGenericAllocationHandle> h(N);
+	double t0 = now_us();
+	make(h, sz);
+	snprintf(name, sizeof name, "%s create", tag);
+	report(name, now_us() - t0, N);
+
+	CUdeviceptr a, b, c;
+	CU(cuMemAddressReserve(&a, sz * N, 0, 0, 0));
+	CU(cuMemAddressReserve(&b, sz * N, 0, 0, 0));
+	CU(cuMemAddressReserve(&c, sz * N, 0, 0, 0));
+	double m, s;
+
+	map_all(a, h, sz, false, &m, &s);
+	snprintf(name, sizeof name, "%s map, fresh VA", tag);
+	report(name, m, N);
+	snprintf(name, sizeof name, "%s access, one call over range", tag);
+	report(name, s, N);
+
+	map_all(b, h, sz, true, &m, &s);
+	snprintf(name, sizeof name, "%s map+access each, 2nd address", tag);
+	report(name, s, N);
+
+	snprintf(name, sizeof name, "%s unmap, one call over range", tag);
+	report(name, unmap_all(a, sz, N, false), N);
+
+	map_all(a, h, sz, true, &m, &s);
+	snprintf(name, sizeof name, "%s map+access each, reused VA", tag);
+	report(name, s, N);
+	snprintf(name, sizeof name, "%s unmap each", tag);
+	report(name, unmap_all(a, sz, N, true), N);
+
+	// The same with a kernel running on the device the whole time.
+	CUstream st;
+	CU(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+	spin<<<1, 1, 0, (cudaStream_t)st>>>(2000000000LL);
+	map_all(c, h, sz, true, &m, &s);
+	snprintf(name, sizeof name, "%s map+access each, GPU busy", tag);
+	report(name, s, N);
+	snprintf(name, sizeof name, "%s unmap each, GPU busy", tag);
+	report(name, unmap_all(c, sz, N, true), N);
+	CU(cuStreamSynchronize(st));
+	CU(cuStreamDestroy(st));
+
+	unmap_all(b, sz, N, false);
+	t0 = now_us();
+	for (auto x : h)
+		CU(cuMemRelease(x));
+	snprintf(name, sizeof name, "%s release", tag);
+	report(name, now_us() - t0, N);
+	CU(cuMemAddressFree(a, sz * N));
+	CU(cuMemAddressFree(b, sz * N));
+	CU(cuMemAddressFree(c, sz * N));
+}
+
+int main(void)
+{
+	CUdevice dev;
+	CUcontext ctx;
+	CU(cuInit(0));
+	CU(cuDeviceGet(&dev, 0));
+	CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+	CU(cuCtxSetCurrent(ctx));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	access.location = prop.location;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	size_t g;
+	CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+	char name[64];
+	cudaFree(0);
+	for (int rep = 0; rep < 2; rep++) { // the first pass warms the driver
+		printf("pass %d\n", rep);
+		snprintf(name, sizeof name, "%zuM", g >> 20);
+		sizes(g, name);
+		sizes(16 * g, "32M");
+	}
+	// cudaMalloc for comparison, 2 MiB.
+	double t0 = now_us();
+	std::vector<void *> p(N);
+	for (auto &x : p)
+		cudaMalloc(&x, g);
+	report("cudaMalloc 2M", now_us() - t0, N);
+	t0 = now_us();
+	for (auto x : p)
+		cudaFree(x);
+	report("cudaFree 2M", now_us() - t0, N);
+	return 0;
+}
