@@ -10,7 +10,9 @@
  *            one handle the size of the request vs cudaMalloc
  *   defrag   a malloc that remaps N free pages into one range, per handle,
  *            vs the driver's own cuMemMap + cuMemSetAccess of as many
- *            handles (libcuda called directly); and the next malloc, which
+ *            handles (libcuda called directly, with the 2N handles the
+ *            pool holds mapped beside them: fresh handles, and the same
+ *            handles at a second address); and the next malloc, which
  *            finds the zombies it left
  *   threads  8 threads on 8 streams vs one thread, malloc/free pairs
  * Every line is also a key in the JSON object printed last (one line,
@@ -516,37 +518,48 @@ static void bench_defrag(cudaStream_t s)
 			uint64_t b4 = now_ns();
 			vpmm_pool_destroy(p);
 
-			/* The driver alone: map as many handles side by side and
-			 * grant access over the range, as the pool does. */
-			std::vector<CUmemGenericAllocationHandle> h(n);
-			for (size_t i = 0; i < n; i++)
+			/* The driver alone, in the state the pool's defragmentation
+			 * starts from: 2N handles of a page mapped side by side, and
+			 * the same two operations timed on top of them. */
+			std::vector<CUmemGenericAllocationHandle> h(3 * n);
+			for (size_t i = 0; i < 3 * n; i++)
 				raw_create(page, &h[i]);
-			/* Reserves a range, maps the handles side by side in it and
-			 * grants access; returns the ns the mapping took. */
-			auto map_all = [&](CUdeviceptr *at) {
+			CUdeviceptr held, va, va2;
+			CU(raw.MemAddressReserve(&held, 2 * n * page, 0, 0, 0));
+			for (size_t i = 0; i < 2 * n; i++)
+				CU(raw.MemMap(held + i * page, page, 0, h[i], 0));
+			raw_access(held, 2 * n * page);
+			/* Reserves a range, maps n handles (h[first], h[first +
+			 * step], ...) side by side in it and grants access over the
+			 * range, as the pool does; returns the ns the mapping took. */
+			auto map_all = [&](CUdeviceptr *at, size_t first, size_t step) {
 				CU(raw.MemAddressReserve(at, n * page, 0, 0, 0));
 				uint64_t t = now_ns();
 				for (size_t i = 0; i < n; i++)
-					CU(raw.MemMap(*at + i * page, page, 0, h[i], 0));
+					CU(raw.MemMap(*at + i * page, page, 0, h[first + i * step], 0));
 				raw_access(*at, n * page);
 				return now_ns() - t;
 			};
-			CUdeviceptr va, va2;
-			uint64_t fresh_ns = map_all(&va);
-			/* The same handles, mapped already, at a second address:
-			 * the operation a defragmentation makes (the old address
-			 * stays mapped until its zombie is unmapped). */
-			uint64_t second_ns = map_all(&va2);
-			for (size_t i = 0; i < n; i++)
-				CU(raw.MemUnmap(va2 + i * page, page));
-			CU(raw.MemAddressFree(va2, n * page));
+			/* n handles never mapped before */
+			uint64_t fresh_ns = map_all(&va, 2 * n, 1);
+			/* the even ones of the held range, mapped already, at a
+			 * second address: what a defragmentation does (the old
+			 * address stays mapped until its zombie is unmapped) */
+			uint64_t second_ns = map_all(&va2, 0, 2);
+			/* and the zombie's unmap: the old address of those handles */
 			uint64_t t5b = now_ns();
-			for (size_t i = 0; i < n; i++)
-				CU(raw.MemUnmap(va + i * page, page));
+			for (size_t i = 0; i < 2 * n; i += 2)
+				CU(raw.MemUnmap(held + i * page, page));
 			uint64_t t6 = now_ns();
-			for (size_t i = 0; i < n; i++)
+			for (size_t i = 1; i < 2 * n; i += 2)
+				CU(raw.MemUnmap(held + i * page, page));
+			CU(raw.MemUnmap(va, n * page));
+			CU(raw.MemUnmap(va2, n * page));
+			for (size_t i = 0; i < 3 * n; i++)
 				CU(raw.MemRelease(h[i]));
+			CU(raw.MemAddressFree(held, 2 * n * page));
 			CU(raw.MemAddressFree(va, n * page));
+			CU(raw.MemAddressFree(va2, n * page));
 			if (rep == 0)
 				continue;
 			bg_next.push_back((double)(b3 - b2) / (double)n);
