@@ -13,24 +13,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "driver_bench.h"
+
 #include <algorithm>
 #include <vector>
-
-#define CU(x)                                                                  \
-	do {                                                                   \
-		CUresult r_ = (x);                                             \
-		if (r_ != CUDA_SUCCESS) {                                      \
-			fprintf(stderr, "%s: %d\n", #x, (int)r_);              \
-			exit(1);                                               \
-		}                                                              \
-	} while (0)
-
-static double now_us(void)
-{
-	timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
-}
 
 static CUmemAllocationProp prop;
 static CUmemAccessDesc access;
