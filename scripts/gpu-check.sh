@@ -4,8 +4,9 @@
 # CuPy, PyTorch training, the seed's laboratory cases), vpmm-dump against a
 # PyTorch process (scripts/gpu-dump.sh, when present), the hot path through
 # the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's sharing
-# checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and soak checks (scripts/gpu-reliability.sh, about 6 minutes
-# by itself), what the driver's calls cost (bench/vmm_costs.cu,
+# checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and soak
+# checks (scripts/gpu-reliability.sh; about 80 s with the 60 s soak of
+# these defaults, 6 minutes with its own 300 s), what the driver's calls cost (bench/vmm_costs.cu,
 # bench/driver_queries.cu, a few seconds) and issue 5's comparisons
 # (scripts/gpu-bench.sh). Prints a short table last.
 #

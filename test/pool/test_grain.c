@@ -31,7 +31,7 @@ Test(grain, neighbours_share_pages)
 	CUdeviceptr a = gmalloc(&t, 3 * PT_MiB + 1, s);
 	/* b takes the rest of a's last page and one more page, not two. (A
 	 * request that the rest of the page would spare no page starts on a
-	 * page boundary: test_placement.c.) */
+	 * page boundary: the next test.) */
 	CUdeviceptr b = gmalloc(&t, 2 * PT_MiB + 1, s);
 	cr_assert_eq(b, a + 3 * PT_MiB + GRAIN, "b does not follow a at the grain");
 	struct vpmm_stats st = pt_stats(&t);
