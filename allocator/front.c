@@ -114,6 +114,13 @@ static size_t rounded(const vpmm_pool *p, size_t size)
 	return (size + p->grain - 1) / p->grain * p->grain;
 }
 
+/* The chain of rounded size `size`: sizes recur exactly (a loop's tensors),
+ * so the multiplicative hash only has to spread distinct sizes. */
+static unsigned bucket(size_t size)
+{
+	return (unsigned)(((uint64_t)size * 0x9e3779b97f4a7c15ull) >> 58) % VPMM_FRONT_BUCKETS;
+}
+
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
 {
 	size_t want = rounded(p, size);
@@ -122,11 +129,15 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *o
 	if (!f)
 		return -EAGAIN;
 	pthread_mutex_lock(&f->lock);
-	for (unsigned i = f->n; i-- > 0;) {
-		struct fentry e = f->e[i];
+	for (uint16_t *link = &f->head[bucket(want)]; *link; link = &f->e[*link - 1].next) {
+		uint16_t slot = *link;
+		struct fentry e = f->e[slot - 1];
 		if (e.size != want)
 			continue;
-		f->e[i] = f->e[--f->n];
+		*link = e.next;
+		f->e[slot - 1].next = f->unused;
+		f->unused = slot;
+		f->n--;
 		f->bytes -= e.size;
 		f->hits++;
 		pthread_mutex_unlock(&f->lock);
@@ -139,6 +150,17 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *o
 	}
 	pthread_mutex_unlock(&f->lock);
 	return -EAGAIN;
+}
+
+/* A slot for a new entry: one a hit gave back, else the next never used. */
+static uint16_t take_slot(struct front *f)
+{
+	uint16_t slot = f->unused;
+	if (slot)
+		f->unused = f->e[slot - 1].next;
+	else if (f->touched < VPMM_FRONT_MAX)
+		slot = ++f->touched;
+	return slot;
 }
 
 int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
@@ -168,10 +190,15 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		/* Read after the park: see close_epoch() for why this order
 		 * makes the epoch's event cover the work before this free. */
 		uint64_t epoch = s ? __atomic_load_n(&s->epoch, __ATOMIC_SEQ_CST) : 0;
+		uint16_t at;
 		pthread_mutex_lock(&f->lock);
-		if (f->n < p->cfg.front_entries && f->bytes + size <= p->cfg.front_bytes) {
-			f->e[f->n++] = (struct fentry){.ptr = ptr, .size = size,
-						       .epoch = epoch, .r = r};
+		if (f->n < p->cfg.front_entries && f->bytes + size <= p->cfg.front_bytes &&
+		    (at = take_slot(f))) {
+			uint16_t *head = &f->head[bucket(size)];
+			f->e[at - 1] = (struct fentry){.ptr = ptr, .size = size, .epoch = epoch,
+						       .r = r, .next = *head};
+			*head = at;
+			f->n++;
 			f->bytes += size;
 			f->parks++;
 			pthread_mutex_unlock(&f->lock);
@@ -188,28 +215,37 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 
 /* ---- the pool's side ---------------------------------------------------------------------- */
 
+/* Gives every entry back to the pool. Under the front lock throughout: only
+ * this stream's fast path waits, and flushes are rare (a placement that
+ * failed, a defragmentation, a trim). Flushing only the entries a request
+ * could use (as large or larger) kept no more hits in the PyTorch step and
+ * packed worse (docs/performance.md). */
 static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 {
-	struct fentry e[VPMM_FRONT_MAX];
-	unsigned n;
+	size_t n = 0;
 	pthread_mutex_lock(&f->lock);
-	n = f->n;
-	memcpy(e, f->e, n * sizeof(e[0]));
-	f->n = 0;
-	f->bytes = 0;
-	pthread_mutex_unlock(&f->lock);
-	for (unsigned i = 0; i < n; i++) {
-		/* Only a racing bogus free could have parked something else. */
-		if (e[i].r->kind != R_LIVE)
-			continue;
-		if (e[i].r->small) {
-			vpmm_small_unpark(p, e[i].r, e[i].ptr);
-			vpmm_small_free_locked(p, e[i].r, e[i].ptr, s, e[i].epoch);
-		} else {
-			__atomic_store_n(&e[i].r->parked, 0, __ATOMIC_RELEASE);
-			vpmm_pool_give_locked(p, e[i].r, s, e[i].epoch);
+	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS; b++) {
+		for (uint16_t slot = f->head[b]; slot; slot = f->e[slot - 1].next) {
+			struct fentry *e = &f->e[slot - 1];
+			n++;
+			/* Only a racing bogus free could have parked something else. */
+			if (e->r->kind != R_LIVE)
+				continue;
+			if (e->r->small) {
+				vpmm_small_unpark(p, e->r, e->ptr);
+				vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch);
+			} else {
+				__atomic_store_n(&e->r->parked, 0, __ATOMIC_RELEASE);
+				vpmm_pool_give_locked(p, e->r, s, e->epoch);
+			}
 		}
 	}
+	memset(f->head, 0, sizeof(f->head));
+	f->n = 0;
+	f->bytes = 0;
+	f->unused = 0;
+	f->touched = 0;
+	pthread_mutex_unlock(&f->lock);
 	return n;
 }
 
@@ -258,9 +294,9 @@ void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 	}
 }
 
-static bool entry_ok(vpmm_pool *p, const struct front *f, unsigned i)
+static bool entry_ok(vpmm_pool *p, const struct fentry *all, unsigned i)
 {
-	const struct fentry *e = &f->e[i];
+	const struct fentry *e = &all[i];
 	bool ok = e->r->kind == R_LIVE && e->ptr >= e->r->va && e->ptr < e->r->va + e->r->size;
 	if (ok && !e->r->small)
 		ok = e->ptr == e->r->va && __atomic_load_n(&e->r->parked, __ATOMIC_ACQUIRE) &&
@@ -268,33 +304,55 @@ static bool entry_ok(vpmm_pool *p, const struct front *f, unsigned i)
 	if (ok && e->r->small)
 		ok = vpmm_small_is_parked(p, e->r, e->ptr);
 	for (unsigned j = 0; ok && j < i; j++)
-		ok = f->e[j].ptr != e->ptr;
+		ok = all[j].ptr != e->ptr;
 	return ok;
+}
+
+/* Broken invariants of one cache: entries not parked live memory, in the
+ * wrong chain or twice, and counts that disagree with the chains (a cycle
+ * shows as more entries than slots). */
+static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE *log)
+{
+	size_t bad = 0, bytes = 0;
+	unsigned n = 0, steps = 0;
+	pthread_mutex_lock(&f->lock);
+	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS; b++) {
+		for (uint16_t slot = f->head[b]; slot; slot = f->e[slot - 1].next) {
+			if (slot > f->touched || ++steps > VPMM_FRONT_MAX) {
+				bad++;
+				if (log)
+					fprintf(log, "vpmm check: front chain %u broken\n", b);
+				break;
+			}
+			all[n] = f->e[slot - 1];
+			if (bucket(all[n].size) != b || !entry_ok(p, all, n)) {
+				bad++;
+				if (log)
+					fprintf(log, "vpmm check: parked %#llx inconsistent\n",
+						(unsigned long long)all[n].ptr);
+			}
+			bytes += all[n++].size;
+		}
+	}
+	if (n != f->n || bytes != f->bytes) {
+		bad++;
+		if (log)
+			fprintf(log, "vpmm check: front counts %u entries, %zu bytes; "
+				     "chains hold %u, %zu\n", f->n, f->bytes, n, bytes);
+	}
+	pthread_mutex_unlock(&f->lock);
+	return bad;
 }
 
 size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log)
 {
 	size_t bad = 0;
 	struct stream *s;
-	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
-		size_t bytes = 0;
-		pthread_mutex_lock(&f->lock);
-		for (unsigned i = 0; i < f->n; i++) {
-			if (!entry_ok(p, f, i)) {
-				bad++;
-				if (log)
-					fprintf(log, "vpmm check: parked %#llx inconsistent\n",
-						(unsigned long long)f->e[i].ptr);
-			}
-			bytes += f->e[i].size;
-		}
-		if (bytes != f->bytes) {
-			bad++;
-			if (log)
-				fprintf(log, "vpmm check: front bytes %zu, entries %zu\n",
-					f->bytes, bytes);
-		}
-		pthread_mutex_unlock(&f->lock);
-	}
+	struct fentry *all = malloc(VPMM_FRONT_MAX * sizeof(*all));
+	if (!all)
+		return 0; /* no room to look: nothing found, nothing claimed */
+	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s))
+		bad += check_one(p, f, all, log);
+	free(all);
 	return bad;
 }

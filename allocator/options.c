@@ -67,6 +67,9 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "50",                                                                \
 	  "microseconds: a free records a new event on its stream only if "    \
 	  "the last one is older (0: every free)")                             \
+	X(FRONT_ENTRIES, "VPMM_FRONT_ENTRIES", G_POOL, T_COUNT, NULL, "16",     \
+	  "allocations each stream keeps parked for reuse without the pool "   \
+	  "lock, at most 256 (0: none)")                                       \
 	X(DISABLE, "VPMM_DISABLE", G_PROCESS, T_BOOL, NULL, "0",               \
 	  "1: pass every call through to CUDA unchanged")                      \
 	X(LOG, "VPMM_LOG", G_PROCESS, T_ENUM, log_names, "warn",               \
@@ -392,6 +395,10 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 		if (v->count > UINT64_MAX / 1000u)
 			return "too large";
 		break;
+	case OPT_FRONT_ENTRIES:
+		if (v->count > VPMM_FRONT_ENTRIES_MAX)
+			return "must be at most 256";
+		break;
 	case OPT_SOCKET:
 		if (strcmp(v->str, "off") != 0 &&
 		    strlen(v->str) >= VPMM_SOCKET_PATH_MAX)
@@ -407,6 +414,8 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 	}
 	return NULL;
 }
+
+_Static_assert(VPMM_FRONT_ENTRIES_MAX == 256, "validate() says at most 256");
 
 static const char *std_getenv(const char *name)
 {
@@ -488,6 +497,8 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.defrag = (enum vpmm_defrag_policy)r.val[OPT_DEFRAG].choice;
 	if (r.set[OPT_EVENT_INTERVAL_US])
 		c.event_interval_ns = r.val[OPT_EVENT_INTERVAL_US].count * 1000u;
+	if (r.set[OPT_FRONT_ENTRIES])
+		c.front_entries = (unsigned)r.val[OPT_FRONT_ENTRIES].count;
 	*cfg = c;
 	return 0;
 }

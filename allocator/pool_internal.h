@@ -15,7 +15,8 @@
 enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 
 #define VPMM_MAX_CHUNKS 1024 /* fixed: the fast path reads chunks unlocked */
-#define VPMM_FRONT_MAX 32    /* most entries of a stream's cache (front.c) */
+#define VPMM_FRONT_MAX VPMM_FRONT_ENTRIES_MAX /* entries of a stream's cache */
+#define VPMM_FRONT_BUCKETS 64 /* its chains by rounded size (front.c) */
 #define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
 
 struct chunk { /* one VA reservation */
@@ -35,13 +36,21 @@ struct fentry { /* an allocation parked in a stream's cache */
 	size_t size;    /* rounded: the region's size or the block's class */
 	uint64_t epoch; /* its stream's epoch when it was freed */
 	struct region *r;
+	uint16_t next;  /* slot + 1 of the next entry of its chain, or of the
+			 * next unused slot; 0 ends either list */
 };
 
-struct front { /* a stream's cache of parked allocations (front.c) */
+/* A stream's cache of parked allocations (front.c). Entries of one rounded
+ * size sit in one chain, newest first, so a lookup reads a chain of a few
+ * entries whatever the cache holds. Zeroed memory is an empty cache. */
+struct front {
 	pthread_mutex_t lock; /* guards this struct; taken after the pool lock */
-	unsigned n;
-	size_t bytes;
+	unsigned n;           /* entries in the chains */
+	size_t bytes;         /* their sizes' sum */
 	uint64_t hits, parks;
+	uint16_t head[VPMM_FRONT_BUCKETS]; /* slot + 1 of each chain's newest */
+	uint16_t unused;      /* slot + 1 of the first slot freed by a hit */
+	uint16_t touched;     /* slots [0, touched) were used since the flush */
 	struct fentry e[VPMM_FRONT_MAX];
 };
 

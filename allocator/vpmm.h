@@ -27,6 +27,8 @@ enum vpmm_defrag_policy {
 	VPMM_DEFRAG_ALL,     /* remap every harvestable free page, as the reference design */
 };
 
+#define VPMM_FRONT_ENTRIES_MAX 256 /* most entries of a stream's cache */
+
 struct vpmm_config {
 	size_t page_size;     /* physical unit; 0 = the driver's granularity */
 	/* Rounding unit of allocations: a power of two from 512 up to the
@@ -62,7 +64,8 @@ struct vpmm_config {
 	size_t release_threshold;
 	/* Per-stream caches of freed allocations, reused by mallocs of the same
 	 * rounded size on the same stream without the pool lock: up to
-	 * front_entries (at most 32; 0 = off) and front_bytes per stream. */
+	 * front_entries (at most VPMM_FRONT_ENTRIES_MAX; 0 = off) and
+	 * front_bytes per stream. */
 	unsigned front_entries;
 	size_t front_bytes;
 };

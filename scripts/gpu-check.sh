@@ -15,7 +15,8 @@
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
 # shim|dump|hotpath|share|reliab|costs|step|bench, default all), SHIM_STEPS
-# (100), SOAK_DURATION (reliab, 60 s), STEP_ROUNDS (2), DEADLINE (bench,
+# (100), SOAK_DURATION (reliab, 60 s), STEP_ROUNDS (2), STEP_MODES (the
+# defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh), DEADLINE (bench,
 # 170 s). The defaults fit every part into one 10-minute device call; the
 # figures in docs/ come from longer runs of single parts:
 # SOAK_DURATION=300 PARTS=reliab, STEP_ROUNDS=4 PARTS=step.
@@ -106,9 +107,10 @@ fi
 
 if part step; then
 	t0=$SECONDS
-	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-2} bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
+	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-2} MODES=${STEP_MODES:-pluggable pluggable:VPMM_GROWTH_SPLIT=1} \
+		bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
 	note "PyTorch step, native and pluggable alternated: exit $? ($((SECONDS - t0)) s)"
-	grep -E '^(round|median)' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+	grep -E '^(round|median)|per step' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
 if part bench; then

@@ -12,9 +12,12 @@
 # is reported against native; MODE:VAR=VALUE[,VAR=VALUE] runs a mode with
 # those variables set (e.g. pluggable:VPMM_GROWTH_SPLIT=1). Every run also
 # reports its host share of the step (enqueue: the time until the step's
-# work is queued).
+# work is queued). pluggable-timed puts a clock around each call into the
+# pool (test/gpu/torch_timed.c): the time inside the pool per step, and the
+# calls by duration, so that cache hits, misses and defragmentations show
+# apart; runs over libvpmm print the pool's counters per step.
 #
-# Environment: ROUNDS (4), STEPS (200), MODES (pluggable), OUT
+# Environment: ROUNDS (4), STEPS (200), MODES (pluggable), CPUS, OUT
 # (build-gpu-torch-step), CUDA_HOME. Needs gcc, nvcc and python3 with torch.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +26,11 @@ CUDA=${CUDA_HOME:-/usr/local/cuda}
 ROUNDS=${ROUNDS:-4}
 STEPS=${STEPS:-200}
 MODES=${MODES:-pluggable}
+# CPUS=LIST pins every run to those CPUs (taskset), the same for every mode.
+# PAIRED=1 (one mode only) runs native and the mode at the same time instead,
+# each on half of the CPUs: the rounds' ratios then compare runs that saw
+# the same host, where runs one after another differ by 10-20 %.
+PIN=${CPUS:+taskset -c $CPUS}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT"
@@ -36,15 +44,35 @@ case " $MODES " in *" pluggable-async "*|*" pluggable-cache "*)
 	"$CUDA/bin/nvcc" -O2 -shared -Xcompiler -fPIC -cudart shared \
 		-o "$W/libtorch_async.so" "$ROOT/test/gpu/torch_async_alloc.cu" || exit 1 ;;
 esac
+case " $MODES " in *" pluggable-timed"*)
+	gcc -O2 -std=gnu11 -fPIC -shared -o "$W/libtorch_timed.so" \
+		"$ROOT/test/gpu/torch_timed.c" -ldl -lpthread || exit 1 ;;
+esac
 echo "gpu-torch-step $(date -u +%FT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $ROUNDS rounds of $STEPS steps"
+# run_mode MODE ROUND [taskset prefix...]: one process of shim_torch.py
+run_mode() {
+	local m=$1 r=$2 mode=${1%%:*} envs=()
+	shift 2
+	# MODE:VAR=VALUE runs MODE with VAR=VALUE in its environment
+	[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
+	"$@" env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
+		TIMED_LIB="$W/libtorch_timed.so" \
+		python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
+		>"$OUT/$(echo "$m" | tr ':=,' '___')-$r.json"
+}
 for r in $(seq 1 "$ROUNDS"); do
+	if [ -n "${PAIRED:-}" ]; then
+		# native and the one mode at once, on halves of the CPUs that
+		# swap every round: whatever slows the host slows both
+		half=$(($(nproc) / 2)) a="0-$((half - 1))" b="$half-$((2 * half - 1))"
+		[ $((r % 2)) = 0 ] && { t=$a; a=$b; b=$t; }
+		run_mode native "$r" taskset -c "$a" & pa=$!
+		run_mode "$MODES" "$r" taskset -c "$b" & pb=$!
+		wait $pa && wait $pb || exit 1
+		continue
+	fi
 	for m in native $MODES; do
-		# MODE:VAR=VALUE runs MODE with VAR=VALUE in its environment
-		mode=${m%%:*} envs=()
-		[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
-		env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
-			python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
-			>"$OUT/$(echo "$m" | tr ':=,' '___')-$r.json" || exit 1
+		run_mode "$m" "$r" $PIN || exit 1
 	done
 done
 python3 - "$OUT" "$ROUNDS" $MODES <<'EOF'
@@ -67,7 +95,20 @@ for r in range(rounds):
             mib(x.get("pool_mapped_peak")), mib(x.get("nvml_peak")))
         if x.get("pool_defrags") is not None:
             line += ", %d defrags, %s handles remapped" % (x["pool_defrags"], x.get("pool_handles_remapped"))
+        if x.get("inside_ms") is not None:
+            line += ", inside the pool %.3f ms a step (max %.2f; %.0f calls, malloc %.0f ns, free %.0f ns)" % (
+                x["inside_ms"], x["inside_max_step_ms"], x["calls_per_step"],
+                x["inside_malloc_ns"], x["inside_free_ns"])
     print(line)
+for m in modes:
+    per = [runs[m][r].get("pool_per_step") for r in range(rounds)]
+    if per[0]:
+        print("%s per step (round 1): %s" % (m, ", ".join("%s %.2f" % kv for kv in per[0].items())))
+    hist = runs[m][0].get("histogram")
+    for w in hist or {}:
+        print("%s %s calls by duration (round 1, whole run; calls, ms): %s" % (
+            m, w, ", ".join("<%s %d %.2f" % (k.replace("ns", ""), c, ms) for k, (c, ms) in
+                            ((str(2 * int(k[:-2])) + "ns", v) for k, v in hist[w].items()))))
 nat = statistics.median(x["step_ms"] for x in runs["native"])
 for m in modes:
     med = statistics.median(x["step_ms"] for x in runs[m])

@@ -635,8 +635,8 @@ static void print_json(FILE *f, const struct log *lg, const struct result *r,
 		s->pages_created, s->pages_remapped, s->defrags, s->page_size,
 		s->reserved_peak, s->driver_calls);
 	fprintf(f, ", \"handles_created\": %" PRIu64 ", \"handles_remapped\": %" PRIu64
-		   ", \"zombies_reclaimed\": %" PRIu64,
-		s->handles_created, s->handles_remapped, s->zombies_reclaimed);
+		   ", \"zombies_reclaimed\": %" PRIu64 ", \"front_hits\": %" PRIu64,
+		s->handles_created, s->handles_remapped, s->zombies_reclaimed, s->front_hits);
 	fprintf(f, ", \"defrag\": \"%s\", \"complete_every\": %" PRIu64,
 		cfg->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking", complete_every);
 	fprintf(f, ", \"wall_ns\": %" PRIu64 ", \"ns_per_op\": %.1f",
@@ -717,6 +717,9 @@ static void usage(FILE *f)
 "  --defrag lacking|all  what a defragmentation remaps (default lacking)\n"
 "  --event-interval-us N a free records an event only if its stream's last one\n"
 "                        is older than N us (default 50; 0 makes runs repeatable)\n"
+"  --front N             entries of each stream's cache of freed allocations\n"
+"                        (default 0, whatever VPMM_FRONT_ENTRIES says: the\n"
+"                        pool itself is measured)\n"
 "Simulated device:\n"
 "  --granularity SIZE    allocation granularity (default 2M)\n"
 "  --capacity SIZE       device memory (default 1P)\n"
@@ -741,7 +744,7 @@ static void usage(FILE *f)
 enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
 	O_GRAIN, O_SMALL_MAX,
-	O_EVENT_INTERVAL, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
+	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
 	O_CHECK,
 };
 
@@ -776,6 +779,7 @@ int main(int argc, char **argv)
 		{ "limit", required_argument, NULL, O_LIMIT },
 		{ "defrag", required_argument, NULL, O_DEFRAG },
 		{ "event-interval-us", required_argument, NULL, O_EVENT_INTERVAL },
+		{ "front", required_argument, NULL, O_FRONT },
 		{ "granularity", required_argument, NULL, O_GRANULARITY },
 		{ "capacity", required_argument, NULL, O_CAPACITY },
 		{ "complete-every", required_argument, NULL, O_COMPLETE_EVERY },
@@ -830,6 +834,13 @@ int main(int argc, char **argv)
 			cfg.event_interval_ns = ok ? n * 1000 : 0;
 			break;
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
+		case O_FRONT:
+			ok = count_arg(opt, optarg, &n) && n <= VPMM_FRONT_ENTRIES_MAX;
+			if (!ok)
+				fprintf(stderr, "vpmm-replay: %s: at most %u\n", opt,
+					VPMM_FRONT_ENTRIES_MAX);
+			cfg.front_entries = ok ? (unsigned)n : 0;
+			break;
 		case O_DEFRAG:
 			if (strcmp(optarg, "lacking") == 0) {
 				cfg.defrag = VPMM_DEFRAG_LACKING;

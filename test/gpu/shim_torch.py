@@ -13,6 +13,12 @@ MODE says how memory is allocated; the environment must match it:
   pluggable-cache  CUDAPluggableAllocator over an exact-size cache on
               cudaMalloc (ASYNC_LIB): what the pluggable interface costs by
               itself, a hit being a hash lookup
+  pluggable-timed  pluggable, through a wrapper that times each call
+              (TIMED_LIB, test/gpu/torch_timed.c): the step's time inside
+              the pool, per step
+
+Modes over libvpmm also report the pool's counters over the timed steps
+(pool_per_step: defragmentations, driver calls, cache hits ... per step).
 
 nvml_peak: device memory used at its highest during the run, above what was
 used once the context existed (sampled each millisecond, so a peak shorter
@@ -41,6 +47,10 @@ elif mode == "pluggable-async":
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         os.environ["ASYNC_LIB"], "async_malloc", "async_free")
     torch.cuda.memory.change_current_allocator(alloc)
+elif mode == "pluggable-timed":
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        os.environ["TIMED_LIB"], "timed_malloc", "timed_free")
+    torch.cuda.memory.change_current_allocator(alloc)
 elif mode == "pluggable-cache":
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         os.environ["ASYNC_LIB"], "cache_malloc", "cache_free")
@@ -50,7 +60,7 @@ elif mode == "pluggable-cache":
 def pool_stats():
     """libvpmm.so's stats of device 0, or None."""
     try:
-        if mode == "pluggable":
+        if mode in ("pluggable", "pluggable-timed"):
             lib = ctypes.CDLL(os.environ["VPMM_LIB"])
         else:
             lib = ctypes.CDLL(None)
@@ -129,10 +139,27 @@ opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 gen = torch.Generator(device="cpu").manual_seed(1)
 data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
 
-losses, times, enqueue = [], [], []
+timed = None
+if mode == "pluggable-timed":
+    timed = ctypes.CDLL(os.environ["TIMED_LIB"]).timed_read
+    timed.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
+
+
+def timed_now():
+    v = (ctypes.c_uint64 * 4)()
+    timed(ctypes.byref(v))
+    return list(v)
+
+
+WARMUP = 10
+losses, times, enqueue, inside = [], [], [], []
+st0 = None
 for step in range(steps):
     batch = data[step % 64].to(dev)
     torch.cuda.synchronize()
+    if step == WARMUP:
+        st0 = pool_stats()
+    c0 = timed_now() if timed else None
     t0 = time.perf_counter()
     logits = model(batch[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
@@ -142,14 +169,17 @@ for step in range(steps):
     enqueue.append(time.perf_counter() - t0)  # the host's share, before the wait
     losses.append(loss.item())  # synchronises
     times.append(time.perf_counter() - t0)
+    if timed:
+        c1 = timed_now()
+        inside.append([b - a for a, b in zip(c0, c1)])
 
 out = {
     "nvml_peak": nvml.done(),
     "mode": mode,
     "steps": steps,
     "losses": losses,
-    "step_ms": statistics.median(times[10:]) * 1e3,
-    "enqueue_ms": statistics.median(enqueue[10:]) * 1e3,
+    "step_ms": statistics.median(times[WARMUP:]) * 1e3,
+    "enqueue_ms": statistics.median(enqueue[WARMUP:]) * 1e3,
     "card": torch.cuda.get_device_name(0),
 }
 if mode in ("native", "expandable", "nocache", "shim"):
@@ -163,4 +193,23 @@ if st:
     out["pool_defrags"] = st["defrags"]
     out["pool_handles_remapped"] = st.get("handles_remapped")
     out["pool_handles_created"] = st.get("handles_created")
+    if st0 and steps > WARMUP:
+        n = steps - WARMUP
+        out["pool_per_step"] = {k: (st[k] - st0[k]) / n for k in (
+            "mallocs", "frees", "front_hits", "defrags", "handles_created", "handles_remapped",
+            "zombies_reclaimed", "events_recorded", "stream_waits", "driver_calls")
+            if k in st and k in st0}
+if inside[WARMUP:]:
+    per = inside[WARMUP:]
+    out["inside_ms"] = statistics.median((x[1] + x[3]) / 1e6 for x in per)
+    out["inside_malloc_ns"] = statistics.median(x[1] / max(x[0], 1) for x in per)
+    out["inside_free_ns"] = statistics.median(x[3] / max(x[2], 1) for x in per)
+    out["inside_max_step_ms"] = max((x[1] + x[3]) / 1e6 for x in per)
+    out["calls_per_step"] = statistics.median(x[0] + x[2] for x in per)
+    # whole run (warm-up included): calls and ms per power of two of ns
+    h = (ctypes.c_uint64 * 96)()
+    ctypes.CDLL(os.environ["TIMED_LIB"]).timed_histogram(h)
+    out["histogram"] = {w: {"%dns" % (1 << b): [h[(i * 24 + b) * 2], round(h[(i * 24 + b) * 2 + 1] / 1e6, 3)]
+                            for b in range(24) if h[(i * 24 + b) * 2]}
+                        for i, w in enumerate(("malloc", "free"))}
 print(json.dumps(out))

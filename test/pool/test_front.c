@@ -1,0 +1,121 @@
+/* The per-stream caches (allocator/front.c): a loop's many sizes all come
+ * back from the cache, the newest of a size first; the cache stops at its
+ * entry count; a request that no free region fits takes parked memory back
+ * before the pool grows. */
+#include "pool_test.h"
+
+static void open_front(struct pt *t, unsigned entries, size_t va_pages)
+{
+	struct pt_setup su = {.va_pages = va_pages, .front_entries = entries,
+			      .event_interval_ns = 1000000000, .unbacked = true,
+			      .capacity = 4 * PT_GiB};
+	pt_open(t, &su);
+}
+
+/* 150 allocations of 150 sizes (under the cache's byte bound), freed, then
+ * asked for again in the other order: every one a cache hit at its old
+ * address, nothing created. */
+Test(front, many_sizes_all_hit)
+{
+	enum { N = 150 };
+	struct pt t;
+	CUdeviceptr p[N];
+	open_front(&t, 256, 16384);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	for (int i = 0; i < N; i++)
+		p[i] = PT_MALLOC(&t, i + 1, s);
+	for (int i = 0; i < N; i++)
+		PT_FREE(&t, p[i], s);
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_eq(s0.front_parks, N, "parked %llu of %d",
+		     (unsigned long long)s0.front_parks, N);
+	for (int i = N; i-- > 0;) {
+		CUdeviceptr q = PT_MALLOC(&t, i + 1, s);
+		cr_assert_eq(q, p[i], "size %d pages came back at another address", i + 1);
+	}
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.front_hits - s0.front_hits, N);
+	cr_assert_eq(s1.pages_created, s0.pages_created);
+	cr_assert_eq(s1.parked, 0);
+	for (int i = 0; i < N; i++)
+		PT_FREE(&t, p[i], s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* Three of one size: the last freed comes back first, then the one before. */
+Test(front, newest_of_a_size_first)
+{
+	struct pt t;
+	open_front(&t, 64, 256);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 2, s), b = PT_MALLOC(&t, 2, s), c = PT_MALLOC(&t, 2, s);
+	CUdeviceptr other = PT_MALLOC(&t, 3, s);
+	PT_FREE(&t, a, s);
+	PT_FREE(&t, other, s);
+	PT_FREE(&t, c, s);
+	PT_FREE(&t, b, s);
+	cr_assert_eq(PT_MALLOC(&t, 2, s), b);
+	cr_assert_eq(PT_MALLOC(&t, 2, s), c);
+	cr_assert_eq(PT_MALLOC(&t, 2, s), a);
+	cr_assert_eq(PT_MALLOC(&t, 3, s), other);
+	cr_assert_eq(pt_stats(&t).front_hits, 4);
+	PT_FREE(&t, a, s);
+	PT_FREE(&t, b, s);
+	PT_FREE(&t, c, s);
+	PT_FREE(&t, other, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* With room for 5, the sixth free reaches the pool; a slot a hit frees is
+ * used again. */
+Test(front, stops_at_its_entry_count)
+{
+	struct pt t;
+	CUdeviceptr p[8];
+	open_front(&t, 5, 256);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	for (int i = 0; i < 8; i++)
+		p[i] = PT_MALLOC(&t, 1, s);
+	for (int i = 0; i < 6; i++)
+		PT_FREE(&t, p[i], s);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.front_parks, 5);
+	cr_assert_eq(st.parked, 5 * t.page, "the sixth free did not reach the pool");
+	cr_assert_eq(st.reusable, st.parked + t.page);
+	p[0] = PT_MALLOC(&t, 1, s); /* a hit frees a slot */
+	PT_FREE(&t, p[6], s);       /* which the next free takes */
+	st = pt_stats(&t);
+	cr_assert_eq(st.front_parks, 6);
+	cr_assert_eq(st.parked, 5 * t.page);
+	PT_FREE(&t, p[0], s);
+	PT_FREE(&t, p[7], s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* Only small entries parked, side by side: a request as large as all of
+ * them together takes them back and is served in their place, no growth. */
+Test(front, all_entries_go_back_before_growth)
+{
+	struct pt t;
+	CUdeviceptr small[6];
+	open_front(&t, 64, 64);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	for (int i = 0; i < 6; i++)
+		small[i] = PT_MALLOC(&t, 1, s);
+	CUdeviceptr fence = PT_MALLOC(&t, 1, s);
+	for (int i = 0; i < 6; i++)
+		PT_FREE(&t, small[i], s);
+	struct vpmm_stats s0 = pt_stats(&t);
+	CUdeviceptr q = PT_MALLOC(&t, 6, s);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(q, small[0]);
+	cr_assert_eq(s1.pages_created, s0.pages_created, "grew instead");
+	cr_assert_eq(s1.parked, 0);
+	PT_FREE(&t, q, s);
+	PT_FREE(&t, fence, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
