@@ -70,6 +70,10 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(FRONT_ENTRIES, "VPMM_FRONT_ENTRIES", G_POOL, T_COUNT, NULL, "16",     \
 	  "allocations each stream keeps parked for reuse without the pool "   \
 	  "lock, at most 256 (0: none)")                                       \
+	X(LOOP_GROWTH, "VPMM_LOOP_GROWTH", G_POOL, T_COUNT, NULL, "15",         \
+	  "a request whose defragmentation repeats a loop exactly (a training " \
+	  "step) grows the pool instead, by up to this percent of the rest of " \
+	  "it in all; 0: always remap")                                         \
 	X(DISABLE, "VPMM_DISABLE", G_PROCESS, T_BOOL, NULL, "0",               \
 	  "1: pass every call through to CUDA unchanged")                      \
 	X(LOG, "VPMM_LOG", G_PROCESS, T_ENUM, log_names, "warn",               \
@@ -154,6 +158,7 @@ void vpmm_config_default(struct vpmm_config *cfg)
 	cfg->small_max = 2 * MIB;
 	cfg->grain = 64 * KIB;
 	cfg->front_entries = 16;
+	cfg->loop_growth = 15;
 	cfg->front_bytes = GIB;
 	cfg->device = 0;
 	cfg->defrag = VPMM_DEFRAG_LACKING;
@@ -399,6 +404,10 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 		if (v->count > VPMM_FRONT_ENTRIES_MAX)
 			return "must be at most 256";
 		break;
+	case OPT_LOOP_GROWTH:
+		if (v->count > 1000)
+			return "must be at most 1000 (percent)";
+		break;
 	case OPT_SOCKET:
 		if (strcmp(v->str, "off") != 0 &&
 		    strlen(v->str) >= VPMM_SOCKET_PATH_MAX)
@@ -499,6 +508,8 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.event_interval_ns = r.val[OPT_EVENT_INTERVAL_US].count * 1000u;
 	if (r.set[OPT_FRONT_ENTRIES])
 		c.front_entries = (unsigned)r.val[OPT_FRONT_ENTRIES].count;
+	if (r.set[OPT_LOOP_GROWTH])
+		c.loop_growth = r.val[OPT_LOOP_GROWTH].count;
 	*cfg = c;
 	return 0;
 }

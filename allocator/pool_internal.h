@@ -18,6 +18,9 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_FRONT_MAX VPMM_FRONT_ENTRIES_MAX /* entries of a stream's cache */
 #define VPMM_FRONT_BUCKETS 64 /* its chains by rounded size (front.c) */
 #define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
+#define VPMM_LOOP_SLOTS 64   /* request sizes remembered by loop_repeats() */
+#define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
+#define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept */
 
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;
@@ -160,6 +163,17 @@ struct vpmm_pool {
 	uint64_t free_seq; /* counter behind region->seq */
 	uint64_t settled_count; /* free regions settled so far */
 	size_t inflight; /* bytes being created by defragmentations, for the limit */
+	/* Loops (pool.c, loop_repeats()): where each request size last needed
+	 * a defragmentation, counted in mallocs through the lock, and a hash
+	 * of every prefix of those mallocs' sizes (a ring of VPMM_LOOP_RING),
+	 * so that two stretches of the sequence compare in O(log n). */
+	struct loop_slot {
+		size_t size;
+		uint64_t at[VPMM_LOOP_HISTORY]; /* newest first; 0: unused */
+	} loop[VPMM_LOOP_SLOTS];
+	uint64_t *loop_prefix; /* [n % VPMM_LOOP_RING]: hash of sizes 0..n-1 */
+	uint64_t loop_n;       /* mallocs hashed */
+	uint64_t loop_grown;   /* bytes created instead of remapping, for the cap */
 
 	/* Devices granted access to every mapped page: [0] is cfg.device, then
 	 * peers (vpmm_pool_grant). A defragmentation copies the list before

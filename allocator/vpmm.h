@@ -68,6 +68,9 @@ struct vpmm_config {
 	 * front_bytes per stream. */
 	unsigned front_entries;
 	size_t front_bytes;
+	/* A defragmentation that repeats a loop exactly grows the pool instead,
+	 * by up to this percentage of the rest of the pool in all (0: never). */
+	uint64_t loop_growth;
 };
 
 /* The defaults the options table documents (no environment read). */
@@ -172,6 +175,7 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(frees, "frees")                                                     \
 	X(failures, "failed allocations")                                     \
 	X(defrags, "allocations that remapped or grew")                       \
+	X(loop_growths, "of them, a repeating loop's, grown instead of remapped") \
 	X(pages_created, "pages of physical memory created")                  \
 	X(pages_remapped, "pages moved to a new address")                     \
 	X(handles_remapped, "physical handles moved to a new address")        \

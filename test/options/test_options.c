@@ -57,7 +57,7 @@ static const char *const project_vars[] = {
 	"VPMM_PAGES", "VPMM_PAGE_SIZE", "VPMM_GRAIN", "VPMM_VA_SIZE", "VPMM_HANDLE_SIZE",
 	"VPMM_GROWTH_SPLIT",
 	"VPMM_LIMIT", "VPMM_SMALL_MAX", "VPMM_DEFRAG", "VPMM_EVENT_INTERVAL_US",
-	"VPMM_FRONT_ENTRIES", "VPMM_DISABLE",
+	"VPMM_FRONT_ENTRIES", "VPMM_LOOP_GROWTH", "VPMM_DISABLE",
 	"VPMM_LOG", "VPMM_SOCKET", "VPMM_TRACE", "VPMM_RELEASE_THRESHOLD",
 };
 #define N_PROJECT_VARS (sizeof(project_vars) / sizeof(project_vars[0]))
@@ -68,6 +68,7 @@ static bool is_pool_var(const char *name)
 		"VPMM_PAGES", "VPMM_PAGE_SIZE", "VPMM_GRAIN", "VPMM_VA_SIZE",
 		"VPMM_HANDLE_SIZE", "VPMM_GROWTH_SPLIT", "VPMM_LIMIT", "VPMM_SMALL_MAX",
 		"VPMM_DEFRAG", "VPMM_EVENT_INTERVAL_US", "VPMM_FRONT_ENTRIES",
+		"VPMM_LOOP_GROWTH",
 	};
 	for (size_t i = 0; i < sizeof(pool_vars) / sizeof(pool_vars[0]); i++)
 		if (strcmp(pool_vars[i], name) == 0)
@@ -270,6 +271,7 @@ Test(config, every_pool_variable)
 	env_set("VPMM_DEFRAG", "all");
 	env_set("VPMM_EVENT_INTERVAL_US", "7");
 	env_set("VPMM_FRONT_ENTRIES", "256");
+	env_set("VPMM_LOOP_GROWTH", "40");
 	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
 	cr_expect_eq(c.initial_pages, 16384);
 	cr_expect_eq(c.page_size, 4 * MIB);
@@ -282,6 +284,7 @@ Test(config, every_pool_variable)
 	cr_expect_eq(c.defrag, VPMM_DEFRAG_ALL);
 	cr_expect_eq(c.event_interval_ns, 7000);
 	cr_expect_eq(c.front_entries, 256);
+	cr_expect_eq(c.loop_growth, 40);
 	cr_expect_eq(c.device, 0);
 
 	env_clear();
@@ -289,8 +292,10 @@ Test(config, every_pool_variable)
 	env_set("VPMM_EVENT_INTERVAL_US", "0");
 	env_set("VPMM_PAGE_SIZE", "0");
 	env_set("VPMM_FRONT_ENTRIES", "0");
+	env_set("VPMM_LOOP_GROWTH", "0");
 	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
 	cr_expect_eq(c.front_entries, 0);
+	cr_expect_eq(c.loop_growth, 0);
 	cr_expect_eq(c.defrag, VPMM_DEFRAG_LACKING);
 	cr_expect_eq(c.event_interval_ns, 0);
 	cr_expect_eq(c.page_size, 0);
@@ -435,6 +440,8 @@ static const struct bad_case bad_cases[] = {
 	{ "VPMM_EVENT_INTERVAL_US", "18446744073709551615", "too large" },
 	{ "VPMM_FRONT_ENTRIES", "257", "must be at most 256" },
 	{ "VPMM_FRONT_ENTRIES", "-1", "expected a whole number" },
+	{ "VPMM_LOOP_GROWTH", "1001", "must be at most 1000" },
+	{ "VPMM_LOOP_GROWTH", "15%", "expected a whole number" },
 	{ "VPMM_DISABLE", "2", "expected 1/0, yes/no, true/false or on/off" },
 	{ "VPMM_DISABLE", "yess", "expected 1/0" },
 	{ "VPMM_LOG", "verbose", "expected one of: error, warn, info, debug" },

@@ -45,6 +45,7 @@ struct pt_setup {
 				 * the structures under test) */
 	size_t handle_pages;  /* largest handle in pages (0: one page a handle) */
 	unsigned growth_split; /* with handle_pages (0: the default) */
+	bool no_loop_growth;  /* a repeating loop's defragmentations remap */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -101,6 +102,8 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 							   * unit of remapping */
 	if (s->growth_split)
 		cfg.growth_split = s->growth_split;
+	if (s->no_loop_growth)
+		cfg.loop_growth = 0;
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

@@ -1,0 +1,133 @@
+/* Loops (pool.c, loop_repeats()): a step that repeats exactly and needs a
+ * defragmentation every time grows the pool instead once it has repeated
+ * three times, by at most VPMM_LOOP_GROWTH (15) percent of the rest of the
+ * pool; a sequence that does not repeat, or a request that raises the live
+ * peak, still remaps. */
+#include "pool_test.h"
+
+#define PAGES 24 /* single pages a step holds, every other one freed */
+
+/* One step: PAGES single pages, the odd ones freed (scattered free pages),
+ * one request of PAGES / 2 pages (no free range fits it), and `extra`
+ * pages more (0: every step the same), then everything freed. */
+static void step(struct pt *t, size_t extra)
+{
+	CUdeviceptr x[PAGES], y, z = 0;
+	for (int i = 0; i < PAGES; i++)
+		x[i] = PT_MALLOC(t, 1, VPMM_NO_STREAM);
+	for (int i = 1; i < PAGES; i += 2)
+		PT_FREE(t, x[i], VPMM_NO_STREAM);
+	if (extra)
+		z = PT_MALLOC(t, extra, VPMM_NO_STREAM);
+	y = PT_MALLOC(t, PAGES / 2, VPMM_NO_STREAM);
+	for (int i = 0; i < PAGES; i += 2)
+		PT_FREE(t, x[i], VPMM_NO_STREAM);
+	if (z)
+		PT_FREE(t, z, VPMM_NO_STREAM);
+	PT_FREE(t, y, VPMM_NO_STREAM);
+}
+
+static void open_loop(struct pt *t, bool off)
+{
+	struct pt_setup su = {.va_pages = 4096, .no_loop_growth = off};
+	pt_open(t, &su);
+	/* Held all along, so that the steps' pages are not the whole pool. */
+	PT_MALLOC(t, 64, VPMM_NO_STREAM);
+}
+
+/* Without the rule, the step remaps every time: the premise of the rest. */
+Test(loop, without_the_rule_every_step_remaps)
+{
+	struct pt t;
+	open_loop(&t, true);
+	step(&t, 0);
+	for (int i = 0; i < 8; i++) {
+		uint64_t before = pt_stats(&t).handles_remapped;
+		step(&t, 0);
+		cr_assert_gt(pt_stats(&t).handles_remapped, before, "step %d did not remap", i);
+	}
+	cr_assert_eq(pt_stats(&t).loop_growths, 0);
+	pt_close(&t);
+}
+
+/* With it, the repeats turn into growth, the steps stop remapping, and the
+ * pool grows by at most 15 % of what it held before. */
+Test(loop, a_repeating_step_stops_remapping)
+{
+	struct pt t;
+	open_loop(&t, false);
+	step(&t, 0);
+	struct vpmm_stats first = pt_stats(&t);
+	cr_assert_eq(first.loop_growths, 0);
+	for (int i = 0; i < 5; i++)
+		step(&t, 0);
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_geq(s0.loop_growths, 1, "no loop growth after 6 equal steps");
+	for (int i = 0; i < 4; i++)
+		step(&t, 0);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.handles_remapped, s0.handles_remapped, "still remapping: %llu -> %llu",
+		     (unsigned long long)s0.handles_remapped,
+		     (unsigned long long)s1.handles_remapped);
+	cr_assert_leq(s1.mapped, first.mapped + first.mapped * 15 / 100,
+		      "mapped %llu, %llu after the first step", (unsigned long long)s1.mapped,
+		      (unsigned long long)first.mapped);
+	pt_close(&t);
+}
+
+/* The same step with one more request whose size changes every step: the
+ * stretches never repeat, and every step remaps as without the rule. */
+Test(loop, a_step_that_changes_keeps_remapping)
+{
+	struct pt t;
+	open_loop(&t, false);
+	for (size_t i = 0; i < 10; i++) {
+		uint64_t before = pt_stats(&t).handles_remapped;
+		step(&t, 1 + i % 7 + i / 7);
+		if (i)
+			cr_assert_gt(pt_stats(&t).handles_remapped, before, "step %zu did not remap", i);
+	}
+	cr_assert_eq(pt_stats(&t).loop_growths, 0);
+	pt_close(&t);
+}
+
+/* VPMM_LOOP_GROWTH's cap: with the pool too small for the step's request to
+ * fit within 15 % of it, the step keeps remapping. */
+Test(loop, growth_stays_within_the_cap)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 4096};
+	pt_open(&t, &su);
+	for (int i = 0; i < 10; i++)
+		step(&t, 0);
+	struct vpmm_stats s = pt_stats(&t);
+	cr_assert_eq(s.loop_growths, 0, "grew past the cap (mapped %llu, live peak %llu)",
+		     (unsigned long long)s.mapped, (unsigned long long)s.live_peak);
+	pt_close(&t);
+}
+
+/* Every step keeps one page more, taken just before the step's request:
+ * the sizes repeat exactly, but each request raises the live peak, so it
+ * is memory the pool never had, and the step remaps as before. */
+Test(loop, a_request_that_raises_the_peak_remaps)
+{
+	struct pt t;
+	CUdeviceptr x[PAGES];
+	open_loop(&t, false);
+	for (int k = 0; k < 10; k++) {
+		for (int i = 0; i < PAGES; i++)
+			x[i] = PT_MALLOC(&t, 1, VPMM_NO_STREAM);
+		for (int i = 1; i < PAGES; i += 2)
+			PT_FREE(&t, x[i], VPMM_NO_STREAM);
+		PT_MALLOC(&t, 1, VPMM_NO_STREAM); /* held to the end */
+		uint64_t before = pt_stats(&t).handles_remapped;
+		CUdeviceptr y = PT_MALLOC(&t, PAGES / 2, VPMM_NO_STREAM);
+		if (k)
+			cr_assert_gt(pt_stats(&t).handles_remapped, before, "step %d did not remap", k);
+		for (int i = 0; i < PAGES; i += 2)
+			PT_FREE(&t, x[i], VPMM_NO_STREAM);
+		PT_FREE(&t, y, VPMM_NO_STREAM);
+	}
+	cr_assert_eq(pt_stats(&t).loop_growths, 0);
+	pt_close(&t);
+}
