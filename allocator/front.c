@@ -223,21 +223,19 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 {
 	size_t n = 0;
+	struct fentry *e;
 	pthread_mutex_lock(&f->lock);
-	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS; b++) {
-		for (uint16_t slot = f->head[b]; slot; slot = f->e[slot - 1].next) {
-			struct fentry *e = &f->e[slot - 1];
-			n++;
-			/* Only a racing bogus free could have parked something else. */
-			if (e->r->kind != R_LIVE)
-				continue;
-			if (e->r->small) {
-				vpmm_small_unpark(p, e->r, e->ptr);
-				vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch);
-			} else {
-				__atomic_store_n(&e->r->parked, 0, __ATOMIC_RELEASE);
-				vpmm_pool_give_locked(p, e->r, s, e->epoch);
-			}
+	VPMM_FRONT_FOR_EACH(f, e) {
+		n++;
+		/* Only a racing bogus free could have parked something else. */
+		if (e->r->kind != R_LIVE)
+			continue;
+		if (e->r->small) {
+			vpmm_small_unpark(p, e->r, e->ptr);
+			vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch);
+		} else {
+			__atomic_store_n(&e->r->parked, 0, __ATOMIC_RELEASE);
+			vpmm_pool_give_locked(p, e->r, s, e->epoch);
 		}
 	}
 	memset(f->head, 0, sizeof(f->head));

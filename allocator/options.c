@@ -73,7 +73,7 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(LOOP_GROWTH, "VPMM_LOOP_GROWTH", G_POOL, T_COUNT, NULL, "15",         \
 	  "a request whose defragmentation repeats a loop exactly (a training " \
 	  "step) grows the pool instead, by up to this percent of the rest of " \
-	  "it in all; 0: always remap")                                         \
+	  "it in all, at most 1000; 0: always remap")                           \
 	X(DISABLE, "VPMM_DISABLE", G_PROCESS, T_BOOL, NULL, "0",               \
 	  "1: pass every call through to CUDA unchanged")                      \
 	X(LOG, "VPMM_LOG", G_PROCESS, T_ENUM, log_names, "warn",               \
@@ -405,7 +405,7 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 			return "must be at most 256";
 		break;
 	case OPT_LOOP_GROWTH:
-		if (v->count > 1000)
+		if (v->count > VPMM_LOOP_GROWTH_MAX)
 			return "must be at most 1000 (percent)";
 		break;
 	case OPT_SOCKET:
@@ -425,6 +425,7 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 }
 
 _Static_assert(VPMM_FRONT_ENTRIES_MAX == 256, "validate() says at most 256");
+_Static_assert(VPMM_LOOP_GROWTH_MAX == 1000, "validate() says at most 1000");
 
 static const char *std_getenv(const char *name)
 {

@@ -1573,6 +1573,8 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
 		r->stream = NULL;
 		GAUGE_SUB(p, reusable, r->size);
 		GAUGE_SUB(p, mapped, r->size);
+		if (p->loop_grown > p->st.mapped) /* which pages went is not known */
+			p->loop_grown = p->st.mapped;
 		GAUGE_ADD(p, holes, r->size);
 		p->st.pages_released += r->size / p->page;
 		hole_insert(p, r);
@@ -1676,6 +1678,8 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	p->st.page_size = p->page;
 	if (p->cfg.front_entries > VPMM_FRONT_MAX)
 		p->cfg.front_entries = VPMM_FRONT_MAX;
+	if (p->cfg.loop_growth > VPMM_LOOP_GROWTH_MAX)
+		p->cfg.loop_growth = VPMM_LOOP_GROWTH_MAX;
 	p->access[0] = cfg->device;
 	p->naccess = 1;
 	p->chunks = calloc(VPMM_MAX_CHUNKS, sizeof(*p->chunks));
@@ -2011,11 +2015,13 @@ static bool loop_repeats(vpmm_pool *p, size_t need)
 	 * the pool never had (growing layer by layer in a loop repeats too). */
 	if (!periodic || !p->cfg.loop_growth || p->st.live + need > p->st.live_peak)
 		return false;
+	if (p->cfg.limit && p->st.mapped + p->inflight + need > p->cfg.limit)
+		return false;
 	/* The cap is against the rest of the pool, not the live peak: parked
 	 * allocations count as live until a flush, and in a loop that no
 	 * longer defragments they stay parked (the step's live peak read
 	 * 1694 MiB for 1476 of tensors). */
-	uint64_t rest = p->st.mapped - p->loop_grown;
+	uint64_t rest = p->st.mapped > p->loop_grown ? p->st.mapped - p->loop_grown : 0;
 	return p->loop_grown + need <= rest / 100 * p->cfg.loop_growth;
 }
 
@@ -2044,6 +2050,10 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		if (!rc && grow) {
 			p->st.loop_growths++;
 			p->loop_grown += (p->st.pages_created - created) * p->page;
+		} else if (rc == -ENOMEM && grow) {
+			/* Past the limit or the device's memory: what the loop
+			 * would have grown, remapping still finds. */
+			rc = defrag(p, caller, need, false, &r, &at);
 		}
 		if (rc == -ENOMEM) {
 			/* Last resort before failing: empty sub-page slabs go

@@ -57,6 +57,13 @@ struct front {
 	struct fentry e[VPMM_FRONT_MAX];
 };
 
+/* Every entry `ep` of front `f`, chain by chain (front lock held). Slots
+ * outside the chains hold stale entries: never read them any other way. */
+#define VPMM_FRONT_FOR_EACH(f, ep)                                            \
+	for (unsigned fb_ = 0; fb_ < VPMM_FRONT_BUCKETS; fb_++)               \
+		for (uint16_t fs_ = (f)->head[fb_];                           \
+		     fs_ && ((ep) = &(f)->e[fs_ - 1], 1); fs_ = (ep)->next)
+
 /* A physical handle. Mapped whole: at exactly one "home" address inside a
  * live or free region, plus one address per zombie still holding it. */
 struct slab {

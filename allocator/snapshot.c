@@ -68,12 +68,13 @@ static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_
 	struct stream *owner = NULL, *next = p->streams;
 	*total = 0;
 	for (;;) {
+		struct fentry *e;
 		pthread_mutex_lock(&f->lock);
-		for (unsigned i = 0; i < f->n; i++) {
-			if (f->e[i].r->small)
+		VPMM_FRONT_FOR_EACH(f, e) {
+			if (e->r->small)
 				continue; /* a block inside a live slab */
 			if (n < cap)
-				out[n++] = (struct parked){ f->e[i].r, owner ? owner->handle : 0,
+				out[n++] = (struct parked){ e->r, owner ? owner->handle : 0,
 							    !owner };
 			(*total)++;
 		}

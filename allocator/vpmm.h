@@ -28,6 +28,7 @@ enum vpmm_defrag_policy {
 };
 
 #define VPMM_FRONT_ENTRIES_MAX 256 /* most entries of a stream's cache */
+#define VPMM_LOOP_GROWTH_MAX 1000  /* percent */
 
 struct vpmm_config {
 	size_t page_size;     /* physical unit; 0 = the driver's granularity */

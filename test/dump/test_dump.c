@@ -189,6 +189,8 @@ static void run_as(char *const argv[], int as, struct run *r)
 			ssize_t n = read(p[i].fd, buf[i] + len[i], 4096);
 			if (n > 0) {
 				len[i] += (size_t)n;
+			} else if (n < 0 && (errno == EINTR || errno == EAGAIN)) {
+				continue; /* a signal, not the end of the output */
 			} else {
 				close(p[i].fd);
 				p[i].fd = -1;

@@ -3,6 +3,7 @@
  * entry count; a request that no free region fits takes parked memory back
  * before the pool grows. */
 #include "pool_test.h"
+#include "snapshot.h"
 
 static void open_front(struct pt *t, unsigned entries, size_t va_pages)
 {
@@ -116,6 +117,56 @@ Test(front, all_entries_go_back_before_growth)
 	cr_assert_eq(s1.parked, 0);
 	PT_FREE(&t, q, s);
 	PT_FREE(&t, fence, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* 300 frees and mallocs of one size, one after the other: each hit gives
+ * its slot back and the next free takes it, so a cache of 256 never fills. */
+Test(front, a_hit_gives_its_slot_back)
+{
+	struct pt t;
+	open_front(&t, 256, 256);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	for (int i = 0; i < 300; i++)
+		PT_FREE(&t, PT_MALLOC(&t, 1, s), s);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.front_parks, 300);
+	cr_assert_eq(st.front_hits, 299);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+static const struct vpmm_snap_region *snap_at(const struct vpmm_snapshot *sn, CUdeviceptr va)
+{
+	for (size_t i = 0; i < sn->nregions; i++)
+		if (sn->regions[i].va == va)
+			return &sn->regions[i];
+	return NULL;
+}
+
+/* What vpmm-dump shows: after a hit, the allocation taken back is live and
+ * the one still parked is shown parked (the snapshot reads the chains, not
+ * stale slots). */
+Test(front, snapshot_shows_what_is_parked)
+{
+	struct pt t;
+	open_front(&t, 16, 256);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 2, s), b = PT_MALLOC(&t, 3, s), keep = PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, a, s);
+	PT_FREE(&t, b, s);
+	cr_assert_eq(PT_MALLOC(&t, 2, s), a);
+	struct vpmm_snapshot sn;
+	cr_assert_eq(vpmm_pool_snapshot(t.pool, &sn), 0);
+	const struct vpmm_snap_region *ra = snap_at(&sn, a), *rb = snap_at(&sn, b);
+	cr_assert(ra && rb);
+	cr_assert(ra->kind == VPMM_REGION_LIVE && !ra->parked, "a: kind %d parked %d",
+		  (int)ra->kind, ra->parked);
+	cr_assert(rb->parked, "b is parked, the snapshot says not");
+	vpmm_snapshot_free(&sn);
+	PT_FREE(&t, a, s);
+	PT_FREE(&t, keep, s);
 	pt_settle(&t);
 	pt_close(&t);
 }

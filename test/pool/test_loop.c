@@ -7,24 +7,29 @@
 
 #define PAGES 24 /* single pages a step holds, every other one freed */
 
-/* One step: PAGES single pages, the odd ones freed (scattered free pages),
- * one request of PAGES / 2 pages (no free range fits it), and `extra`
- * pages more (0: every step the same), then everything freed. */
-static void step(struct pt *t, size_t extra)
+/* One step: n (at most PAGES) single pages, the odd ones freed (scattered
+ * free pages), one request of n / 2 pages (no free range fits it), and
+ * `extra` pages more (0: every step the same), then everything freed. */
+static void step_of(struct pt *t, int n, size_t extra)
 {
 	CUdeviceptr x[PAGES], y, z = 0;
-	for (int i = 0; i < PAGES; i++)
+	for (int i = 0; i < n; i++)
 		x[i] = PT_MALLOC(t, 1, VPMM_NO_STREAM);
-	for (int i = 1; i < PAGES; i += 2)
+	for (int i = 1; i < n; i += 2)
 		PT_FREE(t, x[i], VPMM_NO_STREAM);
 	if (extra)
 		z = PT_MALLOC(t, extra, VPMM_NO_STREAM);
-	y = PT_MALLOC(t, PAGES / 2, VPMM_NO_STREAM);
-	for (int i = 0; i < PAGES; i += 2)
+	y = PT_MALLOC(t, (size_t)n / 2, VPMM_NO_STREAM);
+	for (int i = 0; i < n; i += 2)
 		PT_FREE(t, x[i], VPMM_NO_STREAM);
 	if (z)
 		PT_FREE(t, z, VPMM_NO_STREAM);
 	PT_FREE(t, y, VPMM_NO_STREAM);
+}
+
+static void step(struct pt *t, size_t extra)
+{
+	step_of(t, PAGES, extra);
 }
 
 static void open_loop(struct pt *t, bool off)
@@ -129,5 +134,47 @@ Test(loop, a_request_that_raises_the_peak_remaps)
 		PT_FREE(&t, y, VPMM_NO_STREAM);
 	}
 	cr_assert_eq(pt_stats(&t).loop_growths, 0);
+	pt_close(&t);
+}
+
+/* Under VPMM_LIMIT: where the growth a loop would take passes the limit,
+ * the request remaps as it would without the rule, and nothing fails. */
+Test(loop, past_the_limit_it_remaps)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 4096, .limit_pages = 64 + PAGES + 4};
+	pt_open(&t, &su);
+	PT_MALLOC(&t, 64, VPMM_NO_STREAM);
+	for (int i = 0; i < 10; i++)
+		step(&t, 0); /* every malloc asserts success */
+	struct vpmm_stats s = pt_stats(&t);
+	cr_assert_eq(s.loop_growths, 0);
+	cr_assert_eq(s.failures, 0);
+	cr_assert_leq(s.mapped, (64 + PAGES + 4) * t.page);
+	pt_close(&t);
+}
+
+/* After a trim gives back what the loop grew (and more), the cap is again a
+ * share of what the pool holds: a smaller loop in the trimmed pool, which
+ * holds less than the first loop grew, keeps remapping, as in a fresh pool
+ * of that size (growth_stays_within_the_cap). */
+Test(loop, the_cap_after_a_trim)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 4096};
+	pt_open(&t, &su);
+	CUdeviceptr hold = PT_MALLOC(&t, 64, VPMM_NO_STREAM);
+	for (int i = 0; i < 6; i++)
+		step(&t, 0);
+	uint64_t grown = pt_stats(&t).loop_growths;
+	cr_assert_geq(grown, 1);
+	PT_FREE(&t, hold, VPMM_NO_STREAM);
+	pt_settle(&t);
+	cr_assert_gt(vpmm_pool_trim(t.pool, 0), 0);
+	cr_assert_eq(pt_stats(&t).mapped, 0, "the trim left %llu bytes",
+		     (unsigned long long)pt_stats(&t).mapped);
+	for (int i = 0; i < 10; i++)
+		step_of(&t, 8, 0);
+	cr_assert_eq(pt_stats(&t).loop_growths, grown, "grew past the cap after the trim");
 	pt_close(&t);
 }
