@@ -1946,12 +1946,11 @@ static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t n
 #define LOOP_BASE 0x100000001b3ull /* odd: every prefix hash mod 2^64 */
 #define LOOP_MIN_PERIOD 16          /* mallocs; shorter repeats are no step */
 #define LOOP_TIMES 3                /* stretches that must repeat exactly */
+_Static_assert(VPMM_LOOP_SLOTS == 64, "loop_repeats() takes a slot from 6 bits");
 
 /* Every malloc through the lock extends the hash of the sequence of sizes. */
 static void loop_note(vpmm_pool *p, size_t size)
 {
-	if (!p->loop_prefix)
-		return;
 	uint64_t h = p->loop_prefix[p->loop_n % VPMM_LOOP_RING];
 	p->loop_n++;
 	p->loop_prefix[p->loop_n % VPMM_LOOP_RING] = h * LOOP_BASE + size;
