@@ -307,12 +307,13 @@ static bool entry_ok(vpmm_pool *p, const struct fentry *all, unsigned i)
 }
 
 /* Broken invariants of one cache: entries not parked live memory, in the
- * wrong chain or twice, and counts that disagree with the chains (a cycle
- * shows as more entries than slots). */
+ * wrong chain or twice, counts that disagree with the chains (a cycle shows
+ * as more entries than slots), and slots lost or listed twice. */
 static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE *log)
 {
 	size_t bad = 0, bytes = 0;
-	unsigned n = 0, steps = 0;
+	unsigned n = 0, steps = 0, unused = 0;
+	uint64_t seen[VPMM_FRONT_MAX / 64] = {0}; /* slots in a chain */
 	pthread_mutex_lock(&f->lock);
 	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS; b++) {
 		for (uint16_t slot = f->head[b]; slot; slot = f->e[slot - 1].next) {
@@ -322,6 +323,7 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 					fprintf(log, "vpmm check: front chain %u broken\n", b);
 				break;
 			}
+			seen[(slot - 1) / 64] |= 1ull << ((slot - 1) % 64);
 			all[n] = f->e[slot - 1];
 			if (bucket(all[n].size) != b || !entry_ok(p, all, n)) {
 				bad++;
@@ -337,6 +339,23 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 		if (log)
 			fprintf(log, "vpmm check: front counts %u entries, %zu bytes; "
 				     "chains hold %u, %zu\n", f->n, f->bytes, n, bytes);
+	}
+	/* Every slot used since the flush is in a chain or unused, not both. */
+	for (uint16_t slot = f->unused; slot; slot = f->e[slot - 1].next) {
+		if (slot > f->touched || ++unused > VPMM_FRONT_MAX ||
+		    (seen[(slot - 1) / 64] >> ((slot - 1) % 64) & 1)) {
+			bad++;
+			if (log)
+				fprintf(log, "vpmm check: front slot %u both parked and unused, "
+					     "or the unused list broken\n", slot);
+			break;
+		}
+	}
+	if (n + unused != f->touched) {
+		bad++;
+		if (log)
+			fprintf(log, "vpmm check: front %u slots used, %u parked, %u unused\n",
+				f->touched, n, unused);
 	}
 	pthread_mutex_unlock(&f->lock);
 	return bad;
