@@ -118,7 +118,7 @@ static size_t rounded(const vpmm_pool *p, size_t size)
  * so the multiplicative hash only has to spread distinct sizes. */
 static unsigned bucket(size_t size)
 {
-	return (unsigned)(((uint64_t)size * 0x9e3779b97f4a7c15ull) >> 58) % VPMM_FRONT_BUCKETS;
+	return vpmm_hash_bits(size, VPMM_FRONT_BUCKET_BITS);
 }
 
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)

@@ -133,8 +133,7 @@ static void region_delete(vpmm_pool *p, struct region *r)
 
 static unsigned stream_slot(const vpmm_pool *p, CUstream h)
 {
-	uint64_t x = (uint64_t)(uintptr_t)h * 0x9e3779b97f4a7c15ull;
-	return (unsigned)(x >> 32) & (p->stream_hash_size - 1);
+	return vpmm_hash_bits((uint64_t)(uintptr_t)h, (unsigned)__builtin_ctz(p->stream_hash_size));
 }
 
 static int stream_hash_grow(vpmm_pool *p)
@@ -1946,7 +1945,6 @@ static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t n
 #define LOOP_BASE 0x100000001b3ull /* odd: every prefix hash mod 2^64 */
 #define LOOP_MIN_PERIOD 16          /* mallocs; shorter repeats are no step */
 #define LOOP_TIMES 3                /* stretches that must repeat exactly */
-_Static_assert(VPMM_LOOP_SLOTS == 64, "loop_repeats() takes a slot from 6 bits");
 
 /* Every malloc through the lock extends the hash of the sequence of sizes. */
 static void loop_note(vpmm_pool *p, size_t size)
@@ -2000,7 +1998,7 @@ static bool loop_window_repeats(const vpmm_pool *p, uint64_t period)
 static bool loop_repeats(vpmm_pool *p, size_t need)
 {
 	uint64_t now = p->loop_n;
-	struct loop_slot *e = &p->loop[(need / p->grain * 0x9e3779b97f4a7c15ull) >> 58];
+	struct loop_slot *e = &p->loop[vpmm_hash_bits(need / p->grain, VPMM_LOOP_SLOT_BITS)];
 	bool periodic = false;
 	if (e->size != need) {
 		memset(e, 0, sizeof(*e));

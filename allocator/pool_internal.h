@@ -16,11 +16,20 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 
 #define VPMM_MAX_CHUNKS 1024 /* fixed: the fast path reads chunks unlocked */
 #define VPMM_FRONT_MAX VPMM_FRONT_ENTRIES_MAX /* entries of a stream's cache */
-#define VPMM_FRONT_BUCKETS 64 /* its chains by rounded size (front.c) */
+#define VPMM_FRONT_BUCKET_BITS 6 /* its chains by rounded size (front.c) */
+#define VPMM_FRONT_BUCKETS (1u << VPMM_FRONT_BUCKET_BITS)
 #define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
-#define VPMM_LOOP_SLOTS 64   /* request sizes remembered by loop_repeats() */
+#define VPMM_LOOP_SLOT_BITS 6 /* request sizes remembered by loop_repeats() */
+#define VPMM_LOOP_SLOTS (1u << VPMM_LOOP_SLOT_BITS)
 #define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
 #define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept */
+
+/* The top `bits` bits of x times 2^64 / phi: one index into a table of
+ * 2^bits for keys that differ in any bits (streams, sizes). 0 < bits < 64. */
+static inline unsigned vpmm_hash_bits(uint64_t x, unsigned bits)
+{
+	return (unsigned)((x * 0x9e3779b97f4a7c15ull) >> (64 - bits));
+}
 
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;

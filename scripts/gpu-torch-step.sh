@@ -107,8 +107,8 @@ for m in modes:
     hist = runs[m][0].get("histogram")
     for w in hist or {}:
         print("%s %s calls by duration (round 1, whole run; calls, ms): %s" % (
-            m, w, ", ".join("<%s %d %.2f" % (k.replace("ns", ""), c, ms) for k, (c, ms) in
-                            ((str(2 * int(k[:-2])) + "ns", v) for k, v in hist[w].items()))))
+            m, w, ", ".join("<%d %d %.2f" % (2 * int(k[:-2]), c, ms)
+                            for k, (c, ms) in hist[w].items())))
 nat = statistics.median(x["step_ms"] for x in runs["native"])
 for m in modes:
     med = statistics.median(x["step_ms"] for x in runs[m])

@@ -837,10 +837,12 @@ int main(int argc, char **argv)
 			break;
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
 		case O_FRONT:
-			ok = count_arg(opt, optarg, &n) && n <= VPMM_FRONT_ENTRIES_MAX;
-			if (!ok)
+			ok = count_arg(opt, optarg, &n);
+			if (ok && n > VPMM_FRONT_ENTRIES_MAX) {
 				fprintf(stderr, "vpmm-replay: %s: at most %u\n", opt,
 					VPMM_FRONT_ENTRIES_MAX);
+				ok = false;
+			}
 			cfg.front_entries = ok ? (unsigned)n : 0;
 			break;
 		case O_DEFRAG:

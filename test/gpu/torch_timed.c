@@ -21,7 +21,6 @@ typedef void (*free_fn)(void *, ssize_t, int, void *);
 static malloc_fn real_malloc;
 static free_fn real_free;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static _Atomic uint64_t counts[4]; /* malloc calls, malloc ns, free calls, free ns */
 #define BINS 24                       /* [2^i, 2^(i+1)) ns; the last takes the rest */
 static _Atomic uint64_t hist[2][BINS][2]; /* [malloc, free][bin][calls, ns] */
 
@@ -30,8 +29,6 @@ static void account(int which, uint64_t ns)
 	int bin = ns ? 63 - __builtin_clzll(ns) : 0;
 	if (bin >= BINS)
 		bin = BINS - 1;
-	atomic_fetch_add_explicit(&counts[2 * which + 1], ns, memory_order_relaxed);
-	atomic_fetch_add_explicit(&counts[2 * which], 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&hist[which][bin][0], 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&hist[which][bin][1], ns, memory_order_relaxed);
 }
@@ -77,10 +74,16 @@ __attribute__((visibility("default"))) void timed_free(void *ptr, ssize_t size, 
 	account(1, now_ns() - t);
 }
 
+/* out: malloc calls, malloc ns, free calls, free ns (the histogram summed). */
 __attribute__((visibility("default"))) void timed_read(uint64_t out[4])
 {
 	for (int i = 0; i < 4; i++)
-		out[i] = atomic_load_explicit(&counts[i], memory_order_relaxed);
+		out[i] = 0;
+	for (int w = 0; w < 2; w++)
+		for (int b = 0; b < BINS; b++)
+			for (int k = 0; k < 2; k++)
+				out[2 * w + k] += atomic_load_explicit(&hist[w][b][k],
+								       memory_order_relaxed);
 }
 
 /* out[which][bin][calls, ns], which 0 malloc, 1 free. */
