@@ -112,6 +112,8 @@ struct host_driver {
 	struct host_stream *special[HOST_SPECIAL_STREAMS];
 
 	unsigned long calls[VPMM_OP_COUNT];
+	bool gate[VPMM_OP_COUNT]; /* closed: calls of the op wait (test control) */
+	pthread_cond_t gate_open;
 	struct {
 		unsigned long nth;
 		CUresult result;
@@ -279,10 +281,14 @@ static bool placeholder(uintptr_t va, size_t size)
 	return p != MAP_FAILED;
 }
 
-/* Counts the call and fires an armed fault. Called with the lock held. */
+/* Counts the call, waits (lock dropped) while a test holds the op's gate
+ * closed, and fires an armed fault. Called with the lock held. Counting first
+ * lets a test see that a call has reached the gate. */
 static bool injected(struct host_driver *h, enum vpmm_op op, CUresult *r)
 {
 	h->calls[op]++;
+	while (h->gate[op])
+		pthread_cond_wait(&h->gate_open, &h->lock);
 	if (h->fault[op].nth && --h->fault[op].nth == 0) {
 		*r = h->fault[op].result;
 		return true;
@@ -1004,6 +1010,7 @@ static void host_destroy(vpmm_driver *d)
 	free(h->maps);
 	free(h->events);
 	free(h->streams);
+	pthread_cond_destroy(&h->gate_open);
 	pthread_mutex_destroy(&h->lock);
 	free(h);
 }
@@ -1029,6 +1036,11 @@ CUresult vpmm_driver_host_create(const struct vpmm_host_options *opt,
 	if (!h)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (pthread_mutex_init(&h->lock, NULL) != 0) {
+		free(h);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (pthread_cond_init(&h->gate_open, NULL) != 0) {
+		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -1165,6 +1177,17 @@ void vpmm_host_set_capturing(vpmm_driver *d, CUstream st, bool capturing)
 	pthread_mutex_lock(&h->lock);
 	if (stream_find(h, st, &s) == CUDA_SUCCESS)
 		s->capturing = capturing;
+	pthread_mutex_unlock(&h->lock);
+}
+
+void vpmm_host_gate(vpmm_driver *d, enum vpmm_op op, bool closed)
+{
+	struct host_driver *h = host_checked(d);
+	if (!h || (unsigned)op >= VPMM_OP_COUNT)
+		return;
+	pthread_mutex_lock(&h->lock);
+	h->gate[op] = closed;
+	pthread_cond_broadcast(&h->gate_open);
 	pthread_mutex_unlock(&h->lock);
 }
 

@@ -10,7 +10,8 @@
  *    its stream until the awaited event completes — as the device would.
  *  - Misuse that the real driver rejects (mapping over a mapping, unmapping
  *    what is not mapped, unknown handles) is rejected with the same codes.
- *  - Faults: the N-th next call of any operation can be made to fail.
+ *  - Faults: the N-th next call of any operation can be made to fail, and
+ *    any operation can be held at a gate.
  *  - Capacity: creating handles beyond it returns CUDA_ERROR_OUT_OF_MEMORY.
  */
 #ifndef VPMM_DRIVER_HOST_H
@@ -46,6 +47,10 @@ void vpmm_host_set_capturing(vpmm_driver *d, CUstream s, bool capturing);
 /* The nth (1 = next) call of `op` from now returns `result` (0 disarms). */
 void vpmm_host_fail(vpmm_driver *d, enum vpmm_op op, unsigned long nth,
 		    CUresult result);
+/* While closed, every call of `op` waits, counted already (from another
+ * thread: the closing thread's own call would wait forever). For work that
+ * must be seen half done. */
+void vpmm_host_gate(vpmm_driver *d, enum vpmm_op op, bool closed);
 /* Calls of `op` so far (failed ones included). */
 unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op);
 

@@ -612,16 +612,35 @@ struct unmap_job {
 	bool tried;
 };
 
+/* Whether the background thread should leave its unmaps for later: a caller
+ * is mapping, and the driver serialises the two (H100, replays: a caller's
+ * cuMemMap 1.2-1.7 us alone, 5-6 us beside the thread's unmaps; cuMemCreate
+ * 10-12 against 19-26). After VPMM_RECLAIM_DEFER_MAX rounds in a row
+ * (RECLAIM_DEFER_NS each at most) it unmaps anyway, so that callers mapping
+ * back to back cannot starve it. Only the thread writes reclaim_deferrals. */
+static bool defer_to_mappers(vpmm_pool *p)
+{
+	return p->reclaim_deferrals < VPMM_RECLAIM_DEFER_MAX &&
+	       __atomic_load_n(&p->mappers, __ATOMIC_RELAXED);
+}
+
 /* Phase 0: unmap the zombies whose events completed (all of them, waiting
  * on the CPU, when `wait`); they become holes. The unmapping runs with the
- * lock dropped. Returns how many ranges were reclaimed. */
-static int reclaim_zombies(vpmm_pool *p, bool wait)
+ * lock dropped. With `defer` (the background thread), it stops before any
+ * unmap while a caller maps: the rest stays zombies for the next round.
+ * Returns how many ranges were reclaimed. */
+static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 {
 	struct region *batch = NULL, **tail = &batch;
 	struct unmap_job *job;
 	size_t njobs = 0, k = 0;
 	int n = 0;
 
+	if (defer && defer_to_mappers(p)) {
+		p->reclaim_deferrals++;
+		p->st.reclaims_deferred++;
+		return 0;
+	}
 	for (struct region *z = p->zombie_head, *next; z; z = next) {
 		next = z->next;
 		if (!zombie_ready(p, z, wait))
@@ -653,15 +672,26 @@ static int reclaim_zombies(vpmm_pool *p, bool wait)
 	/* A zombie stops at its first failed unmap: what is unmapped stays a
 	 * prefix, which becomes a hole; the rest remains a zombie. */
 	pthread_mutex_unlock(&p->lock);
+	bool deferred = false;
 	for (k = 0; k < njobs; k++) {
 		if (k && job[k - 1].z == job[k].z && job[k - 1].r != CUDA_SUCCESS) {
 			job[k].r = job[k - 1].r;
+			continue;
+		}
+		/* mappers is read without the lock: a stale answer costs one
+		 * unmap's wait or one round's delay, nothing else. */
+		if (defer && (deferred || defer_to_mappers(p))) {
+			deferred = true;
+			job[k].r = CUDA_ERROR_NOT_READY; /* untried: not an error */
 			continue;
 		}
 		job[k].r = p->drv->unmap(p->drv, job[k].va, job[k].size);
 		job[k].tried = true;
 	}
 	pthread_mutex_lock(&p->lock);
+	p->st.reclaims_deferred += deferred;
+	if (defer)
+		p->reclaim_deferrals = deferred ? p->reclaim_deferrals + 1 : 0;
 
 	k = 0;
 	for (struct region *z = batch, *next; z; z = next) {
@@ -672,7 +702,8 @@ static int reclaim_zombies(vpmm_pool *p, bool wait)
 			p->st.driver_calls += job[k].tried;
 			p->driver_calls[VPMM_OP_UNMAP] += job[k].tried;
 			if (job[k].r != CUDA_SUCCESS) {
-				p->last_result = job[k].r;
+				if (job[k].tried)
+					p->last_result = job[k].r;
 				failed = true;
 			} else if (!failed) {
 				ok_to = job[k].va + job[k].size;
@@ -1323,6 +1354,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool grow,
 	unsigned nacc = p->naccess;
 	memcpy(acc, p->access, nacc * sizeof acc[0]);
 
+	__atomic_fetch_add(&p->mappers, 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&p->lock);
 	/* Create the shortfall; map harvested slabs first, new ones after. */
 	for (k = nmove; k < nfr; k++) {
@@ -1349,7 +1381,10 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool grow,
 			if (fr[k].created)
 				p->drv->mem_release(p->drv, fr[k].slab->handle);
 	}
+	__atomic_fetch_sub(&p->mappers, 1, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&p->lock);
+	if (p->reclaim_deferrals) /* the background thread waits for us */
+		pthread_cond_signal(&p->reclaim_cond);
 	p->inflight -= shortfall;
 	p->st.driver_calls += calls_create + calls_map + calls_access;
 	p->driver_calls[VPMM_OP_MEM_CREATE] += calls_create;
@@ -1586,6 +1621,7 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
  * some are pending it polls their events every RECLAIM_POLL_NS; otherwise
  * it sleeps until a defragmentation makes new ones. */
 #define RECLAIM_POLL_NS 100000
+#define RECLAIM_DEFER_NS 1000000
 #define RELEASE_POLL_NS 10000000
 
 static void timed_wait(vpmm_pool *p, long ns)
@@ -1608,7 +1644,7 @@ static void *reclaimer_main(void *arg)
 	pthread_mutex_lock(&p->lock);
 	while (!p->stopping) {
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
-			reclaim_zombies(p, false);
+			reclaim_zombies(p, false, true);
 		if (vpmm_small_deferred(p))
 			vpmm_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;
@@ -1618,6 +1654,13 @@ static void *reclaimer_main(void *arg)
 			trim_locked(p, p->cfg.release_threshold);
 		if (p->stopping)
 			break;
+		if (p->reclaim_deferrals) {
+			/* A caller is mapping; its defragmentation wakes us
+			 * when it is done. Polling meanwhile would query
+			 * events in the driver beside its maps. */
+			timed_wait(p, RECLAIM_DEFER_NS);
+			continue;
+		}
 		if (p->cfg.release && !p->zombie_head && !vpmm_small_deferred(p)) {
 			/* Lock-free frees wake nobody: with a release threshold
 			 * look again every RELEASE_POLL_NS. */
@@ -2032,7 +2075,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	if (rc)
 		return rc;
 	if (p->zombie_head && !p->reclaimer_running)
-		reclaim_zombies(p, false);
+		reclaim_zombies(p, false, false);
 	r = place_locked(p, caller, need, &at);
 	if (!r && vpmm_front_flush_locked(p))
 		r = place_locked(p, caller, need, &at);
@@ -2286,7 +2329,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	for (struct stream *s = p->streams; s; s = s->next)
 		poll_stream(p, s);
 	vpmm_small_drain_locked(p);
-	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false);
+	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false, false);
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }

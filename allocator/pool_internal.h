@@ -179,6 +179,12 @@ struct vpmm_pool {
 	uint64_t free_seq; /* counter behind region->seq */
 	uint64_t settled_count; /* free regions settled so far */
 	size_t inflight; /* bytes being created by defragmentations, for the limit */
+	unsigned mappers; /* callers inside defrag()'s driver work (atomic,
+			   * read without the lock): the background thread
+			   * leaves its unmaps for later meanwhile (pool.c,
+			   * defer_to_mappers) */
+	unsigned reclaim_deferrals; /* rounds in a row it did so; written by
+				     * the thread only, under the lock */
 	/* Loops (pool.c, loop_repeats()): where each request size last needed
 	 * a defragmentation, counted in mallocs through the lock, and a hash
 	 * of every prefix of those mallocs' sizes (a ring of VPMM_LOOP_RING),

@@ -29,6 +29,10 @@ enum vpmm_defrag_policy {
 
 #define VPMM_FRONT_ENTRIES_MAX 256 /* most entries of a stream's cache */
 #define VPMM_LOOP_GROWTH_MAX 1000  /* percent */
+/* Rounds in a row (each ends when a caller's mapping does, or after 1 ms)
+ * the background thread leaves its unmaps for later while callers map
+ * (counter reclaims_deferred); then it unmaps regardless. */
+#define VPMM_RECLAIM_DEFER_MAX 16
 
 struct vpmm_config {
 	size_t page_size;     /* physical unit; 0 = the driver's granularity */
@@ -183,6 +187,7 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(pages_released, "pages unmapped and given back to the driver")      \
 	X(handles_created, "physical handles created")                        \
 	X(zombies_reclaimed, "old ranges unmapped")                           \
+	X(reclaims_deferred, "unmaps left for later: a caller was mapping")   \
 	X(events_recorded, "events recorded")                                 \
 	X(stream_waits, "device-side waits inserted")                         \
 	X(front_hits, "mallocs served from a stream's cache, lock-free")      \

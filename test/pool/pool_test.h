@@ -46,6 +46,7 @@ struct pt_setup {
 	size_t handle_pages;  /* largest handle in pages (0: one page a handle) */
 	unsigned growth_split; /* with handle_pages (0: the default) */
 	bool no_loop_growth;  /* a repeating loop's defragmentations remap */
+	bool background;      /* a thread of the pool unmaps zombies */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -104,6 +105,8 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 		cfg.growth_split = s->growth_split;
 	if (s->no_loop_growth)
 		cfg.loop_growth = 0;
+	if (s->background)
+		cfg.background = true;
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

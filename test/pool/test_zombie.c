@@ -1,6 +1,7 @@
 /* test_zombie.c — the old address of a remapped page stays mapped (a zombie)
  * until the event queued with it completes; then a reclaim (explicit, or at
  * the start of the next malloc) unmaps it and it becomes a hole. */
+#include <pthread.h>
 #include <stdint.h>
 
 #include "pool_test.h"
@@ -209,4 +210,121 @@ Test(zombie, failed_unmap_is_retried_later)
 		PT_LAYOUT_IS(&t, "[*2][1][3][*58]");
 		pt_close(&t);
 	}
+}
+
+struct held_malloc {
+	struct pt *t;
+	CUstream s;
+	CUdeviceptr p;
+	int rc;
+	bool done; /* atomic */
+};
+
+static void *malloc_thread(void *arg)
+{
+	struct held_malloc *h = arg;
+	h->rc = vpmm_pool_malloc(h->t->pool, 4 * h->t->page, h->s, &h->p);
+	__atomic_store_n(&h->done, true, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* Polls cond for up to 2 s (a loaded machine may be slow to schedule the
+ * pool's thread). */
+static bool wait_for(struct pt *t, bool (*cond)(struct pt *, uint64_t), uint64_t arg)
+{
+	for (int i = 0; i < 2000; i++) {
+		if (cond(t, arg))
+			return true;
+		usleep(1000);
+	}
+	return cond(t, arg);
+}
+
+static bool maps_above(struct pt *t, uint64_t n)
+{
+	return vpmm_host_calls(t->drv, VPMM_OP_MAP) > n;
+}
+
+static bool deferred_at_least(struct pt *t, uint64_t n)
+{
+	return pt_stats(t).reclaims_deferred >= n;
+}
+
+static bool zombies_at_most(struct pt *t, uint64_t n)
+{
+	return pt_stats(t).zombies <= n;
+}
+
+/* A growth on its own stream, held inside its first map. */
+static void hold_a_mapping_caller(struct pt *t, struct held_malloc *h, pthread_t *th)
+{
+	unsigned long maps = vpmm_host_calls(t->drv, VPMM_OP_MAP);
+	vpmm_host_gate(t->drv, VPMM_OP_MAP, true);
+	*h = (struct held_malloc){ .t = t, .s = vpmm_host_stream_create(t->drv) };
+	cr_assert_eq(pthread_create(th, NULL, malloc_thread, h), 0);
+	cr_assert(wait_for(t, maps_above, maps), "the growth never reached its map");
+}
+
+static void release_the_caller(struct pt *t, struct held_malloc *h, pthread_t th)
+{
+	vpmm_host_gate(t->drv, VPMM_OP_MAP, false);
+	cr_assert_eq(pthread_join(th, NULL), 0);
+	cr_assert_eq(h->rc, 0, "the held growth failed: %d", h->rc);
+	PT_FREE(t, h->p, h->s);
+}
+
+/* The driver serialises a caller's maps with the thread's unmaps, so the
+ * thread leaves a ready zombie alone while a caller is mapping, and unmaps
+ * it once the caller is done. */
+Test(zombie, background_thread_waits_for_a_caller_mapping)
+{
+	struct pt t;
+	struct pt_setup su = { .va_pages = 64, .background = true };
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr old;
+	make_zombie(&t, s, &old);
+	struct held_malloc h;
+	pthread_t th;
+	hold_a_mapping_caller(&t, &h, &th);
+
+	vpmm_host_complete_all(t.drv); /* the zombie is ready */
+	cr_assert(wait_for(&t, deferred_at_least, 1),
+		  "the thread did not wait for the caller (zombies %llu)",
+		  (unsigned long long)pt_stats(&t).zombies);
+	release_the_caller(&t, &h, th);
+	cr_assert(wait_for(&t, zombies_at_most, 0),
+		  "the zombie stayed after the caller finished");
+	cr_assert_eq(pt_stats(&t).zombies_reclaimed, 1);
+	pt_close(&t);
+}
+
+/* A caller that keeps mapping does not keep the zombies forever: after
+ * VPMM_RECLAIM_DEFER_MAX rounds the thread unmaps them regardless. */
+Test(zombie, background_thread_waits_only_so_long)
+{
+	struct pt t;
+	struct pt_setup su = { .va_pages = 64, .background = true };
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr old;
+	make_zombie(&t, s, &old);
+	struct held_malloc h;
+	pthread_t th;
+	hold_a_mapping_caller(&t, &h, &th);
+
+	unsigned long unmaps = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+	vpmm_host_complete_all(t.drv);
+	cr_assert(wait_for(&t, zombies_at_most, 0),
+		  "the zombie stayed while the caller kept mapping");
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_geq(st.reclaims_deferred, VPMM_RECLAIM_DEFER_MAX,
+		      "unmapped after %llu rounds of waiting, not %d",
+		      (unsigned long long)st.reclaims_deferred, VPMM_RECLAIM_DEFER_MAX);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_UNMAP), unmaps + 2,
+		     "the 2 old pages not unmapped one by one");
+	cr_assert(!__atomic_load_n(&h.done, __ATOMIC_ACQUIRE),
+		  "the caller was not held all along");
+	release_the_caller(&t, &h, th);
+	pt_close(&t);
 }
