@@ -1217,7 +1217,12 @@ static struct region *find_lender(vpmm_pool *p, struct stream *caller, size_t ne
  * takes it again to commit. On failure every busy region goes back as it
  * was; only events recorded and waits inserted remain, which order work
  * conservatively and nothing more. */
-static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool grow,
+static bool loop_cap_allows(const vpmm_pool *p, size_t bytes);
+
+/* With *grow (a loop repeats, loop_repeats()), what the request lacks is
+ * created rather than harvested, if the loops' cap allows it; *grow then
+ * says whether it was. */
+static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		  struct region **out, CUdeviceptr *at)
 {
 	struct plan pl = {0};
@@ -1251,9 +1256,11 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool grow,
 	}
 	have = adj ? adj->size : adj2 ? adj2->size : 0;
 	lack = need - have;
+	if (*grow && !loop_cap_allows(p, (lack + p->page - 1) / p->page * p->page))
+		*grow = false;
 
 	pl.room = hole->size;
-	pl.target = grow ? 0 : p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
+	pl.target = *grow ? 0 : p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
 	rc = plan_harvest(p, &pl, caller, adj, adj2);
 	if (rc)
 		goto out;
@@ -1752,10 +1759,11 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	if (!rc)
 		rc = chunk_add(p, p->cfg.va_size, &chunk);
 	if (!rc && cfg->initial_pages) {
+		bool grow = false;
 		if (cfg->initial_pages > SIZE_MAX / p->page)
 			rc = -EINVAL;
 		else
-			rc = defrag(p, NULL, cfg->initial_pages * p->page, false, &first, &at);
+			rc = defrag(p, NULL, cfg->initial_pages * p->page, &grow, &first, &at);
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (!rc && cfg->background &&
@@ -2055,14 +2063,19 @@ static bool loop_repeats(vpmm_pool *p, size_t need)
 	 * the pool never had (growing layer by layer in a loop repeats too). */
 	if (!periodic || !p->cfg.loop_growth || p->st.live + need > p->st.live_peak)
 		return false;
-	if (p->cfg.limit && p->st.mapped + p->inflight + need > p->cfg.limit)
-		return false;
-	/* The cap is against the rest of the pool, not the live peak: parked
-	 * allocations count as live until a flush, and in a loop that no
-	 * longer defragments they stay parked (the step's live peak read
-	 * 1694 MiB for 1476 of tensors). */
+	return !p->cfg.limit || p->st.mapped + p->inflight + need <= p->cfg.limit;
+}
+
+/* Whether growing `bytes` more for loops keeps within the cap. The cap is
+ * against the rest of the pool, not the live peak: parked allocations count
+ * as live until a flush, and in a loop that no longer defragments they stay
+ * parked (the step's live peak read 1694 MiB for 1476 of tensors). It
+ * counts what the growth creates, not the request: a request that a free
+ * neighbour half lends costs the cap half. */
+static bool loop_cap_allows(const vpmm_pool *p, size_t bytes)
+{
 	uint64_t rest = p->st.mapped > p->loop_grown ? p->st.mapped - p->loop_grown : 0;
-	return p->loop_grown + need <= rest / 100 * p->cfg.loop_growth;
+	return p->loop_grown + bytes <= rest / 100 * p->cfg.loop_growth;
 }
 
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
@@ -2086,14 +2099,15 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	if (!r) {
 		bool grow = loop_repeats(p, need);
 		uint64_t created = p->st.pages_created;
-		rc = defrag(p, caller, need, grow, &r, &at);
+		rc = defrag(p, caller, need, &grow, &r, &at);
 		if (!rc && grow) {
 			p->st.loop_growths++;
 			p->loop_grown += (p->st.pages_created - created) * p->page;
 		} else if (rc == -ENOMEM && grow) {
 			/* Past the limit or the device's memory: what the loop
 			 * would have grown, remapping still finds. */
-			rc = defrag(p, caller, need, false, &r, &at);
+			grow = false;
+			rc = defrag(p, caller, need, &grow, &r, &at);
 		}
 		if (rc == -ENOMEM) {
 			/* Last resort before failing: empty sub-page slabs go
@@ -2104,7 +2118,8 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			settle_all_waiting(p);
 			if (trimmed || settled != p->settled_count) {
 				r = place_locked(p, caller, need, &at);
-				rc = r ? 0 : defrag(p, caller, need, false, &r, &at);
+				grow = false;
+				rc = r ? 0 : defrag(p, caller, need, &grow, &r, &at);
 			}
 		}
 		if (rc)

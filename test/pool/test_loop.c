@@ -178,3 +178,39 @@ Test(loop, the_cap_after_a_trim)
 	cr_assert_eq(pt_stats(&t).loop_growths, grown, "grew past the cap after the trim");
 	pt_close(&t);
 }
+
+/* The cap counts what a loop's growth creates, not the request: here a free
+ * neighbour lends 8 of the request's 20 pages, and the 12 it lacks fit
+ * within 15 % of the pool where 20 would not. */
+Test(loop, the_cap_counts_what_is_created)
+{
+	struct pt t;
+	open_loop(&t, false);
+	CUdeviceptr x[PAGES];
+	uint64_t remapped = 0, mapped = 0;
+	for (int k = 0; k < 10; k++) {
+		for (int i = 0; i < PAGES; i++)
+			x[i] = PT_MALLOC(&t, 1, VPMM_NO_STREAM);
+		CUdeviceptr tail = PT_MALLOC(&t, 8, VPMM_NO_STREAM);
+		for (int i = 1; i < PAGES; i += 2)
+			PT_FREE(&t, x[i], VPMM_NO_STREAM);
+		PT_FREE(&t, tail, VPMM_NO_STREAM);
+		if (!k)
+			mapped = pt_stats(&t).mapped;
+		cr_assert_gt((PAGES / 2 + 8) * t.page, mapped / 100 * 15,
+			     "the request fits the cap whole: the test shows nothing");
+		CUdeviceptr y = PT_MALLOC(&t, PAGES / 2 + 8, VPMM_NO_STREAM);
+		for (int i = 0; i < PAGES; i += 2)
+			PT_FREE(&t, x[i], VPMM_NO_STREAM);
+		PT_FREE(&t, y, VPMM_NO_STREAM);
+		if (k == 5)
+			remapped = pt_stats(&t).handles_remapped;
+	}
+	struct vpmm_stats s = pt_stats(&t);
+	cr_assert_geq(s.loop_growths, 1, "the lent request never grew");
+	cr_assert_eq(s.handles_remapped, remapped, "still remapping: %llu -> %llu",
+		     (unsigned long long)remapped, (unsigned long long)s.handles_remapped);
+	cr_assert_leq(s.mapped, mapped + mapped * 15 / 100, "mapped %llu, %llu before",
+		      (unsigned long long)s.mapped, (unsigned long long)mapped);
+	pt_close(&t);
+}
