@@ -99,6 +99,12 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 		}
 		sums[r->kind] += r->size;
 
+		/* An event is a zombie's alone: anything else holding one keeps
+		 * it referenced, and it is never recycled. */
+		if (r->ev && r->kind != R_ZOMBIE && r->kind != R_BUSY)
+			bad += complain(log, "region %#" PRIx64 " (not a zombie) holds an event",
+					(uint64_t)r->va);
+
 		switch (r->kind) {
 		case R_FREE:
 			(*nfree)++;

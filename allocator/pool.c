@@ -616,8 +616,9 @@ struct unmap_job {
  * is mapping, and the driver serialises the two (H100, replays: a caller's
  * cuMemMap 1.2-1.7 us alone, 5-6 us beside the thread's unmaps; cuMemCreate
  * 10-12 against 19-26). After VPMM_RECLAIM_DEFER_MAX rounds in a row
- * (RECLAIM_DEFER_NS each at most) it unmaps anyway, so that callers mapping
- * back to back cannot starve it. Only the thread writes reclaim_deferrals. */
+ * (VPMM_RECLAIM_DEFER_NS each at most) it unmaps anyway, so that callers
+ * mapping back to back cannot starve it. Only the thread writes
+ * reclaim_deferrals. */
 static bool defer_to_mappers(vpmm_pool *p)
 {
 	return p->reclaim_deferrals < VPMM_RECLAIM_DEFER_MAX &&
@@ -636,11 +637,6 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 	size_t njobs = 0, k = 0;
 	int n = 0;
 
-	if (defer && defer_to_mappers(p)) {
-		p->reclaim_deferrals++;
-		p->st.reclaims_deferred++;
-		return 0;
-	}
 	for (struct region *z = p->zombie_head, *next; z; z = next) {
 		next = z->next;
 		if (!zombie_ready(p, z, wait))
@@ -653,8 +649,11 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 			njobs++;
 	}
 	*tail = NULL;
-	if (!batch)
+	if (!batch) {
+		if (defer) /* a round that did not give way */
+			p->reclaim_deferrals = 0;
 		return 0;
+	}
 	job = calloc(njobs ? njobs : 1, sizeof(*job));
 	if (!job) { /* no room to plan: give them back for the next try */
 		for (struct region *z = batch, *next; z; z = next) {
@@ -712,9 +711,12 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 				mapping_forget(p, job[k].m);
 		}
 		if (failed) {
-			/* A failed unmap keeps the rest a zombie, ready for the
-			 * next try; what is unmapped before it becomes a hole. */
+			/* A failed or deferred unmap keeps the rest a zombie,
+			 * ready for the next try (its event completed: no part
+			 * needs it); what is unmapped before it becomes a hole. */
 			struct region *rest = z;
+			event_unref(p, z->ev);
+			z->ev = NULL;
 			if (ok_to > z->va && reserve_regions(p, 1) == 0) {
 				rest = split_off(p, z, ok_to);
 				GAUGE_SUB(p, zombies, z->size);
@@ -725,8 +727,6 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 				hole_insert(p, z);
 				p->busy++; /* rest is busy too */
 			}
-			event_unref(p, rest->ev);
-			rest->ev = NULL;
 			busy_return(p, rest);
 			continue;
 		}
@@ -1628,7 +1628,6 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
  * some are pending it polls their events every RECLAIM_POLL_NS; otherwise
  * it sleeps until a defragmentation makes new ones. */
 #define RECLAIM_POLL_NS 100000
-#define RECLAIM_DEFER_NS 1000000
 #define RELEASE_POLL_NS 10000000
 
 static void timed_wait(vpmm_pool *p, long ns)
@@ -1652,6 +1651,8 @@ static void *reclaimer_main(void *arg)
 	while (!p->stopping) {
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
 			reclaim_zombies(p, false, true);
+		else
+			p->reclaim_deferrals = 0;
 		if (vpmm_small_deferred(p))
 			vpmm_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;
@@ -1661,11 +1662,12 @@ static void *reclaimer_main(void *arg)
 			trim_locked(p, p->cfg.release_threshold);
 		if (p->stopping)
 			break;
-		if (p->reclaim_deferrals) {
+		if (p->reclaim_deferrals &&
+		    __atomic_load_n(&p->mappers, __ATOMIC_RELAXED)) {
 			/* A caller is mapping; its defragmentation wakes us
 			 * when it is done. Polling meanwhile would query
 			 * events in the driver beside its maps. */
-			timed_wait(p, RECLAIM_DEFER_NS);
+			timed_wait(p, VPMM_RECLAIM_DEFER_NS);
 			continue;
 		}
 		if (p->cfg.release && !p->zombie_head && !vpmm_small_deferred(p)) {

@@ -29,10 +29,11 @@ enum vpmm_defrag_policy {
 
 #define VPMM_FRONT_ENTRIES_MAX 256 /* most entries of a stream's cache */
 #define VPMM_LOOP_GROWTH_MAX 1000  /* percent */
-/* Rounds in a row (each ends when a caller's mapping does, or after 1 ms)
- * the background thread leaves its unmaps for later while callers map
- * (counter reclaims_deferred); then it unmaps regardless. */
+/* Rounds in a row the background thread leaves its unmaps for later while
+ * callers map (counter reclaims_deferred), each until a caller's mapping
+ * ends or VPMM_RECLAIM_DEFER_NS pass; then it unmaps regardless. */
 #define VPMM_RECLAIM_DEFER_MAX 16
+#define VPMM_RECLAIM_DEFER_NS 1000000
 
 struct vpmm_config {
 	size_t page_size;     /* physical unit; 0 = the driver's granularity */

@@ -3,6 +3,7 @@
  * the start of the next malloc) unmaps it and it becomes a hole. */
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "pool_test.h"
 
@@ -273,25 +274,55 @@ static void release_the_caller(struct pt *t, struct held_malloc *h, pthread_t th
 	PT_FREE(t, h->p, h->s);
 }
 
+/* A pool with the background thread, a zombie whose work is pending, and a
+ * caller held inside a map. */
+static void zombie_beside_a_mapping_caller(struct pt *t, struct held_malloc *h,
+					   pthread_t *th)
+{
+	struct pt_setup su = { .va_pages = 64, .background = true };
+	pt_open(t, &su);
+	CUdeviceptr old;
+	make_zombie(t, vpmm_host_stream_create(t->drv), &old);
+	hold_a_mapping_caller(t, h, th);
+}
+
+static bool unmaps_above(struct pt *t, uint64_t n)
+{
+	return vpmm_host_calls(t->drv, VPMM_OP_UNMAP) > n;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* The driver serialises a caller's maps with the thread's unmaps, so the
- * thread leaves a ready zombie alone while a caller is mapping, and unmaps
- * it once the caller is done. */
+ * thread leaves a ready zombie alone while a caller is mapping (until
+ * VPMM_RECLAIM_DEFER_MAX rounds have passed), and unmaps it once the
+ * caller is done. */
 Test(zombie, background_thread_waits_for_a_caller_mapping)
 {
 	struct pt t;
-	struct pt_setup su = { .va_pages = 64, .background = true };
-	pt_open(&t, &su);
-	CUstream s = vpmm_host_stream_create(t.drv);
-	CUdeviceptr old;
-	make_zombie(&t, s, &old);
 	struct held_malloc h;
 	pthread_t th;
-	hold_a_mapping_caller(&t, &h, &th);
+	zombie_beside_a_mapping_caller(&t, &h, &th);
 
+	unsigned long unmaps = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
 	vpmm_host_complete_all(t.drv); /* the zombie is ready */
 	cr_assert(wait_for(&t, deferred_at_least, 1),
 		  "the thread did not wait for the caller (zombies %llu)",
 		  (unsigned long long)pt_stats(&t).zombies);
+	/* Unmaps first: one seen there came after every round counted. */
+	unsigned long now = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+	struct vpmm_stats st = pt_stats(&t);
+	if (now != unmaps)
+		cr_assert_geq(st.reclaims_deferred, VPMM_RECLAIM_DEFER_MAX,
+			      "unmapped beside a caller's map after %llu rounds",
+			      (unsigned long long)st.reclaims_deferred);
+	else
+		cr_assert_eq(st.zombies, 2 * t.page);
 	release_the_caller(&t, &h, th);
 	cr_assert(wait_for(&t, zombies_at_most, 0),
 		  "the zombie stayed after the caller finished");
@@ -300,31 +331,63 @@ Test(zombie, background_thread_waits_for_a_caller_mapping)
 }
 
 /* A caller that keeps mapping does not keep the zombies forever: after
- * VPMM_RECLAIM_DEFER_MAX rounds the thread unmaps them regardless. */
+ * VPMM_RECLAIM_DEFER_MAX rounds of up to VPMM_RECLAIM_DEFER_NS each, the
+ * thread unmaps them regardless. */
 Test(zombie, background_thread_waits_only_so_long)
 {
 	struct pt t;
-	struct pt_setup su = { .va_pages = 64, .background = true };
-	pt_open(&t, &su);
-	CUstream s = vpmm_host_stream_create(t.drv);
-	CUdeviceptr old;
-	make_zombie(&t, s, &old);
 	struct held_malloc h;
 	pthread_t th;
-	hold_a_mapping_caller(&t, &h, &th);
+	zombie_beside_a_mapping_caller(&t, &h, &th);
 
 	unsigned long unmaps = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+	uint64_t t0 = now_ns();
 	vpmm_host_complete_all(t.drv);
 	cr_assert(wait_for(&t, zombies_at_most, 0),
 		  "the zombie stayed while the caller kept mapping");
+	uint64_t waited = now_ns() - t0;
 	struct vpmm_stats st = pt_stats(&t);
 	cr_assert_geq(st.reclaims_deferred, VPMM_RECLAIM_DEFER_MAX,
 		      "unmapped after %llu rounds of waiting, not %d",
 		      (unsigned long long)st.reclaims_deferred, VPMM_RECLAIM_DEFER_MAX);
+	/* Rounds end early only when a mapping ends, and none did. */
+	cr_assert_geq(waited, (uint64_t)VPMM_RECLAIM_DEFER_MAX * VPMM_RECLAIM_DEFER_NS / 2,
+		      "%d rounds in %llu ns: the thread did not wait in them",
+		      VPMM_RECLAIM_DEFER_MAX, (unsigned long long)waited);
 	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_UNMAP), unmaps + 2,
 		     "the 2 old pages not unmapped one by one");
 	cr_assert(!__atomic_load_n(&h.done, __ATOMIC_ACQUIRE),
 		  "the caller was not held all along");
 	release_the_caller(&t, &h, th);
+	pt_close(&t);
+}
+
+/* A caller that starts mapping while the thread is half way through a
+ * zombie: the unmapped half becomes a hole, the rest stays a zombie, and
+ * the event they shared goes back (vpmm_pool_check counts an event held by
+ * anything but a zombie). */
+Test(zombie, a_zombie_deferred_half_way)
+{
+	struct pt t;
+	struct pt_setup su = { .va_pages = 64, .background = true };
+	pt_open(&t, &su);
+	CUdeviceptr old;
+	make_zombie(&t, vpmm_host_stream_create(t.drv), &old);
+	unsigned long unmaps = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+	vpmm_host_gate(t.drv, VPMM_OP_UNMAP, true);
+	vpmm_host_complete_all(t.drv);
+	cr_assert(wait_for(&t, unmaps_above, unmaps), "the thread never unmapped");
+	struct held_malloc h;
+	pthread_t th;
+	hold_a_mapping_caller(&t, &h, &th); /* while the first unmap waits */
+	vpmm_host_gate(t.drv, VPMM_OP_UNMAP, false);
+	cr_assert(wait_for(&t, deferred_at_least, 1), "the second unmap was not deferred");
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.zombies, t.page, "zombies %llu after half a zombie",
+		     (unsigned long long)st.zombies);
+	PT_CHECK(&t);
+	release_the_caller(&t, &h, th);
+	cr_assert(wait_for(&t, zombies_at_most, 0), "the rest stayed a zombie");
+	PT_CHECK(&t);
 	pt_close(&t);
 }
