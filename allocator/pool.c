@@ -637,6 +637,13 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 	size_t njobs = 0, k = 0;
 	int n = 0;
 
+	/* Not even a look at the events while a caller maps: queries too
+	 * meet its maps in the driver. */
+	if (defer && defer_to_mappers(p)) {
+		p->reclaim_deferrals++;
+		p->st.reclaims_deferred++;
+		return 0;
+	}
 	for (struct region *z = p->zombie_head, *next; z; z = next) {
 		next = z->next;
 		if (!zombie_ready(p, z, wait))

@@ -338,10 +338,10 @@ Test(zombie, background_thread_waits_only_so_long)
 	struct pt t;
 	struct held_malloc h;
 	pthread_t th;
+	uint64_t t0 = now_ns();
 	zombie_beside_a_mapping_caller(&t, &h, &th);
 
 	unsigned long unmaps = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
-	uint64_t t0 = now_ns();
 	vpmm_host_complete_all(t.drv);
 	cr_assert(wait_for(&t, zombies_at_most, 0),
 		  "the zombie stayed while the caller kept mapping");
