@@ -29,7 +29,10 @@ MODES=${MODES:-pluggable}
 # CPUS=LIST pins every run to those CPUs (taskset), the same for every mode.
 # PAIRED=1 (one mode only) runs native and the mode at the same time instead,
 # each on half of the CPUs: the rounds' ratios then compare runs that saw
-# the same host, where runs one after another differ by 10-20 %.
+# the same host, where runs one after another differ by 10-20 %. With two
+# GPUs or more each also gets a GPU of its own (the halves and the GPUs
+# swap every round); with one they share it, and the step is then no
+# longer host-bound.
 PIN=${CPUS:+taskset -c $CPUS}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -65,9 +68,13 @@ for r in $(seq 1 "$ROUNDS"); do
 		# native and the one mode at once, on halves of the CPUs that
 		# swap every round: whatever slows the host slows both
 		half=$(($(nproc) / 2)) a="0-$((half - 1))" b="$half-$((2 * half - 1))"
-		[ $((r % 2)) = 0 ] && { t=$a; a=$b; b=$t; }
-		run_mode native "$r" taskset -c "$a" & pa=$!
-		run_mode "$MODES" "$r" taskset -c "$b" & pb=$!
+		ga=0 gb=0
+		[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && gb=1
+		[ $((r % 2)) = 0 ] && { t=$a; a=$b; b=$t; t=$ga; ga=$gb; gb=$t; }
+		run_mode native "$r" env CUDA_DEVICE_ORDER=PCI_BUS_ID \
+			CUDA_VISIBLE_DEVICES=$ga taskset -c "$a" & pa=$!
+		run_mode "$MODES" "$r" env CUDA_DEVICE_ORDER=PCI_BUS_ID \
+			CUDA_VISIBLE_DEVICES=$gb taskset -c "$b" & pb=$!
 		wait $pa && wait $pb || exit 1
 		continue
 	fi

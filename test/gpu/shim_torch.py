@@ -82,7 +82,12 @@ class NvmlPeak:
     def __init__(self):
         import pynvml
         pynvml.nvmlInit()
-        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        # NVML numbers GPUs by PCI bus, whatever CUDA_VISIBLE_DEVICES says:
+        # the one CUDA calls 0 here is its first entry (with
+        # CUDA_DEVICE_ORDER=PCI_BUS_ID, which gpu-torch-step.sh sets).
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        index = int(first) if first.strip().isdigit() else 0
+        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
         self.base = self.used()
         self.peak, self.stop = 0, False
         self.t = threading.Thread(target=self.run, daemon=True)
