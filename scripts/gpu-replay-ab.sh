@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# gpu-replay-ab.sh — the pool of another revision against this tree's, on
+# the benchmark's replays (cudaMalloc through the shim), alternated round by
+# round beside the CUDA pool, so that both see the same machine. Prints one
+# line per replay, then per workload the medians and how many rounds the
+# tree was faster.
+#
+# The other revision's sources must be in the working tree, since the
+# device machine gets no git history: before the device call,
+#   git archive REV allocator shim | tar -x -C OLD_DIR
+# with OLD_DIR untracked (not ignored), e.g. exp-old/.
+#
+# Environment: OLD (exp-old), ROUNDS (6), WLS (the four large workloads),
+# CUDA_HOME. Needs gcc and python3; the replays need CUDA and NVML.
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OLD=$(cd "${OLD:-$ROOT/exp-old}" && pwd) || exit 1
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+ROUNDS=${ROUNDS:-6}
+WLS=${WLS:-llm_serving training_varlen moe scratch_streams}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+build() { # TREE OUTPUT: the shim of TREE, the source list of this tree's meson files
+	local tree=$1 list
+	list=$(for d in allocator shim; do
+		grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$d/meson.build" | tr -d "'" | sed "s|^|$tree/$d/|"
+	done)
+	mkdir -p "$(dirname "$2")"
+	# shellcheck disable=SC2086
+	gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
+		-I"$tree/allocator" -I"$tree/shim" -I"$CUDA/include" $list \
+		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic \
+		-lpthread -ldl -o "$2"
+}
+build "$OLD" "$W/old/libvpmm.so" || { echo "building $OLD failed"; exit 1; }
+build "$ROOT" "$W/new/libvpmm.so" || { echo "building this tree failed"; exit 1; }
+python3 "$ROOT/bench/workloads.py" --out "$W/wl" >/dev/null || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+replay() { # ALLOC TRACE [LD_PRELOAD]: the RESULT json of one replay
+	env VPMM_SOCKET=off ${3:+LD_PRELOAD=$3} python3 "$ROOT/bench/replay_gpu.py" run \
+		--alloc "$1" --trace "$2" 2>&1 | sed -n 's/^RESULT //p'
+}
+for r in $(seq "$ROUNDS"); do
+	for wl in $WLS; do
+		echo "$r $wl cuda $(replay cuda_pool "$W/wl/$wl.csv")"
+		for v in old new; do
+			echo "$r $wl $v $(replay vpmm_preload "$W/wl/$wl.csv" "$W/$v/libvpmm.so")"
+		done
+	done
+done >"$W/results.txt"
+python3 - "$W/results.txt" <<'PY'
+import collections, json, statistics, sys
+calls = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    r, wl, v, js = line.split(" ", 3)
+    d = json.loads(js) if js.strip() else {}
+    if not d.get("ok"):
+        print("%s %s %s: %s" % (r, wl, v, d.get("error", "no result")))
+        continue
+    s = d.get("pool_stats", {})
+    print("%s %-16s %-4s call %.4f s  peak/live %.4f  created %s remapped %s deferred %s" % (
+        r, wl, v, d["call_s"], d["ratio"] or 0, s.get("handles_created", "-"),
+        s.get("handles_remapped", "-"), s.get("reclaims_deferred", "-")))
+    calls[wl, v].append(d["call_s"])
+for wl in dict.fromkeys(k[0] for k in calls):
+    c, o, n = (calls[wl, v] for v in ("cuda", "old", "new"))
+    if not (c and o and n):
+        continue
+    faster = sum(b < a for a, b in zip(o, n))
+    print("%-16s CUDA pool %.4f s, old %.4f s, new %.4f s: new/old %.3f, faster in %d of %d" % (
+        wl, statistics.median(c), statistics.median(o), statistics.median(n),
+        statistics.median(n) / statistics.median(o), faster, min(len(o), len(n))))
+PY
