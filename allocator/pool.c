@@ -1632,8 +1632,9 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
 }
 
 /* The background reclaimer: unmaps zombies off the callers' threads. While
- * some are pending it polls their events every RECLAIM_POLL_NS; otherwise
- * it sleeps until a defragmentation makes new ones. */
+ * some are pending it polls their events every RECLAIM_POLL_NS, and while a
+ * caller maps it gives way (defer_to_mappers); otherwise it sleeps until a
+ * defragmentation makes new ones. */
 #define RECLAIM_POLL_NS 100000
 #define RELEASE_POLL_NS 10000000
 
