@@ -627,20 +627,21 @@ static bool defer_to_mappers(vpmm_pool *p)
 
 /* Phase 0: unmap the zombies whose events completed (all of them, waiting
  * on the CPU, when `wait`); they become holes. The unmapping runs with the
- * lock dropped. With `defer` (the background thread), it stops before any
- * unmap while a caller maps: the rest stays zombies for the next round.
- * Returns how many ranges were reclaimed. */
-static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
+ * lock dropped. With `gave_way` (the background thread), it stops before
+ * any unmap while a caller maps, leaves the rest zombies for the next round
+ * and says so there. Returns how many ranges were reclaimed. */
+static int reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 {
 	struct region *batch = NULL, **tail = &batch;
 	struct unmap_job *job;
 	size_t njobs = 0, k = 0;
 	int n = 0;
+	bool defer = gave_way != NULL;
 
 	/* Not even a look at the events while a caller maps: queries too
 	 * meet its maps in the driver. */
 	if (defer && defer_to_mappers(p)) {
-		p->reclaim_deferrals++;
+		*gave_way = true;
 		p->st.reclaims_deferred++;
 		return 0;
 	}
@@ -656,11 +657,8 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 			njobs++;
 	}
 	*tail = NULL;
-	if (!batch) {
-		if (defer) /* a round that did not give way */
-			p->reclaim_deferrals = 0;
+	if (!batch)
 		return 0;
-	}
 	job = calloc(njobs ? njobs : 1, sizeof(*job));
 	if (!job) { /* no room to plan: give them back for the next try */
 		for (struct region *z = batch, *next; z; z = next) {
@@ -697,7 +695,7 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool defer)
 	pthread_mutex_lock(&p->lock);
 	p->st.reclaims_deferred += deferred;
 	if (defer)
-		p->reclaim_deferrals = deferred ? p->reclaim_deferrals + 1 : 0;
+		*gave_way = deferred;
 
 	k = 0;
 	for (struct region *z = batch, *next; z; z = next) {
@@ -1657,10 +1655,10 @@ static void *reclaimer_main(void *arg)
 	p->drv->ctx_bind(p->drv, p->ctx);
 	pthread_mutex_lock(&p->lock);
 	while (!p->stopping) {
+		bool gave_way = false;
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
-			reclaim_zombies(p, false, true);
-		else
-			p->reclaim_deferrals = 0;
+			reclaim_zombies(p, false, &gave_way);
+		p->reclaim_deferrals = gave_way ? p->reclaim_deferrals + 1 : 0;
 		if (vpmm_small_deferred(p))
 			vpmm_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;
@@ -2098,7 +2096,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	if (rc)
 		return rc;
 	if (p->zombie_head && !p->reclaimer_running)
-		reclaim_zombies(p, false, false);
+		reclaim_zombies(p, false, NULL);
 	r = place_locked(p, caller, need, &at);
 	if (!r && vpmm_front_flush_locked(p))
 		r = place_locked(p, caller, need, &at);
@@ -2354,7 +2352,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	for (struct stream *s = p->streams; s; s = s->next)
 		poll_stream(p, s);
 	vpmm_small_drain_locked(p);
-	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false, false);
+	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false, NULL);
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }
