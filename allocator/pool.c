@@ -508,6 +508,12 @@ static void mapping_forget(vpmm_pool *p, struct mapping *m)
 	free(m);
 }
 
+/* `bytes` rounded up to whole pages: what the driver maps. */
+static size_t whole_pages(const vpmm_pool *p, size_t bytes)
+{
+	return (bytes + p->page - 1) / p->page * p->page;
+}
+
 /* ---- zombies ------------------------------------------------------------------- */
 
 static void zombie_unlink(vpmm_pool *p, struct region *z)
@@ -755,7 +761,7 @@ static int reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
  * one hole. */
 static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 {
-	min = (min + p->page - 1) / p->page * p->page;
+	min = whole_pages(p, min);
 	size_t size = p->cfg.va_size > min ? p->cfg.va_size : min;
 	CUdeviceptr va;
 	CUresult r;
@@ -1261,7 +1267,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 	}
 	have = adj ? adj->size : adj2 ? adj2->size : 0;
 	lack = need - have;
-	if (*grow && !loop_cap_allows(p, (lack + p->page - 1) / p->page * p->page))
+	if (*grow && !loop_cap_allows(p, whole_pages(p, lack)))
 		*grow = false;
 
 	pl.room = hole->size;
@@ -1270,7 +1276,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 	if (rc)
 		goto out;
 	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
-	shortfall = (shortfall + p->page - 1) / p->page * p->page; /* mapped whole */
+	shortfall = whole_pages(p, shortfall); /* mapped whole */
 	if (shortfall && p->cfg.limit &&
 	    p->st.mapped + p->inflight + shortfall > p->cfg.limit) {
 		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1726,7 +1732,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		p->cfg.handle_size = p->page;
 	if (p->cfg.handle_size % p->page || !p->cfg.va_size)
 		goto fail;
-	p->cfg.va_size = (p->cfg.va_size + p->page - 1) / p->page * p->page;
+	p->cfg.va_size = whole_pages(p, p->cfg.va_size);
 	p->cfg.page_size = p->page;
 	p->grain = p->cfg.grain && p->cfg.grain < p->page ? p->cfg.grain : p->page;
 	if (p->grain < 512 || (p->grain & (p->grain - 1)) || p->page % p->grain)
