@@ -140,6 +140,7 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *o
 		f->n--;
 		f->bytes -= e.size;
 		f->hits++;
+		vpmm_loop_note(&f->loop, size, e.ptr);
 		pthread_mutex_unlock(&f->lock);
 		if (e.r->small)
 			vpmm_small_unpark(p, e.r, e.ptr);
@@ -250,6 +251,11 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s)
 {
 	return p->cfg.front_entries ? flush_one(p, &s->front, s) : 0;
+}
+
+size_t vpmm_front_flush_sync_locked(vpmm_pool *p)
+{
+	return p->cfg.front_entries ? flush_one(p, &p->sync_front, NULL) : 0;
 }
 
 size_t vpmm_front_flush_locked(vpmm_pool *p)

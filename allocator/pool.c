@@ -1746,8 +1746,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	p->access[0] = cfg->device;
 	p->naccess = 1;
 	p->chunks = calloc(VPMM_MAX_CHUNKS, sizeof(*p->chunks));
-	p->loop_prefix = calloc(VPMM_LOOP_RING, sizeof(*p->loop_prefix));
-	if (!p->chunks || !p->loop_prefix) {
+	if (!p->chunks) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -1794,7 +1793,6 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	*out = p;
 	return 0;
 fail:
-	free(p->loop_prefix);
 	free(p->chunks);
 	free(p);
 	return rc;
@@ -1837,6 +1835,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	for (struct stream *s = p->streams, *next; s; s = next) {
 		next = s->next;
 		free(s->small_partial);
+		vpmm_loop_fini(&s->front.loop);
 		pthread_mutex_destroy(&s->front.lock);
 		free(s);
 	}
@@ -1847,8 +1846,8 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		free(ev);
 	}
 	free(p->stream_hash);
-	free(p->loop_prefix);
 	free(p->chunks);
+	vpmm_loop_fini(&p->sync_front.loop);
 	pthread_mutex_destroy(&p->sync_front.lock);
 	pthread_cond_destroy(&p->reclaim_cond);
 	pthread_mutex_destroy(&p->lock);
@@ -2007,77 +2006,48 @@ static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t n
 
 /* ---- loops ------------------------------------------------------------------------ */
 
-#define LOOP_BASE 0x100000001b3ull /* odd: every prefix hash mod 2^64 */
-#define LOOP_MIN_PERIOD 16          /* mallocs; shorter repeats are no step */
-#define LOOP_TIMES 3                /* stretches that must repeat exactly */
-
-/* Every malloc through the lock extends the hash of the sequence of sizes. */
-static void loop_note(vpmm_pool *p, size_t size)
+static struct region *find_region(vpmm_pool *p, CUdeviceptr ptr)
 {
-	uint64_t h = p->loop_prefix[p->loop_n % VPMM_LOOP_RING];
-	p->loop_n++;
-	p->loop_prefix[p->loop_n % VPMM_LOOP_RING] = h * LOOP_BASE + size;
+	struct region probe = {.va = ptr};
+	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
 }
 
-static uint64_t power(uint64_t b, uint64_t e)
+/* Whether this defragmentation for `need` bytes repeats caller's loop
+ * (loop.c), and the pool may grow by what the request lacks instead of
+ * remapping memory the loop scatters again by the next step (about 30 us a
+ * handle every step, against once): only below the live peak (a request
+ * that raises it needs memory the pool never had; growing layer by layer
+ * in a loop repeats too) and within VPMM_LIMIT. Records the
+ * defragmentation either way. */
+static bool loop_repeats(vpmm_pool *p, struct stream *caller, size_t need)
 {
-	uint64_t r = 1;
-	for (; e; e >>= 1, b *= b)
-		if (e & 1)
-			r *= b;
-	return r;
-}
-
-/* Whether the last LOOP_TIMES stretches of `period` mallocs are equal, size
- * for size (by hash). */
-static bool loop_window_repeats(const vpmm_pool *p, uint64_t period)
-{
-	uint64_t n = p->loop_n, bp = power(LOOP_BASE, period);
-	if (period < LOOP_MIN_PERIOD || (LOOP_TIMES + 1) * period >= VPMM_LOOP_RING ||
-	    n < LOOP_TIMES * period)
-		return false;
-	uint64_t last = p->loop_prefix[n % VPMM_LOOP_RING];
-	uint64_t prev = p->loop_prefix[(n - period) % VPMM_LOOP_RING];
-	uint64_t w = last - prev * bp;
-	for (unsigned k = 2; k <= LOOP_TIMES; k++) {
-		uint64_t before = p->loop_prefix[(n - k * period) % VPMM_LOOP_RING];
-		if (prev - before * bp != w)
-			return false;
-		prev = before;
-	}
-	return true;
-}
-
-/* Whether this defragmentation for `need` bytes repeats a loop: the same
- * size needed one `period` mallocs ago, and the last three stretches of
- * `period` mallocs were equal size for size. A training step makes the same
- * calls every step; random traces, and a training loop whose shapes change
- * every step, do not repeat three stretches exactly (two repeated in one of
- * 24 replays of training_varlen, where two iterations drew the same
- * shapes). Such a request grows the pool by what it lacks instead of
- * remapping memory the loop scatters again by the next step
- * (about 30 us a handle every step, against once), while what the pool
- * grew that way stays within loop_growth percent of the rest of it and the
- * request does not raise the live peak (memory the pool never needed
- * before). Records this defragmentation either way. */
-static bool loop_repeats(vpmm_pool *p, size_t need)
-{
-	uint64_t now = p->loop_n;
-	struct loop_slot *e = &p->loop[vpmm_hash_bits(need / p->grain, VPMM_LOOP_SLOT_BITS)];
-	bool periodic = false;
-	if (e->size != need) {
-		memset(e, 0, sizeof(*e));
-		e->size = need;
-	}
-	for (unsigned i = 0; i < VPMM_LOOP_HISTORY && e->at[i] && !periodic; i++)
-		periodic = loop_window_repeats(p, now - e->at[i]);
-	memmove(&e->at[1], &e->at[0], (VPMM_LOOP_HISTORY - 1) * sizeof(e->at[0]));
-	e->at[0] = now;
-	/* Only below the live peak: a request that raises it needs memory
-	 * the pool never had (growing layer by layer in a loop repeats too). */
+	struct front *f = caller ? &caller->front : &p->sync_front;
+	pthread_mutex_lock(&f->lock);
+	bool periodic = vpmm_loop_repeats(&f->loop, need, p->grain);
+	pthread_mutex_unlock(&f->lock);
 	if (!periodic || !p->cfg.loop_growth || p->st.live + need > p->st.live_peak)
 		return false;
 	return !p->cfg.limit || p->st.mapped + p->inflight + need <= p->cfg.limit;
+}
+
+/* The free region usable by caller that holds [x, x + need), if any. The
+ * caller's own cache may hold the allocation that lies there, parked: it
+ * gives it back first (once a request). */
+static struct region *place_at(vpmm_pool *p, struct stream *caller, size_t need,
+			       CUdeviceptr x, bool *flushed)
+{
+	struct region *r = find_region(p, x);
+	if (r && r->kind == R_LIVE && __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE) &&
+	    !*flushed) {
+		*flushed = true;
+		if (caller ? vpmm_front_flush_stream_locked(p, caller)
+			   : vpmm_front_flush_sync_locked(p))
+			r = find_region(p, x);
+	}
+	if (!r || r->kind != R_FREE || (r->stream && r->stream != caller) ||
+	    x + need > r->va + r->size)
+		return NULL;
+	return r;
 }
 
 /* Whether growing `bytes` more for loops keeps within the cap. The cap is
@@ -2094,16 +2064,23 @@ static bool loop_cap_allows(const vpmm_pool *p, size_t bytes)
 
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
-			  struct region **out)
+			  const CUdeviceptr *hint, unsigned nhint, struct region **out)
 {
-	struct region *r;
+	struct region *r = NULL;
 	CUdeviceptr at = 0;
+	bool flushed = false;
 	int rc = reserve_regions(p, 4);
 	if (rc)
 		return rc;
 	if (p->zombie_head && !p->reclaimer_running)
 		reclaim_zombies(p, false, NULL);
-	r = place_locked(p, caller, need, &at);
+	for (unsigned i = 0; i < nhint && !r; i++)
+		if ((r = place_at(p, caller, need, hint[i], &flushed))) {
+			at = hint[i];
+			p->st.loop_hints++;
+		}
+	if (!r)
+		r = place_locked(p, caller, need, &at);
 	if (!r && vpmm_front_flush_locked(p))
 		r = place_locked(p, caller, need, &at);
 	if (!r) {
@@ -2111,7 +2088,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		r = place_locked(p, caller, need, &at);
 	}
 	if (!r) {
-		bool grow = loop_repeats(p, need);
+		bool grow = loop_repeats(p, caller, need);
 		uint64_t created = p->st.pages_created;
 		rc = defrag(p, caller, need, &grow, &r, &at);
 		if (!rc && grow) {
@@ -2229,13 +2206,29 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		rc = -ENOMEM;
 		goto out;
 	}
-	loop_note(p, size);
+	/* The sequence of mallocs (loop.c), and where this one's like went
+	 * a step or more before. */
+	struct front *f = caller ? &caller->front : &p->sync_front;
+	CUdeviceptr hint[VPMM_LOOP_HINTS];
+	unsigned nhint = 0;
+	pthread_mutex_lock(&f->lock);
+	vpmm_loop_init(&f->loop); /* without memory, no loop is seen */
+	uint64_t seq = vpmm_loop_note(&f->loop, size, 0);
+	if (size > vpmm_small_max(p))
+		nhint = vpmm_loop_hints(&f->loop, hint);
+	pthread_mutex_unlock(&f->lock);
 	if (size <= vpmm_small_max(p)) {
 		rc = vpmm_small_malloc_locked(p, caller, size, out);
 	} else {
-		rc = vpmm_pool_take_locked(p, caller, (size + p->grain - 1) / p->grain * p->grain, &r);
+		rc = vpmm_pool_take_locked(p, caller, (size + p->grain - 1) / p->grain * p->grain,
+					   hint, nhint, &r);
 		if (!rc)
 			*out = r->va;
+	}
+	if (!rc) {
+		pthread_mutex_lock(&f->lock);
+		vpmm_loop_placed(&f->loop, seq, *out);
+		pthread_mutex_unlock(&f->lock);
 	}
 	if (!rc)
 		p->st.mallocs++;
@@ -2244,12 +2237,6 @@ out:
 		p->st.failures++;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
-}
-
-static struct region *find_region(vpmm_pool *p, CUdeviceptr ptr)
-{
-	struct region probe = {.va = ptr};
-	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
 }
 
 int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
@@ -2327,6 +2314,9 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 		if (s->fifo_tail && s->fifo_tail->epoch == s->epoch)
 			rc = close_epoch(p, s, NULL);
 		s->dead = true;
+		pthread_mutex_lock(&s->front.lock);
+		vpmm_loop_fini(&s->front.loop);
+		pthread_mutex_unlock(&s->front.lock);
 		*link = s->hash_next;
 		s->hash_next = NULL;
 		if (p->last_stream == s)

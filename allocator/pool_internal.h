@@ -19,10 +19,12 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_FRONT_BUCKET_BITS 6 /* its chains by rounded size (front.c) */
 #define VPMM_FRONT_BUCKETS (1u << VPMM_FRONT_BUCKET_BITS)
 #define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
-#define VPMM_LOOP_SLOT_BITS 6 /* request sizes remembered by loop_repeats() */
+#define VPMM_LOOP_SLOT_BITS 6 /* request sizes remembered by vpmm_loop_repeats() */
 #define VPMM_LOOP_SLOTS (1u << VPMM_LOOP_SLOT_BITS)
 #define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
 #define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept */
+#define VPMM_LOOP_TIMES 3    /* stretches of a period that must repeat exactly */
+#define VPMM_LOOP_HINTS 2    /* steps back a malloc's place is looked up (loop.c) */
 
 /* The top `bits` bits of x times 2^64 / phi: one index into a table of
  * 2^bits for keys that differ in any bits (streams, sizes). 0 < bits < 64. */
@@ -55,6 +57,22 @@ struct fentry { /* an allocation parked in a stream's cache */
 /* A stream's cache of parked allocations (front.c). Entries of one rounded
  * size sit in one chain, newest first, so a lookup reads a chain of a few
  * entries whatever the cache holds. Zeroed memory is an empty cache. */
+/* One stream's sequence of mallocs (loop.c), every one counted: those the
+ * cache serves and those through the pool lock. Guarded by the lock of the
+ * front that holds it. */
+struct vpmm_loop {
+	uint64_t n;       /* mallocs noted */
+	uint64_t period;  /* the last period a defragmentation repeated; 0: none */
+	uint64_t *prefix; /* [i % VPMM_LOOP_RING]: hash of sizes 0..i-1; NULL
+			   * until the stream's first malloc through the lock */
+	CUdeviceptr *at;  /* [i % VPMM_LOOP_RING]: where malloc i went; 0: unknown */
+	struct loop_slot {
+		size_t size;
+		uint64_t at[VPMM_LOOP_HISTORY]; /* mallocs noted when this size
+						 * defragmented, newest first; 0: unused */
+	} slot[VPMM_LOOP_SLOTS];
+};
+
 struct front {
 	pthread_mutex_t lock; /* guards this struct; taken after the pool lock */
 	unsigned n;           /* entries in the chains */
@@ -64,6 +82,7 @@ struct front {
 	uint16_t unused;      /* slot + 1 of the first slot freed by a hit */
 	uint16_t touched;     /* slots [0, touched) were used since the flush */
 	struct fentry e[VPMM_FRONT_MAX];
+	struct vpmm_loop loop;
 };
 
 /* Every entry `ep` of front `f`, chain by chain (front lock held). Slots
@@ -185,17 +204,7 @@ struct vpmm_pool {
 			   * defer_to_mappers) */
 	unsigned reclaim_deferrals; /* rounds in a row it did so; written by
 				     * the thread only, under the lock */
-	/* Loops (pool.c, loop_repeats()): where each request size last needed
-	 * a defragmentation, counted in mallocs through the lock, and a hash
-	 * of every prefix of those mallocs' sizes (a ring of VPMM_LOOP_RING),
-	 * so that two stretches of the sequence compare in O(log n). */
-	struct loop_slot {
-		size_t size;
-		uint64_t at[VPMM_LOOP_HISTORY]; /* newest first; 0: unused */
-	} loop[VPMM_LOOP_SLOTS];
-	uint64_t *loop_prefix; /* [n % VPMM_LOOP_RING]: hash of sizes 0..n-1 */
-	uint64_t loop_n;       /* mallocs hashed */
-	uint64_t loop_grown;   /* bytes created instead of remapping, for the cap */
+	uint64_t loop_grown; /* bytes created instead of remapping, for the cap */
 
 	/* Devices granted access to every mapped page: [0] is cfg.device, then
 	 * peers (vpmm_pool_grant). A defragmentation copies the list before
@@ -217,7 +226,7 @@ void vpmm_pool_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
 
 /* pool.c, for small.c: whole pages in and out, events; lock held. */
 int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
-			  struct region **out);
+			  const CUdeviceptr *hint, unsigned nhint, struct region **out);
 void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 			   uint64_t epoch);
 int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
@@ -239,9 +248,24 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);
 int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
 size_t vpmm_front_flush_locked(vpmm_pool *p);
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
+size_t vpmm_front_flush_sync_locked(vpmm_pool *p);
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks);
 size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log);
+
+/* loop.c: a stream's sequence of mallocs; the front's lock held. */
+int vpmm_loop_init(struct vpmm_loop *l);
+void vpmm_loop_fini(struct vpmm_loop *l);
+/* Count one malloc of `size` (as requested) that went to `at` (0: not yet
+ * known); returns its index for vpmm_loop_placed(). */
+uint64_t vpmm_loop_note(struct vpmm_loop *l, size_t size, CUdeviceptr at);
+void vpmm_loop_placed(struct vpmm_loop *l, uint64_t i, CUdeviceptr at);
+/* Where the malloc noted last went one, ... VPMM_LOOP_HINTS periods
+ * before, while the sequence repeats; returns how many. */
+unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at);
+/* Records that `need` bytes needed a defragmentation now; whether the same
+ * size did one period ago and the sequence repeats that period. */
+bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain);
 
 /* small.c: allocations of at most vpmm_small_max() bytes, carved from pool
  * pages in size classes. Lock held. */

@@ -205,7 +205,7 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	if (!sl)
 		return -ENOMEM;
 	memset(sl, 0, bytes);
-	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], &r);
+	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], NULL, 0, &r);
 	if (rc) {
 		free(sl);
 		return rc;

@@ -182,6 +182,7 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(failures, "failed allocations")                                     \
 	X(defrags, "allocations that remapped or grew")                       \
 	X(loop_growths, "of them, a repeating loop's, grown instead of remapped") \
+	X(loop_hints, "mallocs placed where the same malloc went a step before") \
 	X(pages_created, "pages of physical memory created")                  \
 	X(pages_remapped, "pages moved to a new address")                     \
 	X(handles_remapped, "physical handles moved to a new address")        \

@@ -214,3 +214,87 @@ Test(loop, the_cap_counts_what_is_created)
 		      (unsigned long long)s.mapped, (unsigned long long)mapped);
 	pt_close(&t);
 }
+
+/* step() with one more request of 3 pages (A), taken before the step's big
+ * request; returns where A went. */
+static CUdeviceptr step_with_a(struct pt *t)
+{
+	CUdeviceptr x[PAGES], a, y;
+	for (int i = 0; i < PAGES; i++)
+		x[i] = PT_MALLOC(t, 1, VPMM_NO_STREAM);
+	for (int i = 1; i < PAGES; i += 2)
+		PT_FREE(t, x[i], VPMM_NO_STREAM);
+	a = PT_MALLOC(t, 3, VPMM_NO_STREAM);
+	y = PT_MALLOC(t, PAGES / 2, VPMM_NO_STREAM);
+	for (int i = 0; i < PAGES; i += 2)
+		PT_FREE(t, x[i], VPMM_NO_STREAM);
+	PT_FREE(t, a, VPMM_NO_STREAM);
+	PT_FREE(t, y, VPMM_NO_STREAM);
+	return a;
+}
+
+/* Once the loop is seen, a malloc goes where the same malloc went a step
+ * before, if that memory is free, even where best fit would choose other
+ * memory: here a region of exactly A's size, freed between two steps (a
+ * free is no malloc: the sequence still repeats). Placing by best fit there
+ * is what lets a step's tensors take each other's places, so that a large
+ * one finds no room and memory is regathered every step. With the cache
+ * on, as the shim has it: its hits count in the sequence too. */
+/* The loop run 8 times over a pool that holds a region of exactly A's size
+ * (the bait), then the bait freed; returns where A went in the last step. */
+static CUdeviceptr looped(struct pt *t, unsigned front_entries, CUdeviceptr *bait)
+{
+	struct pt_setup su = {.va_pages = 4096, .front_entries = front_entries};
+	CUdeviceptr a = 0;
+	pt_open(t, &su);
+	PT_MALLOC(t, 64, VPMM_NO_STREAM);
+	*bait = PT_MALLOC(t, 3, VPMM_NO_STREAM);
+	PT_MALLOC(t, 1, VPMM_NO_STREAM); /* keeps the bait's free range apart */
+	for (int i = 0; i < 8; i++)
+		a = step_with_a(t);
+	cr_assert_geq(pt_stats(t).loop_growths, 1, "the loop was not seen");
+	cr_assert_neq(a, *bait);
+	PT_FREE(t, *bait, VPMM_NO_STREAM);
+	pt_settle(t);
+	vpmm_pool_trim(t->pool, SIZE_MAX); /* flushes the caches; gives nothing back */
+	return a;
+}
+
+/* Once the loop is seen, a malloc goes where the same malloc went a step
+ * before, if that memory is free, even where best fit would choose other
+ * memory: here the bait, freed between two steps (a free is no malloc: the
+ * sequence still repeats). Placing by best fit there is what lets a step's
+ * tensors take each other's places, so that a large one finds no room and
+ * memory is regathered every step. With the cache on, as the shim has it,
+ * its hits count in the sequence too. */
+static void same_place(unsigned front_entries)
+{
+	struct pt t;
+	CUdeviceptr bait, a = looped(&t, front_entries, &bait);
+	uint64_t hints = pt_stats(&t).loop_hints;
+	CUdeviceptr again = step_with_a(&t);
+	cr_assert_eq(again, a, "A went to %#llx, not %#llx where it went a step before "
+		     "(the bait is %#llx)", (unsigned long long)again,
+		     (unsigned long long)a, (unsigned long long)bait);
+	cr_assert_gt(pt_stats(&t).loop_hints, hints);
+	PT_CHECK(&t);
+	pt_close(&t);
+	/* The same pool, and a request of A's size out of the loop's order:
+	 * best fit takes the bait. */
+	looped(&t, front_entries, &bait);
+	hints = pt_stats(&t).loop_hints;
+	cr_assert_eq(PT_MALLOC(&t, 3, VPMM_NO_STREAM), bait,
+		     "best fit did not take the bait: the test shows nothing");
+	cr_assert_eq(pt_stats(&t).loop_hints, hints);
+	pt_close(&t);
+}
+
+Test(loop, a_malloc_goes_where_it_went_a_step_before)
+{
+	same_place(0);
+}
+
+Test(loop, a_malloc_goes_where_it_went_through_the_cache)
+{
+	same_place(16);
+}

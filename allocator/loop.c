@@ -1,0 +1,151 @@
+/* loop.c — a stream's sequence of mallocs, to see a training loop repeat.
+ *
+ * A training step makes the same mallocs in the same order every step. Two
+ * rules in pool.c use that: a defragmentation that repeats a loop grows the
+ * pool instead (vpmm_loop_repeats), and a malloc is placed where the same
+ * malloc went one, two or three steps before, when that memory is free
+ * (vpmm_loop_hints). The first stops the pool from regathering memory for
+ * the same tensor every step; the second stops the other tensors from
+ * taking that memory before the tensor comes.
+ *
+ * What is kept: every malloc of the stream extends a polynomial hash of the
+ * sequence of requested sizes, and the hash of every prefix of the last
+ * VPMM_LOOP_RING mallocs is kept, so two stretches compare in O(log n)
+ * (the size of malloc i is prefix[i + 1] - prefix[i] * BASE). Beside it, the
+ * address each malloc got. Mallocs the stream's cache serves are counted as
+ * well as those through the pool lock: which of them the cache serves
+ * changes from step to step (a flush empties it), so counting only the
+ * others hid most loops (docs/design.md, "Loops").
+ *
+ * Per stream, under the front's lock that the cache's fast path holds
+ * anyway: threads on their own streams share nothing. 128 KiB a stream,
+ * taken at its first malloc through the pool lock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool_internal.h"
+
+#define BASE 0x100000001b3ull /* odd: multiplying by it loses nothing mod 2^64 */
+#define MIN_PERIOD 16         /* mallocs; shorter repeats are no step */
+
+int vpmm_loop_init(struct vpmm_loop *l)
+{
+	if (l->prefix)
+		return 0;
+	l->prefix = calloc(VPMM_LOOP_RING, sizeof(*l->prefix));
+	l->at = calloc(VPMM_LOOP_RING, sizeof(*l->at));
+	if (l->prefix && l->at)
+		return 0;
+	vpmm_loop_fini(l);
+	return -ENOMEM;
+}
+
+void vpmm_loop_fini(struct vpmm_loop *l)
+{
+	free(l->prefix);
+	free(l->at);
+	memset(l, 0, sizeof(*l));
+}
+
+uint64_t vpmm_loop_note(struct vpmm_loop *l, size_t size, CUdeviceptr at)
+{
+	uint64_t i = l->n++;
+	if (l->prefix) {
+		l->prefix[l->n % VPMM_LOOP_RING] = l->prefix[i % VPMM_LOOP_RING] * BASE + size;
+		l->at[i % VPMM_LOOP_RING] = at;
+	}
+	return i;
+}
+
+void vpmm_loop_placed(struct vpmm_loop *l, uint64_t i, CUdeviceptr at)
+{
+	if (l->prefix && l->n - i < VPMM_LOOP_RING)
+		l->at[i % VPMM_LOOP_RING] = at;
+}
+
+static uint64_t power(uint64_t b, uint64_t e)
+{
+	uint64_t r = 1;
+	for (; e; e >>= 1, b *= b)
+		if (e & 1)
+			r *= b;
+	return r;
+}
+
+static uint64_t prefix(const struct vpmm_loop *l, uint64_t i)
+{
+	return l->prefix[i % VPMM_LOOP_RING];
+}
+
+/* Whether the last VPMM_LOOP_TIMES stretches of `period` mallocs are
+ * equal, size for size (by hash). */
+static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
+{
+	uint64_t n = l->n, bp = power(BASE, period);
+	if (!l->prefix || period < MIN_PERIOD ||
+	    (VPMM_LOOP_TIMES + 1) * period >= VPMM_LOOP_RING || n < VPMM_LOOP_TIMES * period)
+		return false;
+	uint64_t prev = prefix(l, n - period), w = prefix(l, n) - prev * bp;
+	for (unsigned k = 2; k <= VPMM_LOOP_TIMES; k++) {
+		uint64_t before = prefix(l, n - k * period);
+		if (prev - before * bp != w)
+			return false;
+		prev = before;
+	}
+	return true;
+}
+
+/* The last three stretches equal means the malloc noted last had the same
+ * size one, two and three periods before; the sizes are compared anyway,
+ * against a collision of hashes. Three periods back, not one: a tensor of
+ * one step may live into the next (gradients, an optimizer's buffers), so
+ * its place of one step ago is still taken, but not its place of two. */
+unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
+{
+	uint64_t i = l->n - 1, per = l->period;
+	unsigned n = 0;
+	if (!l->n || !window_repeats(l, per))
+		return 0;
+	uint64_t size = prefix(l, i + 1) - prefix(l, i) * BASE;
+	for (unsigned k = 1; k <= VPMM_LOOP_HINTS; k++) {
+		uint64_t j = i - k * per;
+		if (k * per > i)
+			break;
+		if (prefix(l, j + 1) - prefix(l, j) * BASE == size && l->at[j % VPMM_LOOP_RING])
+			at[n++] = l->at[j % VPMM_LOOP_RING];
+	}
+	return n;
+}
+
+/* A training step makes the same calls every step; random traces, and a
+ * training loop whose shapes change every step, do not repeat three
+ * stretches exactly (two repeated in one of 24 replays of training_varlen,
+ * where two iterations drew the same shapes).
+ *
+ * The period kept for hints is the longest one seen that still repeats: a
+ * step's layers repeat within it (30 mallocs a layer in the PyTorch step's
+ * trace, against 553 a step), and a layer's place one layer ago is still
+ * live, since its activations wait for the backward pass. A multiple of
+ * the period kept does not replace it. */
+bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
+{
+	struct loop_slot *e = &l->slot[vpmm_hash_bits(need / grain, VPMM_LOOP_SLOT_BITS)];
+	uint64_t longest = 0;
+	if (e->size != need) {
+		memset(e, 0, sizeof(*e));
+		e->size = need;
+	}
+	for (unsigned i = 0; i < VPMM_LOOP_HISTORY && e->at[i]; i++) {
+		uint64_t d = l->n - e->at[i];
+		if (d > longest && window_repeats(l, d))
+			longest = d;
+	}
+	if (longest && !(l->period && longest % l->period == 0 && window_repeats(l, l->period)) &&
+	    (longest > l->period || !window_repeats(l, l->period)))
+		l->period = longest;
+	memmove(&e->at[1], &e->at[0], (VPMM_LOOP_HISTORY - 1) * sizeof(e->at[0]));
+	e->at[0] = l->n;
+	return longest != 0;
+}

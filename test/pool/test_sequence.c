@@ -1,0 +1,129 @@
+/* loop.c: a stream's sequence of mallocs, on its own. Which period it keeps
+ * for hints (the longest that still repeats, where a step's layers repeat
+ * inside the step), the places it gives (one and two steps back, only while
+ * the sequence repeats), and what it does without its memory. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+#include "pool_internal.h"
+
+#define GRAIN 65536
+#define LAYERS 4
+#define LAYER 16                 /* mallocs a layer: the shortest period seen */
+#define STEP (LAYERS * LAYER + 3) /* a step: the layers, then 3 of its own */
+
+/* The size of malloc i of a training-like loop: each layer makes the same
+ * five mallocs, and the step ends with three the layers do not make. */
+static size_t size_at(uint64_t i)
+{
+	uint64_t k = i % STEP;
+	if (k >= LAYERS * LAYER)
+		return (100 + k) * GRAIN;
+	return (1 + k % LAYER) * GRAIN;
+}
+
+/* Notes mallocs [from, to) of the loop, each at an address of its own. */
+static void run(struct vpmm_loop *l, uint64_t from, uint64_t to)
+{
+	for (uint64_t i = from; i < to; i++)
+		cr_assert_eq(vpmm_loop_note(l, size_at(i), 0x10000000 + i * GRAIN), i);
+}
+
+/* Notes mallocs up to offset `off` of the step after the current one. */
+static void run_to(struct vpmm_loop *l, uint64_t off)
+{
+	run(l, l->n, (l->n / STEP + 1) * STEP + off);
+}
+
+/* Records a defragmentation for the malloc noted last. */
+static bool defrag_last(struct vpmm_loop *l)
+{
+	return vpmm_loop_repeats(l, size_at(l->n - 1), GRAIN);
+}
+
+Test(sequence, the_step_not_the_layer)
+{
+	struct vpmm_loop l = {0};
+	CUdeviceptr at[VPMM_LOOP_HINTS];
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	/* A layer's request defragments in two layers running: the window of
+	 * one layer repeats three times (3 layers behind), the layer's period
+	 * is all there is to keep yet. */
+	run(&l, 0, 3 * STEP);
+	run_to(&l, 2 * LAYER + 1);
+	cr_assert_not(defrag_last(&l), "nothing to repeat yet");
+	run(&l, l.n, l.n + LAYER);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, LAYER);
+	/* The step's own request defragments in two steps running: the step's
+	 * period replaces the layer's. */
+	run_to(&l, STEP - 1);
+	cr_assert_not(defrag_last(&l));
+	run(&l, l.n, l.n + STEP);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP);
+	/* A layer repeating again keeps the step's. */
+	run_to(&l, 2 * LAYER + 1);
+	defrag_last(&l);
+	run(&l, l.n, l.n + LAYER);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP, "the layer's period replaced the step's");
+	/* The places: one and two steps back. */
+	uint64_t i = l.n;
+	run(&l, i, i + 1);
+	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	cr_assert_eq(at[0], 0x10000000 + (i - STEP) * GRAIN);
+	cr_assert_eq(at[1], 0x10000000 + (i - 2 * STEP) * GRAIN);
+	/* Where a malloc went, once placed (vpmm_loop_placed). */
+	vpmm_loop_placed(&l, i, 0x7000000);
+	run(&l, i + 1, i + STEP + 1);
+	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	cr_assert_eq(at[0], 0x7000000);
+	vpmm_loop_fini(&l);
+}
+
+/* Once the sequence stops repeating, no places are given, whatever the
+ * period kept; they come back three steps after it repeats again. */
+Test(sequence, no_places_while_it_does_not_repeat)
+{
+	struct vpmm_loop l = {0};
+	CUdeviceptr at[VPMM_LOOP_HINTS];
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	run(&l, 0, 4 * STEP - 1);
+	cr_assert_not(defrag_last(&l));
+	run(&l, l.n, 5 * STEP - 1);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP);
+	run(&l, l.n, l.n + 1);
+	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	/* One malloc out of order, then the loop again from one layer
+	 * further on: where a layer's size matches the size one step back,
+	 * the sequence still does not repeat. */
+	vpmm_loop_note(&l, 12345 * GRAIN, 0x1000);
+	cr_assert_eq(vpmm_loop_hints(&l, at), 0);
+	uint64_t from = l.n;
+	for (uint64_t i = from; i < from + 3 * STEP - 1; i++) {
+		vpmm_loop_note(&l, size_at(i + LAYER), 0x10000000 + i * GRAIN);
+		cr_assert_eq(vpmm_loop_hints(&l, at), 0, "a place %llu mallocs after the break",
+			     (unsigned long long)(i - from + 1));
+	}
+	vpmm_loop_note(&l, size_at(from + 3 * STEP - 1 + LAYER), 0);
+	cr_assert_eq(vpmm_loop_hints(&l, at), 2, "no places three steps after the break");
+	vpmm_loop_fini(&l);
+}
+
+/* Without its rings (no memory at the stream's first malloc) the sequence
+ * still counts, and sees nothing. */
+Test(sequence, without_memory_nothing_is_seen)
+{
+	struct vpmm_loop l = {0};
+	CUdeviceptr at[VPMM_LOOP_HINTS];
+	run(&l, 0, 10 * STEP);
+	cr_assert_eq(l.n, 10 * STEP);
+	cr_assert_not(defrag_last(&l));
+	run(&l, l.n, l.n + STEP);
+	cr_assert_not(defrag_last(&l));
+	cr_assert_eq(vpmm_loop_hints(&l, at), 0);
+	vpmm_loop_placed(&l, 3, 0x1000);
+	vpmm_loop_fini(&l);
+}
