@@ -1664,14 +1664,22 @@ static void *reclaimer_main(void *arg)
 		bool gave_way = false;
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
 			reclaim_zombies(p, false, &gave_way);
-		p->reclaim_deferrals = gave_way ? p->reclaim_deferrals + 1 : 0;
 		if (vpmm_small_deferred(p))
 			vpmm_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;
 		if (p->cfg.release)
 			vpmm_front_counts_locked(p, &parked, &hits, &parks);
-		if (p->cfg.release && p->st.reusable + parked > p->cfg.release_threshold)
-			trim_locked(p, p->cfg.release_threshold);
+		if (p->cfg.release && p->st.reusable + parked > p->cfg.release_threshold) {
+			/* A trim unmaps too: it waits for a caller's maps as
+			 * the zombies do. */
+			if (!gave_way && defer_to_mappers(p)) {
+				gave_way = true;
+				p->st.reclaims_deferred++;
+			} else if (!gave_way) {
+				trim_locked(p, p->cfg.release_threshold);
+			}
+		}
+		p->reclaim_deferrals = gave_way ? p->reclaim_deferrals + 1 : 0;
 		if (p->stopping)
 			break;
 		if (p->reclaim_deferrals &&

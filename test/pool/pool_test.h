@@ -47,6 +47,8 @@ struct pt_setup {
 	unsigned growth_split; /* with handle_pages (0: the default) */
 	bool no_loop_growth;  /* a repeating loop's defragmentations remap */
 	bool background;      /* a thread of the pool unmaps zombies */
+	bool release;         /* the thread also trims free memory past */
+	size_t release_pages; /* this many pages (VPMM_RELEASE_THRESHOLD) */
 };
 
 /* The pool must hold after every operation: a macro so the failure names
@@ -107,6 +109,10 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 		cfg.loop_growth = 0;
 	if (s->background)
 		cfg.background = true;
+	if (s->release) {
+		cfg.release = true;
+		cfg.release_threshold = s->release_pages * cfg.page_size;
+	}
 	if (!s->keep_event_interval)
 		cfg.event_interval_ns = s->event_interval_ns;
 	int rc = vpmm_pool_create(&cfg, t->drv, &t->pool);

@@ -256,6 +256,11 @@ static bool zombies_at_most(struct pt *t, uint64_t n)
 	return pt_stats(t).zombies <= n;
 }
 
+static bool released_at_least(struct pt *t, uint64_t pages)
+{
+	return pt_stats(t).pages_released >= pages;
+}
+
 /* A growth on its own stream, held inside its first map. */
 static void hold_a_mapping_caller(struct pt *t, struct held_malloc *h, pthread_t *th)
 {
@@ -359,6 +364,40 @@ Test(zombie, background_thread_waits_only_so_long)
 	cr_assert(!__atomic_load_n(&h.done, __ATOMIC_ACQUIRE),
 		  "the caller was not held all along");
 	release_the_caller(&t, &h, th);
+	pt_close(&t);
+}
+
+/* With VPMM_RELEASE_THRESHOLD the thread also unmaps free memory past the
+ * threshold (a trim), and that waits for a caller's maps as the zombies'
+ * unmaps do: here 8 pages freed on a stream while a growth on another is
+ * held in its map. Once the caller is done, the trim runs. */
+Test(zombie, a_trim_waits_for_a_caller_mapping)
+{
+	struct pt t;
+	struct held_malloc h;
+	pthread_t th;
+	struct pt_setup su = { .va_pages = 64, .background = true, .release = true };
+	pt_open(&t, &su);
+	CUstream s1 = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 8, s1);
+	hold_a_mapping_caller(&t, &h, &th);
+	unsigned long unmaps = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+	uint64_t deferred = pt_stats(&t).reclaims_deferred;
+	PT_FREE(&t, a, s1);
+	vpmm_host_complete_all(t.drv); /* the freed pages may go */
+	cr_assert(wait_for(&t, deferred_at_least, deferred + 1),
+		  "the thread did not wait for the caller (reusable %llu)",
+		  (unsigned long long)pt_stats(&t).reusable);
+	unsigned long now = vpmm_host_calls(t.drv, VPMM_OP_UNMAP);
+	struct vpmm_stats st = pt_stats(&t);
+	if (now != unmaps)
+		cr_assert_geq(st.reclaims_deferred, deferred + VPMM_RECLAIM_DEFER_MAX,
+			      "trimmed beside a caller's map after %llu rounds",
+			      (unsigned long long)(st.reclaims_deferred - deferred));
+	else
+		cr_assert_eq(st.pages_released, 0);
+	release_the_caller(&t, &h, th);
+	cr_assert(wait_for(&t, released_at_least, 8), "no trim after the caller finished");
 	pt_close(&t);
 }
 
