@@ -30,16 +30,28 @@
 #define BASE 0x100000001b3ull /* odd: multiplying by it loses nothing mod 2^64 */
 #define MIN_PERIOD 16         /* mallocs; shorter repeats are no step */
 
+/* Without memory for the rings the stream's loops go unseen; the count
+ * goes on, and the rings are asked for again a ring's worth of mallocs
+ * later rather than on every malloc. */
 int vpmm_loop_init(struct vpmm_loop *l)
 {
-	if (l->prefix)
-		return 0;
-	l->prefix = calloc(VPMM_LOOP_RING, sizeof(*l->prefix));
-	l->at = calloc(VPMM_LOOP_RING, sizeof(*l->at));
-	if (l->prefix && l->at)
-		return 0;
-	vpmm_loop_fini(l);
-	return -ENOMEM;
+	if (l->prefix || l->n < l->retry)
+		return l->prefix ? 0 : -ENOMEM;
+	uint64_t *prefix = calloc(VPMM_LOOP_RING, sizeof(*prefix));
+	CUdeviceptr *at = calloc(VPMM_LOOP_RING, sizeof(*at));
+	if (!prefix || !at) {
+		free(prefix);
+		free(at);
+		l->retry = l->n + VPMM_LOOP_RING;
+		return -ENOMEM;
+	}
+	/* What was counted before has no hashes: a fresh start. */
+	memset(l->slot, 0, sizeof(l->slot));
+	l->period = 0;
+	l->start = l->n;
+	l->prefix = prefix;
+	l->at = at;
+	return 0;
 }
 
 void vpmm_loop_fini(struct vpmm_loop *l)
@@ -85,7 +97,8 @@ static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
 {
 	uint64_t n = l->n, bp = power(BASE, period);
 	if (!l->prefix || period < MIN_PERIOD ||
-	    (VPMM_LOOP_TIMES + 1) * period >= VPMM_LOOP_RING || n < VPMM_LOOP_TIMES * period)
+	    (VPMM_LOOP_TIMES + 1) * period >= VPMM_LOOP_RING ||
+	    n - l->start < VPMM_LOOP_TIMES * period)
 		return false;
 	uint64_t prev = prefix(l, n - period), w = prefix(l, n) - prev * bp;
 	for (unsigned k = 2; k <= VPMM_LOOP_TIMES; k++) {
@@ -98,25 +111,34 @@ static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
 }
 
 /* The last three stretches equal means the malloc noted last had the same
- * size one, two and three periods before; the sizes are compared anyway,
- * against a collision of hashes. Three periods back, not one: a tensor of
- * one step may live into the next (gradients, an optimizer's buffers), so
- * its place of one step ago is still taken, but not its place of two. */
+ * size one and two periods before; the sizes are compared anyway, against
+ * a collision of hashes. Two periods back, not only one: a tensor of one
+ * step may live into the next, so its place of one step ago is still
+ * taken, but not its place of two. */
 unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
 {
 	uint64_t i = l->n - 1, per = l->period;
 	unsigned n = 0;
 	if (!l->n || !window_repeats(l, per))
 		return 0;
+	/* window_repeats() holds n >= VPMM_LOOP_TIMES periods in the ring. */
 	uint64_t size = prefix(l, i + 1) - prefix(l, i) * BASE;
 	for (unsigned k = 1; k <= VPMM_LOOP_HINTS; k++) {
 		uint64_t j = i - k * per;
-		if (k * per > i)
-			break;
 		if (prefix(l, j + 1) - prefix(l, j) * BASE == size && l->at[j % VPMM_LOOP_RING])
 			at[n++] = l->at[j % VPMM_LOOP_RING];
 	}
 	return n;
+}
+
+/* Whether the last `span` mallocs repeat with `period` (span > period,
+ * span < VPMM_LOOP_RING): the stretch [n - span, n - period) equals the
+ * one `period` later, by hash. */
+static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t span)
+{
+	uint64_t n = l->n, b = power(BASE, span - period);
+	return prefix(l, n - period) - prefix(l, n - span) * b ==
+	       prefix(l, n) - prefix(l, n - span + period) * b;
 }
 
 /* A training step makes the same calls every step; random traces, and a
@@ -127,12 +149,14 @@ unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
  * The period kept for hints is the longest one seen that still repeats: a
  * step's layers repeat within it (30 mallocs a layer in the PyTorch step's
  * trace, against 553 a step), and a layer's place one layer ago is still
- * live, since its activations wait for the backward pass. A multiple of
- * the period kept does not replace it. */
+ * live, since its activations wait for the backward pass. But a multiple
+ * of the period kept, over which the kept one still repeats (two steps,
+ * three), does not replace it: places two steps back would be offered
+ * first. */
 bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
 {
 	struct loop_slot *e = &l->slot[vpmm_hash_bits(need / grain, VPMM_LOOP_SLOT_BITS)];
-	uint64_t longest = 0;
+	uint64_t longest = 0, kept = l->period;
 	if (e->size != need) {
 		memset(e, 0, sizeof(*e));
 		e->size = need;
@@ -142,9 +166,13 @@ bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
 		if (d > longest && window_repeats(l, d))
 			longest = d;
 	}
-	if (longest && !(l->period && longest % l->period == 0 && window_repeats(l, l->period)) &&
-	    (longest > l->period || !window_repeats(l, l->period)))
-		l->period = longest;
+	if (longest && longest != kept) {
+		bool kept_repeats = window_repeats(l, kept);
+		if (!kept_repeats ||
+		    (longest > kept &&
+		     !(longest % kept == 0 && periodic_over(l, kept, VPMM_LOOP_TIMES * longest))))
+			l->period = longest;
+	}
 	memmove(&e->at[1], &e->at[0], (VPMM_LOOP_HISTORY - 1) * sizeof(e->at[0]));
 	e->at[0] = l->n;
 	return longest != 0;

@@ -2052,7 +2052,7 @@ static struct region *place_at(vpmm_pool *p, struct stream *caller, size_t need,
 {
 	struct region *r = find_region(p, x);
 	if (r && r->kind == R_LIVE && __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE) &&
-	    !*flushed) {
+	    !*flushed && vpmm_front_holds_locked(p, caller, r)) {
 		*flushed = true;
 		if (caller ? vpmm_front_flush_stream_locked(p, caller)
 			   : vpmm_front_flush_sync_locked(p))

@@ -54,15 +54,16 @@ struct fentry { /* an allocation parked in a stream's cache */
 			 * next unused slot; 0 ends either list */
 };
 
-/* A stream's cache of parked allocations (front.c). Entries of one rounded
- * size sit in one chain, newest first, so a lookup reads a chain of a few
- * entries whatever the cache holds. Zeroed memory is an empty cache. */
 /* One stream's sequence of mallocs (loop.c), every one counted: those the
  * cache serves and those through the pool lock. Guarded by the lock of the
  * front that holds it. */
 struct vpmm_loop {
 	uint64_t n;       /* mallocs noted */
-	uint64_t period;  /* the last period a defragmentation repeated; 0: none */
+	uint64_t period;  /* the period places are offered for: the longest a
+			   * defragmentation found repeating (vpmm_loop_repeats); 0: none */
+	uint64_t start;   /* n when the rings were taken: hashes begin there */
+	uint64_t retry;   /* n from which the rings are asked for again after
+			   * the host had no memory for them */
 	uint64_t *prefix; /* [i % VPMM_LOOP_RING]: hash of sizes 0..i-1; NULL
 			   * until the stream's first malloc through the lock */
 	CUdeviceptr *at;  /* [i % VPMM_LOOP_RING]: where malloc i went; 0: unknown */
@@ -73,6 +74,9 @@ struct vpmm_loop {
 	} slot[VPMM_LOOP_SLOTS];
 };
 
+/* A stream's cache of parked allocations (front.c). Entries of one rounded
+ * size sit in one chain, newest first, so a lookup reads a chain of a few
+ * entries whatever the cache holds. Zeroed memory is an empty cache. */
 struct front {
 	pthread_mutex_t lock; /* guards this struct; taken after the pool lock */
 	unsigned n;           /* entries in the chains */
@@ -249,6 +253,8 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
 size_t vpmm_front_flush_locked(vpmm_pool *p);
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
 size_t vpmm_front_flush_sync_locked(vpmm_pool *p);
+/* Whether s's cache (NULL: the synchronous callers') holds r parked. */
+bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks);
 size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log);

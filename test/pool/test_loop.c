@@ -216,30 +216,29 @@ Test(loop, the_cap_counts_what_is_created)
 }
 
 /* step() with one more request of 3 pages (A), taken before the step's big
- * request; returns where A went. */
-static CUdeviceptr step_with_a(struct pt *t)
+ * request, all on stream s but A freed on `a_freed_on`; returns where A
+ * went. */
+static CUdeviceptr step_a_on(struct pt *t, CUstream s, CUstream a_freed_on)
 {
 	CUdeviceptr x[PAGES], a, y;
 	for (int i = 0; i < PAGES; i++)
-		x[i] = PT_MALLOC(t, 1, VPMM_NO_STREAM);
+		x[i] = PT_MALLOC(t, 1, s);
 	for (int i = 1; i < PAGES; i += 2)
-		PT_FREE(t, x[i], VPMM_NO_STREAM);
-	a = PT_MALLOC(t, 3, VPMM_NO_STREAM);
-	y = PT_MALLOC(t, PAGES / 2, VPMM_NO_STREAM);
+		PT_FREE(t, x[i], s);
+	a = PT_MALLOC(t, 3, s);
+	y = PT_MALLOC(t, PAGES / 2, s);
 	for (int i = 0; i < PAGES; i += 2)
-		PT_FREE(t, x[i], VPMM_NO_STREAM);
-	PT_FREE(t, a, VPMM_NO_STREAM);
-	PT_FREE(t, y, VPMM_NO_STREAM);
+		PT_FREE(t, x[i], s);
+	PT_FREE(t, a, a_freed_on);
+	PT_FREE(t, y, s);
 	return a;
 }
 
-/* Once the loop is seen, a malloc goes where the same malloc went a step
- * before, if that memory is free, even where best fit would choose other
- * memory: here a region of exactly A's size, freed between two steps (a
- * free is no malloc: the sequence still repeats). Placing by best fit there
- * is what lets a step's tensors take each other's places, so that a large
- * one finds no room and memory is regathered every step. With the cache
- * on, as the shim has it: its hits count in the sequence too. */
+static CUdeviceptr step_with_a(struct pt *t)
+{
+	return step_a_on(t, VPMM_NO_STREAM, VPMM_NO_STREAM);
+}
+
 /* The loop run 8 times over a pool that holds a region of exactly A's size
  * (the bait), then the bait freed; returns where A went in the last step. */
 static CUdeviceptr looped(struct pt *t, unsigned front_entries, CUdeviceptr *bait)
@@ -279,8 +278,8 @@ static void same_place(unsigned front_entries)
 	cr_assert_gt(pt_stats(&t).loop_hints, hints);
 	PT_CHECK(&t);
 	pt_close(&t);
-	/* The same pool, and a request of A's size out of the loop's order:
-	 * best fit takes the bait. */
+	/* A pool built the same way, and a request of A's size out of the
+	 * loop's order: best fit takes the bait. */
 	looped(&t, front_entries, &bait);
 	hints = pt_stats(&t).loop_hints;
 	cr_assert_eq(PT_MALLOC(&t, 3, VPMM_NO_STREAM), bait,
@@ -297,4 +296,116 @@ Test(loop, a_malloc_goes_where_it_went_a_step_before)
 Test(loop, a_malloc_goes_where_it_went_through_the_cache)
 {
 	same_place(16);
+}
+
+/* The loop on stream a, 8 steps, every step's work completed. */
+static CUdeviceptr looped_on(struct pt *t, unsigned front_entries, CUstream *a, CUstream *b)
+{
+	struct pt_setup su = {.va_pages = 4096, .front_entries = front_entries};
+	CUdeviceptr at = 0;
+	pt_open(t, &su);
+	*a = vpmm_host_stream_create(t->drv);
+	*b = vpmm_host_stream_create(t->drv);
+	PT_MALLOC(t, 64, *a);
+	for (int i = 0; i < 8; i++) {
+		at = step_a_on(t, *a, *a);
+		pt_settle(t);
+	}
+	cr_assert_geq(pt_stats(t).loop_growths, 1, "the loop was not seen");
+	return at;
+}
+
+/* Whether [p, p + pages) and [q, q + qpages) overlap. */
+static bool overlaps(struct pt *t, CUdeviceptr p, size_t pages, CUdeviceptr q, size_t qpages)
+{
+	return p < q + qpages * t->page && q < p + pages * t->page;
+}
+
+/* A place freed on another stream whose work is still pending is no place
+ * for the caller: stream order covers only the caller's own frees. Here A
+ * of one step is freed on stream b; in the next step no malloc on stream a
+ * may take any of it, though A's place (and those of the step's pages that
+ * went there before) are offered. */
+Test(loop, a_place_freed_on_a_busy_stream_is_refused)
+{
+	struct pt t;
+	CUstream a, b;
+	CUdeviceptr place = looped_on(&t, 0, &a, &b);
+	cr_assert_eq(step_a_on(&t, a, b), place, "A left its place before the test");
+	struct vpmm_region_info ri;
+	cr_assert(pt_region_at(&t, place, &ri));
+	cr_assert(ri.kind == VPMM_REGION_FREE && !ri.settled && ri.stream == b,
+		  "the place is not pending on stream b: the test shows nothing");
+	uint64_t hints = pt_stats(&t).loop_hints;
+	CUdeviceptr x[PAGES], at, y;
+	for (int i = 0; i < PAGES; i++) {
+		x[i] = PT_MALLOC(&t, 1, a);
+		cr_assert_not(overlaps(&t, x[i], 1, place, 3), "a page took memory freed on b");
+	}
+	for (int i = 1; i < PAGES; i += 2)
+		PT_FREE(&t, x[i], a);
+	at = PT_MALLOC(&t, 3, a);
+	cr_assert_not(overlaps(&t, at, 3, place, 3), "A took memory freed on b");
+	y = PT_MALLOC(&t, PAGES / 2, a);
+	cr_assert_not(overlaps(&t, y, PAGES / 2, place, 3), "the big request took memory freed on b");
+	cr_assert_gt(pt_stats(&t).loop_hints, hints, "no place was offered at all");
+	PT_CHECK(&t);
+	pt_close(&t);
+}
+
+/* The place taken by an allocation parked in the caller's cache (here a
+ * larger one over it, freed on stream a): the cache goes back to the pool,
+ * and A gets its place, though a free range of exactly its size waits
+ * elsewhere for best fit. The step's pages before A come from the cache,
+ * so A is the first malloc of the step to reach the pool lock. */
+Test(loop, a_place_parked_in_the_callers_cache_is_taken_back)
+{
+	struct pt t;
+	CUstream a, b;
+	struct pt_setup su = {.va_pages = 4096, .front_entries = 64};
+	pt_open(&t, &su);
+	a = vpmm_host_stream_create(t.drv);
+	b = vpmm_host_stream_create(t.drv);
+	PT_MALLOC(&t, 64, a);
+	/* A free range of exactly A's size for best fit to take, kept apart. */
+	CUdeviceptr bait = PT_MALLOC(&t, 3, b);
+	PT_MALLOC(&t, 1, b);
+	CUdeviceptr place = 0;
+	for (int i = 0; i < 8; i++) {
+		place = step_a_on(&t, a, a);
+		pt_settle(&t);
+	}
+	cr_assert_geq(pt_stats(&t).loop_growths, 1, "the loop was not seen");
+	vpmm_pool_trim(t.pool, SIZE_MAX); /* empties the caches */
+	pt_settle(&t);
+	struct vpmm_region_info ri;
+	cr_assert(pt_region_at(&t, place, &ri));
+	cr_assert(ri.kind == VPMM_REGION_FREE && ri.size > 3 * t.page,
+		  "the place lies in no free region larger than A: the test shows nothing");
+	/* The whole free region around the place, and the step's pages, taken
+	 * on a third stream; then the bait freed and settled. */
+	CUstream c = vpmm_host_stream_create(t.drv);
+	CUdeviceptr other = PT_MALLOC(&t, ri.size / t.page, c), pages[PAGES];
+	cr_assert_eq(other, ri.va, "the other allocation is not over the place: the test shows nothing");
+	for (int i = 0; i < PAGES; i++)
+		pages[i] = PT_MALLOC(&t, 1, c);
+	PT_FREE(&t, bait, b);
+	vpmm_pool_trim(t.pool, SIZE_MAX);
+	pt_settle(&t);
+	/* All of them parked in a's cache. */
+	PT_FREE(&t, other, a);
+	for (int i = 0; i < PAGES; i++)
+		PT_FREE(&t, pages[i], a);
+	uint64_t hits = pt_stats(&t).front_hits;
+	CUdeviceptr x[PAGES];
+	for (int i = 0; i < PAGES; i++)
+		x[i] = PT_MALLOC(&t, 1, a);
+	cr_assert_eq(pt_stats(&t).front_hits, hits + PAGES, "the step's pages did not come from the cache");
+	for (int i = 1; i < PAGES; i += 2)
+		PT_FREE(&t, x[i], a);
+	CUdeviceptr at = PT_MALLOC(&t, 3, a);
+	cr_assert_eq(at, place, "A went to %#llx, not to its place %#llx (the bait is %#llx)",
+		     (unsigned long long)at, (unsigned long long)place, (unsigned long long)bait);
+	PT_CHECK(&t);
+	pt_close(&t);
 }

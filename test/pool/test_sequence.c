@@ -1,6 +1,6 @@
 /* loop.c: a stream's sequence of mallocs, on its own. Which period it keeps
  * for hints (the longest that still repeats, where a step's layers repeat
- * inside the step), the places it gives (one and two steps back, only while
+ * inside the step, but not a multiple of a step), the places it gives (one and two steps back, only while
  * the sequence repeats), and what it does without its memory. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -8,16 +8,17 @@
 #include "pool_internal.h"
 
 #define GRAIN 65536
-#define LAYERS 4
-#define LAYER 16                 /* mallocs a layer: the shortest period seen */
-#define STEP (LAYERS * LAYER + 3) /* a step: the layers, then 3 of its own */
+#define LAYER 16 /* mallocs a layer: the shortest period seen */
 
-/* The size of malloc i of a training-like loop: each layer makes the same
- * five mallocs, and the step ends with three the layers do not make. */
+/* A training-like step: `layers` layers that make the same LAYER mallocs,
+ * then `own` mallocs the layers do not make. Each test sets its own. */
+static unsigned layers = 4, own = 3;
+#define STEP (layers * LAYER + own)
+
 static size_t size_at(uint64_t i)
 {
 	uint64_t k = i % STEP;
-	if (k >= LAYERS * LAYER)
+	if (k >= layers * LAYER)
 		return (100 + k) * GRAIN;
 	return (1 + k % LAYER) * GRAIN;
 }
@@ -113,7 +114,9 @@ Test(sequence, no_places_while_it_does_not_repeat)
 }
 
 /* Without its rings (no memory at the stream's first malloc) the sequence
- * still counts, and sees nothing. */
+ * still counts, and sees nothing; rings taken later start from there: what
+ * came before has no hashes, and only three steps after them is a loop
+ * seen. */
 Test(sequence, without_memory_nothing_is_seen)
 {
 	struct vpmm_loop l = {0};
@@ -125,5 +128,75 @@ Test(sequence, without_memory_nothing_is_seen)
 	cr_assert_not(defrag_last(&l));
 	cr_assert_eq(vpmm_loop_hints(&l, at), 0);
 	vpmm_loop_placed(&l, 3, 0x1000);
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	uint64_t start = l.n;
+	for (int k = 1; k < 3; k++) {
+		run(&l, l.n, l.n + STEP);
+		cr_assert_not(defrag_last(&l), "a loop seen %llu mallocs after the rings came",
+			      (unsigned long long)(l.n - start));
+	}
+	run(&l, l.n, l.n + STEP);
+	cr_assert(defrag_last(&l), "no loop seen three steps after the rings came");
+	vpmm_loop_fini(&l);
+}
+
+/* One size's history holds two periods that repeat, a layer (newest) and
+ * a step: the step is kept. */
+Test(sequence, the_longest_that_a_size_saw)
+{
+	struct vpmm_loop l = {0};
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	run(&l, 0, 3 * STEP);
+	run_to(&l, 3 * LAYER + 1); /* layer 3 of a step */
+	defrag_last(&l);
+	run_to(&l, 2 * LAYER + 1); /* layers 2 and 3 of the next */
+	defrag_last(&l);
+	run(&l, l.n, l.n + LAYER);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP, "kept %llu, not the step's %u",
+		     (unsigned long long)l.period, STEP);
+	vpmm_loop_fini(&l);
+}
+
+/* Two steps repeat too; they do not replace one, which still repeats over
+ * them: places would then be offered two steps back first. */
+Test(sequence, two_steps_do_not_replace_one)
+{
+	struct vpmm_loop l = {0};
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	run(&l, 0, 6 * STEP - 1);
+	cr_assert_not(defrag_last(&l));
+	run(&l, l.n, l.n + STEP);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP);
+	/* The step's last malloc again two steps on, and not in between. */
+	run(&l, l.n, l.n + 2 * STEP);
+	cr_assert_eq(size_at(l.n - 1), size_at(l.n - 1 - 2 * STEP));
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP, "two steps (%llu) replaced one",
+		     (unsigned long long)l.period);
+	vpmm_loop_fini(&l);
+}
+
+/* A step that is a whole number of layers long (5 layers and 16 mallocs of
+ * its own: 96 = 6 x 16) replaces the layer's period all the same: the
+ * sequence does not repeat every layer over the step. */
+Test(sequence, a_step_as_long_as_whole_layers)
+{
+	struct vpmm_loop l = {0};
+	layers = 5;
+	own = LAYER;
+	cr_assert_eq(STEP % LAYER, 0);
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	run(&l, 0, 3 * STEP);
+	run_to(&l, 2 * LAYER + 1);
+	defrag_last(&l);
+	run(&l, l.n, l.n + LAYER);
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, LAYER);
+	run_to(&l, 3 * LAYER + 1); /* the same layer of the next step */
+	cr_assert(defrag_last(&l));
+	cr_assert_eq(l.period, STEP, "kept %llu, not the step's %u",
+		     (unsigned long long)l.period, STEP);
 	vpmm_loop_fini(&l);
 }
