@@ -1,7 +1,9 @@
 /* race.c — the pool under concurrent use, as a plain program (Criterion's
  * forked workers cannot start under ThreadSanitizer): four threads allocate,
- * write, verify and free on their own streams and on a shared one, a "GPU"
- * thread completes streams, a checker thread runs vpmm_pool_check() without
+ * write, verify and free on their own streams and on a shared one, a fifth
+ * repeats one training-like step on its own stream (so that loops are seen
+ * and mallocs placed where they went a step before), a "GPU" thread
+ * completes streams, a checker thread runs vpmm_pool_check() without
  * pause, and the background reclaimer and the per-stream caches are on.
  * Exit 0 when no pattern was lost, no check failed and nothing leaked.
  *
@@ -23,7 +25,7 @@
 
 static vpmm_pool *pool;
 static vpmm_driver *drv;
-static CUstream streams[THREADS + 1]; /* the last one is shared */
+static CUstream streams[THREADS + 2]; /* [THREADS]: shared; then the looper's */
 static atomic_int stop, failed;
 static long ops = 20000;
 static unsigned seed0 = 1;
@@ -91,6 +93,45 @@ static void *worker(void *arg)
 	return NULL;
 }
 
+/* The same step again and again: 24 pages of 1-3, every other one freed,
+ * then A and a larger request; A is freed on the shared stream. */
+static void *looper(void *arg)
+{
+	(void)arg;
+	CUstream s = streams[THREADS + 1];
+	for (long it = 0; it < ops / 40 && !atomic_load(&failed); it++) {
+		struct alloc x[24], a = {0}, y = {0};
+		for (int i = 0; i < 24; i++) {
+			x[i] = (struct alloc){0, (size_t)(1 + i % 3) * PAGE, (5ull << 40) | (uint64_t)(it * 32 + i)};
+			if (vpmm_pool_malloc(pool, x[i].n, s, &x[i].p) == 0)
+				stamp(&x[i]);
+			else
+				x[i].p = 0;
+		}
+		for (int i = 1; i < 24; i += 2)
+			if (x[i].p && (!intact(&x[i]) || vpmm_pool_free(pool, x[i].p, s)))
+				fail("looper: odd page", THREADS, it);
+		a = (struct alloc){0, 3 * PAGE, (6ull << 40) | (uint64_t)it};
+		y = (struct alloc){0, 12 * PAGE, (7ull << 40) | (uint64_t)it};
+		if (vpmm_pool_malloc(pool, a.n, s, &a.p) == 0)
+			stamp(&a);
+		else
+			a.p = 0;
+		if (vpmm_pool_malloc(pool, y.n, s, &y.p) == 0)
+			stamp(&y);
+		else
+			y.p = 0;
+		for (int i = 0; i < 24; i += 2)
+			if (x[i].p && (!intact(&x[i]) || vpmm_pool_free(pool, x[i].p, s)))
+				fail("looper: even page", THREADS, it);
+		if (a.p && (!intact(&a) || vpmm_pool_free(pool, a.p, streams[THREADS])))
+			fail("looper: A", THREADS, it);
+		if (y.p && (!intact(&y) || vpmm_pool_free(pool, y.p, s)))
+			fail("looper: the larger request", THREADS, it);
+	}
+	return NULL;
+}
+
 static void *gpu(void *arg)
 {
 	(void)arg;
@@ -130,16 +171,18 @@ int main(int argc, char **argv)
 	c.grain = 4096;
 	if (vpmm_pool_create(&c, drv, &pool))
 		return 2;
-	for (int i = 0; i <= THREADS; i++)
+	for (int i = 0; i <= THREADS + 1; i++)
 		streams[i] = vpmm_host_stream_create(drv);
 
-	pthread_t w[THREADS], g, ch;
+	pthread_t w[THREADS], g, ch, lo;
 	pthread_create(&g, NULL, gpu, NULL);
 	pthread_create(&ch, NULL, checker, NULL);
 	for (long i = 0; i < THREADS; i++)
 		pthread_create(&w[i], NULL, worker, (void *)i);
+	pthread_create(&lo, NULL, looper, NULL);
 	for (int i = 0; i < THREADS; i++)
 		pthread_join(w[i], NULL);
+	pthread_join(lo, NULL);
 	atomic_store(&stop, 1);
 	pthread_join(g, NULL);
 	pthread_join(ch, NULL);
@@ -150,15 +193,16 @@ int main(int argc, char **argv)
 	struct vpmm_stats st;
 	vpmm_pool_stats(pool, &st);
 	printf("race: %ld ops x %d threads: %" PRIu64 " mallocs, %" PRIu64 " defrags, %" PRIu64
-	       " pages remapped, %" PRIu64 " front hits\n",
-	       ops, THREADS, st.mallocs, st.defrags, st.pages_remapped, st.front_hits);
+	       " pages remapped, %" PRIu64 " front hits, %" PRIu64 " placed where they went a step before\n",
+	       ops, THREADS, st.mallocs, st.defrags, st.pages_remapped, st.front_hits, st.loop_hints);
 	vpmm_pool_destroy(pool);
 	struct vpmm_host_live l;
 	vpmm_host_live(drv, &l);
 	if (l.handles || l.reservations || l.mappings || l.events)
 		fail("driver resources leaked", -1, -1);
 	drv->destroy(drv);
-	if (st.defrags == 0 || st.front_hits == 0)
-		fail("the run exercised no defragmentation or no cache hit", -1, -1);
+	if (st.defrags == 0 || st.front_hits == 0 || st.loop_hints == 0)
+		fail("the run exercised no defragmentation, no cache hit or no place of a step before",
+		     -1, -1);
 	return atomic_load(&failed) ? 1 : 0;
 }
