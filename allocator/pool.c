@@ -2039,7 +2039,8 @@ static bool loop_repeats(vpmm_pool *p, struct stream *caller, size_t need)
 }
 
 /* The free region usable by caller that holds [x, x + need), if any. The
- * caller's own cache may hold the allocation that lies there, parked: then
+ * caller's own cache may hold the allocation that lies there, parked (in
+ * another stream's cache it is not the caller's to give back): then
  * the whole cache goes back to the pool (once a request), so that the
  * mallocs after this one also go through the lock to their places of a
  * step before, instead of taking the newest parked allocation of their size.
