@@ -10,7 +10,8 @@
  *
  * What is kept: every malloc of the stream extends a polynomial hash of the
  * sequence of requested sizes, and the hash of every prefix of the last
- * VPMM_LOOP_RING mallocs is kept, so two stretches compare in O(log n)
+ * `ring` mallocs is kept (VPMM_LOOP_RING, more for a longer step, up to
+ * VPMM_LOOP_RING_MAX), so two stretches compare in O(log n)
  * (the size of malloc i is prefix[i + 1] - prefix[i] * BASE). Beside it, the
  * address each malloc got. Mallocs the stream's cache serves are counted as
  * well as those through the pool lock: which of them the cache serves
@@ -19,7 +20,8 @@
  *
  * Per stream, under the front's lock that the cache's fast path holds
  * anyway: threads on their own streams share nothing. 128 KiB a stream,
- * taken at its first malloc through the pool lock.
+ * taken at its first malloc through the pool lock; up to 1 MiB for a
+ * stream whose step is longer than 2 047 mallocs.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -49,6 +51,7 @@ int vpmm_loop_init(struct vpmm_loop *l)
 	memset(l->slot, 0, sizeof(l->slot));
 	l->period = 0;
 	l->start = l->n;
+	l->ring = VPMM_LOOP_RING;
 	l->prefix = prefix;
 	l->at = at;
 	return 0;
@@ -65,16 +68,16 @@ uint64_t vpmm_loop_note(struct vpmm_loop *l, size_t size, CUdeviceptr at)
 {
 	uint64_t i = l->n++;
 	if (l->prefix) {
-		l->prefix[l->n % VPMM_LOOP_RING] = l->prefix[i % VPMM_LOOP_RING] * BASE + size;
-		l->at[i % VPMM_LOOP_RING] = at;
+		l->prefix[l->n & (l->ring - 1)] = l->prefix[i & (l->ring - 1)] * BASE + size;
+		l->at[i & (l->ring - 1)] = at;
 	}
 	return i;
 }
 
 void vpmm_loop_placed(struct vpmm_loop *l, uint64_t i, CUdeviceptr at)
 {
-	if (l->prefix && l->n - i < VPMM_LOOP_RING)
-		l->at[i % VPMM_LOOP_RING] = at;
+	if (l->prefix && l->n - i < l->ring)
+		l->at[i & (l->ring - 1)] = at;
 }
 
 static uint64_t power(uint64_t b, uint64_t e)
@@ -88,7 +91,7 @@ static uint64_t power(uint64_t b, uint64_t e)
 
 static uint64_t prefix(const struct vpmm_loop *l, uint64_t i)
 {
-	return l->prefix[i % VPMM_LOOP_RING];
+	return l->prefix[i & (l->ring - 1)];
 }
 
 /* Whether the last VPMM_LOOP_TIMES stretches of `period` mallocs are
@@ -97,7 +100,7 @@ static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
 {
 	uint64_t n = l->n, bp = power(BASE, period);
 	if (!l->prefix || period < MIN_PERIOD ||
-	    (VPMM_LOOP_TIMES + 1) * period >= VPMM_LOOP_RING ||
+	    (VPMM_LOOP_TIMES + 1) * period >= l->ring ||
 	    n - l->start < VPMM_LOOP_TIMES * period)
 		return false;
 	uint64_t prev = prefix(l, n - period), w = prefix(l, n) - prev * bp;
@@ -125,20 +128,52 @@ unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
 	uint64_t size = prefix(l, i + 1) - prefix(l, i) * BASE;
 	for (unsigned k = 1; k <= VPMM_LOOP_HINTS; k++) {
 		uint64_t j = i - k * per;
-		if (prefix(l, j + 1) - prefix(l, j) * BASE == size && l->at[j % VPMM_LOOP_RING])
-			at[n++] = l->at[j % VPMM_LOOP_RING];
+		if (prefix(l, j + 1) - prefix(l, j) * BASE == size && l->at[j & (l->ring - 1)])
+			at[n++] = l->at[j & (l->ring - 1)];
 	}
 	return n;
 }
 
 /* Whether the last `span` mallocs repeat with `period` (span > period,
- * span < VPMM_LOOP_RING): the stretch [n - span, n - period) equals the
+ * span < the ring): the stretch [n - span, n - period) equals the
  * one `period` later, by hash. */
 static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t span)
 {
 	uint64_t n = l->n, b = power(BASE, span - period);
 	return prefix(l, n - period) - prefix(l, n - span) * b ==
 	       prefix(l, n) - prefix(l, n - span + period) * b;
+}
+
+/* A larger ring, for a step longer than a quarter of it (a model of many
+ * layers makes thousands of mallocs a step). What the old ring held is
+ * kept; history older than that is not there. Without memory the ring
+ * stays as it is, and so does the limit on the period. */
+static void grow(struct vpmm_loop *l, uint64_t period)
+{
+	uint64_t ring = l->ring;
+	while (ring <= (VPMM_LOOP_TIMES + 1) * period && ring < VPMM_LOOP_RING_MAX)
+		ring *= 2;
+	if (ring == l->ring)
+		return;
+	uint64_t *prefix = malloc(ring * sizeof(*prefix));
+	CUdeviceptr *at = malloc(ring * sizeof(*at));
+	if (!prefix || !at) {
+		free(prefix);
+		free(at);
+		return;
+	}
+	uint64_t oldest = l->n + 1 > l->ring ? l->n + 1 - l->ring : 0;
+	uint64_t from = oldest > l->start ? oldest : l->start;
+	for (uint64_t i = from; i <= l->n; i++) {
+		prefix[i & (ring - 1)] = l->prefix[i & (l->ring - 1)];
+		at[i & (ring - 1)] = l->at[i & (l->ring - 1)];
+	}
+	free(l->prefix);
+	free(l->at);
+	l->prefix = prefix;
+	l->at = at;
+	l->start = from;
+	l->ring = ring;
 }
 
 /* A training step makes the same calls every step; random traces, and a
@@ -163,6 +198,8 @@ bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
 	}
 	for (unsigned i = 0; i < VPMM_LOOP_HISTORY && e->at[i]; i++) {
 		uint64_t d = l->n - e->at[i];
+		if (l->prefix && (VPMM_LOOP_TIMES + 1) * d >= l->ring)
+			grow(l, d);
 		if (d > longest && window_repeats(l, d))
 			longest = d;
 	}

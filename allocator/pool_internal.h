@@ -22,7 +22,8 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_LOOP_SLOT_BITS 6 /* request sizes remembered by vpmm_loop_repeats() */
 #define VPMM_LOOP_SLOTS (1u << VPMM_LOOP_SLOT_BITS)
 #define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
-#define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept */
+#define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept, at first */
+#define VPMM_LOOP_RING_MAX 65536 /* ... and at most: a step under 16 384 mallocs */
 #define VPMM_LOOP_TIMES 3    /* stretches of a period that must repeat exactly */
 #define VPMM_LOOP_HINTS 2    /* steps back a malloc's place is looked up (loop.c) */
 
@@ -61,12 +62,14 @@ struct vpmm_loop {
 	uint64_t n;       /* mallocs noted */
 	uint64_t period;  /* the period places are offered for: the longest a
 			   * defragmentation found repeating (vpmm_loop_repeats); 0: none */
-	uint64_t start;   /* n when the rings were taken: hashes begin there */
+	uint64_t start;   /* the oldest malloc the rings hold a hash for */
 	uint64_t retry;   /* n from which the rings are asked for again after
 			   * the host had no memory for them */
-	uint64_t *prefix; /* [i % VPMM_LOOP_RING]: hash of sizes 0..i-1; NULL
-			   * until the stream's first malloc through the lock */
-	CUdeviceptr *at;  /* [i % VPMM_LOOP_RING]: where malloc i went; 0: unknown */
+	uint64_t ring;    /* entries of the rings: a power of two */
+	uint64_t *prefix; /* [i % ring]: hash of sizes 0..i-1, for i in
+			   * [start, n]; NULL until the stream's first
+			   * malloc through the lock */
+	CUdeviceptr *at;  /* [i % ring]: where malloc i went; 0: unknown */
 	struct loop_slot {
 		size_t size;
 		uint64_t at[VPMM_LOOP_HISTORY]; /* mallocs noted when this size

@@ -200,3 +200,37 @@ Test(sequence, a_step_as_long_as_whole_layers)
 		     (unsigned long long)l.period, STEP);
 	vpmm_loop_fini(&l);
 }
+
+/* A model of many layers makes thousands of mallocs a step: 150 layers
+ * here, 2 403 mallocs, more than a quarter of the first ring. The ring
+ * grows at the first defragmentation one step apart; the loop is seen once
+ * three steps are in it, and places are offered as for a short step. */
+Test(sequence, a_step_of_thousands_of_mallocs)
+{
+	struct vpmm_loop l = {0};
+	CUdeviceptr at[VPMM_LOOP_HINTS];
+	layers = 150;
+	cr_assert_gt((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING);
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	for (unsigned k = 1; k <= 4; k++) {
+		run(&l, l.n, k * STEP - 1); /* up to the step's last malloc */
+		cr_assert_eq(defrag_last(&l), k == 4, "step %u: a loop %s", k,
+			     k == 4 ? "not seen" : "seen before three steps were in the ring");
+	}
+	cr_assert_gt(l.ring, VPMM_LOOP_RING, "the ring did not grow");
+	cr_assert_eq(l.period, STEP);
+	uint64_t i = l.n;
+	run(&l, i, i + 1);
+	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	cr_assert_eq(at[0], 0x10000000 + (i - STEP) * GRAIN);
+	cr_assert_eq(at[1], 0x10000000 + (i - 2 * STEP) * GRAIN);
+	/* Steps on, well past the first ring's size, the hashes still hold. */
+	for (unsigned k = 5; k <= 8; k++) {
+		run(&l, l.n, k * STEP - 1);
+		cr_assert(defrag_last(&l), "step %u: the loop no longer seen", k);
+		cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+		cr_assert_eq(at[1], 0x10000000 + (l.n - 1 - 2 * STEP) * GRAIN);
+	}
+	vpmm_loop_fini(&l);
+}
+
