@@ -155,8 +155,8 @@ static void grow(struct vpmm_loop *l, uint64_t period)
 		ring *= 2;
 	if (ring == l->ring)
 		return;
-	uint64_t *prefix = malloc(ring * sizeof(*prefix));
-	CUdeviceptr *at = malloc(ring * sizeof(*at));
+	uint64_t *prefix = calloc(ring, sizeof(*prefix));
+	CUdeviceptr *at = calloc(ring, sizeof(*at));
 	if (!prefix || !at) {
 		free(prefix);
 		free(at);
