@@ -20,8 +20,8 @@
  *
  * Per stream, under the front's lock that the cache's fast path holds
  * anyway: threads on their own streams share nothing. 128 KiB a stream,
- * taken at its first malloc through the pool lock; up to 1 MiB for a
- * stream whose step is longer than 2 047 mallocs.
+ * taken at its first malloc through the pool lock; 256 KiB for a stream
+ * whose step is longer than 2 047 mallocs (at most 4 095).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -29,7 +29,7 @@
 
 #include "pool_internal.h"
 
-#define BASE 0x100000001b3ull /* odd: multiplying by it loses nothing mod 2^64 */
+#define BASE VPMM_LOOP_BASE
 #define MIN_PERIOD 16         /* mallocs; shorter repeats are no step */
 
 /* Without memory for the rings the stream's loops go unseen; the count
@@ -151,6 +151,8 @@ static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t s
 static void grow(struct vpmm_loop *l, uint64_t period)
 {
 	uint64_t ring = l->ring;
+	if (period > VPMM_LOOP_RING_MAX / (VPMM_LOOP_TIMES + 1))
+		return;
 	while (ring <= (VPMM_LOOP_TIMES + 1) * period && ring < VPMM_LOOP_RING_MAX)
 		ring *= 2;
 	if (ring == l->ring)
@@ -196,10 +198,16 @@ bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
 		memset(e, 0, sizeof(*e));
 		e->size = need;
 	}
+	/* The ring grows for the newest distance only, the one a loop repeats
+	 * at (older ones are its multiples, or nothing), and only once the
+	 * ring shows two equal stretches of it: a random trace's far-apart
+	 * defragmentations leave it as it is. */
+	uint64_t d0 = e->at[0] ? l->n - e->at[0] : 0;
+	if (l->prefix && d0 && (VPMM_LOOP_TIMES + 1) * d0 >= l->ring &&
+	    2 * d0 <= l->n - l->start && 2 * d0 < l->ring && periodic_over(l, d0, 2 * d0))
+		grow(l, d0);
 	for (unsigned i = 0; i < VPMM_LOOP_HISTORY && e->at[i]; i++) {
 		uint64_t d = l->n - e->at[i];
-		if (l->prefix && (VPMM_LOOP_TIMES + 1) * d >= l->ring)
-			grow(l, d);
 		if (d > longest && window_repeats(l, d))
 			longest = d;
 	}

@@ -23,9 +23,11 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_LOOP_SLOTS (1u << VPMM_LOOP_SLOT_BITS)
 #define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
 #define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept, at first */
-#define VPMM_LOOP_RING_MAX 65536 /* ... and at most: a step under 16 384 mallocs */
+#define VPMM_LOOP_RING_MAX 16384 /* ... and at most (loop.c): a step under 4 096 mallocs */
 #define VPMM_LOOP_TIMES 3    /* stretches of a period that must repeat exactly */
 #define VPMM_LOOP_HINTS 2    /* steps back a malloc's place is looked up (loop.c) */
+#define VPMM_LOOP_BASE 0x100000001b3ull /* the sequence's hash (loop.c); odd:
+					 * multiplying by it loses nothing mod 2^64 */
 
 /* The top `bits` bits of x times 2^64 / phi: one index into a table of
  * 2^bits for keys that differ in any bits (streams, sizes). 0 < bits < 64. */
@@ -67,8 +69,8 @@ struct vpmm_loop {
 			   * the host had no memory for them */
 	uint64_t ring;    /* entries of the rings: a power of two */
 	uint64_t *prefix; /* [i % ring]: hash of sizes 0..i-1, for i in
-			   * [start, n]; NULL until the stream's first
-			   * malloc through the lock */
+			   * [max(start, n + 1 - ring), n]; NULL until the
+			   * stream's first malloc through the lock */
 	CUdeviceptr *at;  /* [i % ring]: where malloc i went; 0: unknown */
 	struct loop_slot {
 		size_t size;

@@ -42,6 +42,11 @@ static bool defrag_last(struct vpmm_loop *l)
 	return vpmm_loop_repeats(l, size_at(l->n - 1), GRAIN);
 }
 
+static bool defrag_size(struct vpmm_loop *l, size_t size)
+{
+	return vpmm_loop_repeats(l, size, GRAIN);
+}
+
 Test(sequence, the_step_not_the_layer)
 {
 	struct vpmm_loop l = {0};
@@ -201,36 +206,145 @@ Test(sequence, a_step_as_long_as_whole_layers)
 	vpmm_loop_fini(&l);
 }
 
+/* Notes `n` mallocs of sizes that never repeat, at no address. */
+static void noise(struct vpmm_loop *l, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		vpmm_loop_note(l, (1000 + l->n) * GRAIN, 0);
+}
+
 /* A model of many layers makes thousands of mallocs a step: 150 layers
  * here, 2 403 mallocs, more than a quarter of the first ring. The ring
- * grows at the first defragmentation one step apart; the loop is seen once
- * three steps are in it, and places are offered as for a short step. */
-Test(sequence, a_step_of_thousands_of_mallocs)
+ * grows once two equal steps are in it; the loop is seen once three steps
+ * are, and places are offered as for a short step. `pre` mallocs of noise
+ * come first, so that the ring may have wrapped before it grows. */
+static void long_step(uint64_t pre)
 {
 	struct vpmm_loop l = {0};
 	CUdeviceptr at[VPMM_LOOP_HINTS];
 	layers = 150;
 	cr_assert_gt((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING);
 	cr_assert_eq(vpmm_loop_init(&l), 0);
+	noise(&l, pre);
+	uint64_t base = l.n;
 	for (unsigned k = 1; k <= 4; k++) {
-		run(&l, l.n, k * STEP - 1); /* up to the step's last malloc */
-		cr_assert_eq(defrag_last(&l), k == 4, "step %u: a loop %s", k,
+		/* up to the step's last malloc, the loop's sizes from `base` on */
+		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
+			vpmm_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
+		cr_assert_eq(defrag_size(&l, size_at(STEP - 2)), k == 4, "step %u: a loop %s", k,
 			     k == 4 ? "not seen" : "seen before three steps were in the ring");
 	}
-	cr_assert_gt(l.ring, VPMM_LOOP_RING, "the ring did not grow");
+	cr_assert_eq(l.ring, 2 * VPMM_LOOP_RING, "ring of %llu", (unsigned long long)l.ring);
 	cr_assert_eq(l.period, STEP);
-	uint64_t i = l.n;
-	run(&l, i, i + 1);
-	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
-	cr_assert_eq(at[0], 0x10000000 + (i - STEP) * GRAIN);
-	cr_assert_eq(at[1], 0x10000000 + (i - 2 * STEP) * GRAIN);
-	/* Steps on, well past the first ring's size, the hashes still hold. */
-	for (unsigned k = 5; k <= 8; k++) {
-		run(&l, l.n, k * STEP - 1);
-		cr_assert(defrag_last(&l), "step %u: the loop no longer seen", k);
+	/* Steps on, the ring wrapping again and again, the hashes still hold. */
+	for (unsigned k = 5; k <= 12; k++) {
+		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
+			vpmm_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
+		cr_assert(defrag_size(&l, size_at(STEP - 2)), "step %u: the loop no longer seen", k);
 		cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+		cr_assert_eq(at[0], 0x10000000 + (l.n - 1 - STEP) * GRAIN);
 		cr_assert_eq(at[1], 0x10000000 + (l.n - 1 - 2 * STEP) * GRAIN);
 	}
+	cr_assert_eq(l.ring, 2 * VPMM_LOOP_RING);
 	vpmm_loop_fini(&l);
+}
+
+Test(sequence, a_step_of_thousands_of_mallocs)
+{
+	long_step(0);
+}
+
+Test(sequence, a_step_of_thousands_of_mallocs_after_the_ring_wrapped)
+{
+	long_step(VPMM_LOOP_RING + 1234);
+}
+
+/* A step of 595 mallocs that defragments once a step: the size's history
+ * then holds distances of up to 8 steps, but the ring grows for none. */
+Test(sequence, a_short_step_keeps_its_ring)
+{
+	struct vpmm_loop l = {0};
+	layers = 37;
+	cr_assert_lt((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING);
+	cr_assert_gt((VPMM_LOOP_TIMES + 1) * VPMM_LOOP_HISTORY * STEP, VPMM_LOOP_RING);
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	for (unsigned k = 1; k <= 12; k++) {
+		run(&l, l.n, k * STEP - 1);
+		defrag_last(&l);
+	}
+	cr_assert_eq(l.period, STEP);
+	cr_assert_eq(l.ring, VPMM_LOOP_RING, "grew to %llu", (unsigned long long)l.ring);
+	vpmm_loop_fini(&l);
+}
+
+/* A size that defragments at far-apart moments of a sequence that does not
+ * repeat, or further apart than any step kept: the ring stays. */
+Test(sequence, far_apart_defragmentations_keep_the_ring)
+{
+	struct vpmm_loop l = {0};
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	for (int k = 0; k < 4; k++) {
+		noise(&l, 3000);
+		cr_assert_not(defrag_size(&l, 7 * GRAIN));
+	}
+	for (int k = 0; k < 3; k++) {
+		noise(&l, 20001);
+		cr_assert_not(defrag_size(&l, 7 * GRAIN));
+	}
+	cr_assert_eq(l.ring, VPMM_LOOP_RING, "grew to %llu", (unsigned long long)l.ring);
+	vpmm_loop_fini(&l);
+}
+
+/* White box: after the rings grow, every hash they claim to hold (from
+ * max(start, n + 1 - ring) to n) is the hash of the sizes noted since the
+ * rings came, and every address is the one noted. Three cases: the first
+ * ring not yet wrapped, wrapped, and rings that came late (start > 0). */
+static size_t sizes[40000];
+
+static void check_rings(const struct vpmm_loop *l, uint64_t since)
+{
+	uint64_t oldest = l->n + 1 > l->ring ? l->n + 1 - l->ring : 0;
+	cr_assert_geq(l->start, since, "start %llu before the rings came at %llu",
+		      (unsigned long long)l->start, (unsigned long long)since);
+	uint64_t h = 0;
+	for (uint64_t i = since; i <= l->n; i++) {
+		if (i >= l->start && i >= oldest) {
+			cr_assert_eq(l->prefix[i & (l->ring - 1)], h, "prefix %llu wrong",
+				     (unsigned long long)i);
+			if (i < l->n)
+				cr_assert_eq(l->at[i & (l->ring - 1)], 0x10000000 + i * GRAIN,
+					     "address %llu wrong", (unsigned long long)i);
+		}
+		if (i < l->n)
+			h = h * VPMM_LOOP_BASE + sizes[i];
+	}
+}
+
+static void grown_rings(uint64_t without, uint64_t pre)
+{
+	struct vpmm_loop l = {0};
+	layers = 150;
+	for (uint64_t i = 0; i < without; i++)
+		vpmm_loop_note(&l, sizes[i] = (2000 + i) * GRAIN, 0x10000000 + i * GRAIN);
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	uint64_t since = l.n;
+	for (uint64_t i = l.n; i < since + pre; i++)
+		vpmm_loop_note(&l, sizes[i] = (1000 + i) * GRAIN, 0x10000000 + i * GRAIN);
+	uint64_t base = l.n;
+	for (unsigned k = 1; k <= 5; k++) {
+		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
+			vpmm_loop_note(&l, sizes[i] = size_at(i - base), 0x10000000 + i * GRAIN);
+		defrag_size(&l, size_at(STEP - 2));
+		check_rings(&l, since);
+	}
+	cr_assert_eq(l.ring, 2 * VPMM_LOOP_RING, "the rings did not grow: the test shows nothing");
+	vpmm_loop_fini(&l);
+}
+
+Test(sequence, grown_rings_hold_what_they_held)
+{
+	grown_rings(0, 0);
+	grown_rings(0, VPMM_LOOP_RING + 1234);
+	grown_rings(5000, 0);
 }
 
