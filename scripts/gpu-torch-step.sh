@@ -15,7 +15,9 @@
 # work is queued). pluggable-timed puts a clock around each call into the
 # pool (test/gpu/torch_timed.c): the time inside the pool per step, and the
 # calls by duration, so that cache hits, misses and defragmentations show
-# apart; runs over libvpmm print the pool's counters per step.
+# apart; pluggable-cache-timed the same clock around the exact-size cache,
+# what the calls cost at least; runs over libvpmm print the pool's counters
+# per step.
 #
 # Environment: ROUNDS (4), STEPS (200), MODES (pluggable), CPUS, OUT
 # (build-gpu-torch-step), CUDA_HOME. Needs gcc, nvcc and python3 with torch.
@@ -43,11 +45,11 @@ gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 	-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
 	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic \
 	-lpthread -ldl -o "$W/libvpmm.so" || exit 1
-case " $MODES " in *" pluggable-async "*|*" pluggable-cache "*)
+case " $MODES " in *" pluggable-async "*|*" pluggable-cache"*)
 	"$CUDA/bin/nvcc" -O2 -shared -Xcompiler -fPIC -cudart shared \
 		-o "$W/libtorch_async.so" "$ROOT/test/gpu/torch_async_alloc.cu" || exit 1 ;;
 esac
-case " $MODES " in *" pluggable-timed"*)
+case " $MODES " in *"-timed"*)
 	gcc -O2 -std=gnu11 -fPIC -shared -o "$W/libtorch_timed.so" \
 		"$ROOT/test/gpu/torch_timed.c" -ldl -lpthread || exit 1 ;;
 esac

@@ -16,6 +16,8 @@ MODE says how memory is allocated; the environment must match it:
   pluggable-timed  pluggable, through a wrapper that times each call
               (TIMED_LIB, test/gpu/torch_timed.c): the step's time inside
               the pool, per step
+  pluggable-cache-timed  pluggable-cache through the same wrapper: the
+              time an allocator that costs least spends in the same calls
 
 Modes over libvpmm also report the pool's counters over the timed steps
 (pool_per_step: defragmentations, driver calls, cache hits ... per step).
@@ -54,6 +56,12 @@ elif mode == "pluggable-timed":
 elif mode == "pluggable-cache":
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         os.environ["ASYNC_LIB"], "cache_malloc", "cache_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+elif mode == "pluggable-cache-timed":
+    os.environ.update(TIMED_TARGET=os.environ["ASYNC_LIB"], TIMED_MALLOC="cache_malloc",
+                      TIMED_FREE="cache_free")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        os.environ["TIMED_LIB"], "timed_malloc", "timed_free")
     torch.cuda.memory.change_current_allocator(alloc)
 
 
@@ -145,7 +153,7 @@ gen = torch.Generator(device="cpu").manual_seed(1)
 data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
 
 timed = None
-if mode == "pluggable-timed":
+if mode in ("pluggable-timed", "pluggable-cache-timed"):
     timed = ctypes.CDLL(os.environ["TIMED_LIB"]).timed_read
     timed.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
 

@@ -2,7 +2,10 @@
  * VPMM_LIB) behind CUDAPluggableAllocator with a clock around each call: how
  * much of a training step the pool's calls take, measured inside the step
  * rather than inferred from a CPU profile (shim_torch.py's mode
- * pluggable-timed, scripts/gpu-torch-step.sh). timed_read() gives the calls
+ * pluggable-timed, scripts/gpu-torch-step.sh). TIMED_TARGET, TIMED_MALLOC
+ * and TIMED_FREE put the same clock around another allocator's pair (mode
+ * pluggable-cache-timed: the exact-size cache of torch_async_alloc.cu, the
+ * least an allocator behind this interface can cost). timed_read() gives the calls
  * and nanoseconds so far, split by malloc and free; timed_histogram() the
  * same per power of two of a call's nanoseconds, so that the many quick
  * calls and the few long ones (a defragmentation) show apart. */
@@ -35,14 +38,19 @@ static void account(int which, uint64_t ns)
 
 static void resolve(void)
 {
-	const char *path = getenv("VPMM_LIB");
+	const char *path = getenv("TIMED_TARGET") ? getenv("TIMED_TARGET") : getenv("VPMM_LIB");
+	const char *m = getenv("TIMED_MALLOC") ? getenv("TIMED_MALLOC") : "vpmm_torch_malloc";
+	const char *f = getenv("TIMED_FREE") ? getenv("TIMED_FREE") : "vpmm_torch_free";
 	void *h = path ? dlopen(path, RTLD_NOW | RTLD_GLOBAL) : NULL;
 	if (!h) {
-		fprintf(stderr, "torch_timed: VPMM_LIB: %s\n", path ? dlerror() : "not set");
+		fprintf(stderr, "torch_timed: %s: %s\n", path ? path : "VPMM_LIB",
+			path ? dlerror() : "not set");
 		return;
 	}
-	*(void **)&real_malloc = dlsym(h, "vpmm_torch_malloc");
-	*(void **)&real_free = dlsym(h, "vpmm_torch_free");
+	*(void **)&real_malloc = dlsym(h, m);
+	*(void **)&real_free = dlsym(h, f);
+	if (!real_malloc || !real_free)
+		fprintf(stderr, "torch_timed: %s or %s not in %s\n", m, f, path);
 }
 
 static uint64_t now_ns(void)
