@@ -250,23 +250,18 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s)
 {
-	return p->cfg.front_entries ? flush_one(p, &s->front, s) : 0;
+	return p->cfg.front_entries ? flush_one(p, vpmm_front_of(p, s), s) : 0;
 }
 
 bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r)
 {
-	struct front *f = s ? &s->front : &p->sync_front;
+	struct front *f = vpmm_front_of(p, s);
 	bool found = false;
 	pthread_mutex_lock(&f->lock);
 	for (uint16_t slot = f->head[bucket(r->size)]; slot && !found; slot = f->e[slot - 1].next)
 		found = f->e[slot - 1].r == r;
 	pthread_mutex_unlock(&f->lock);
 	return found;
-}
-
-size_t vpmm_front_flush_sync_locked(vpmm_pool *p)
-{
-	return p->cfg.front_entries ? flush_one(p, &p->sync_front, NULL) : 0;
 }
 
 size_t vpmm_front_flush_locked(vpmm_pool *p)

@@ -3,7 +3,7 @@
  * A training step makes the same mallocs in the same order every step. Two
  * rules in pool.c use that: a defragmentation that repeats a loop grows the
  * pool instead (vpmm_loop_repeats), and a malloc is placed where the same
- * malloc went one, two or three steps before, when that memory is free
+ * malloc went one or two steps before, when that memory is free
  * (vpmm_loop_hints). The first stops the pool from regathering memory for
  * the same tensor every step; the second stops the other tensors from
  * taking that memory before the tensor comes.
@@ -122,7 +122,7 @@ unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
 {
 	uint64_t i = l->n - 1, per = l->period;
 	unsigned n = 0;
-	if (!l->n || !window_repeats(l, per))
+	if (!window_repeats(l, per))
 		return 0;
 	/* window_repeats() holds n >= VPMM_LOOP_TIMES periods in the ring. */
 	uint64_t size = prefix(l, i + 1) - prefix(l, i) * BASE;
@@ -151,9 +151,9 @@ static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t s
 static void grow(struct vpmm_loop *l, uint64_t period)
 {
 	uint64_t ring = l->ring;
-	if (period > VPMM_LOOP_RING_MAX / (VPMM_LOOP_TIMES + 1))
-		return;
-	while (ring <= (VPMM_LOOP_TIMES + 1) * period && ring < VPMM_LOOP_RING_MAX)
+	if ((VPMM_LOOP_TIMES + 1) * period >= VPMM_LOOP_RING_MAX)
+		return; /* no ring allowed would hold it */
+	while (ring <= (VPMM_LOOP_TIMES + 1) * period)
 		ring *= 2;
 	if (ring == l->ring)
 		return;

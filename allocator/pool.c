@@ -2029,7 +2029,7 @@ static struct region *find_region(vpmm_pool *p, CUdeviceptr ptr)
  * defragmentation either way. */
 static bool loop_repeats(vpmm_pool *p, struct stream *caller, size_t need)
 {
-	struct front *f = caller ? &caller->front : &p->sync_front;
+	struct front *f = vpmm_front_of(p, caller);
 	pthread_mutex_lock(&f->lock);
 	bool periodic = vpmm_loop_repeats(&f->loop, need, p->grain);
 	pthread_mutex_unlock(&f->lock);
@@ -2055,8 +2055,7 @@ static struct region *place_at(vpmm_pool *p, struct stream *caller, size_t need,
 	if (r && r->kind == R_LIVE && __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE) &&
 	    !*flushed && vpmm_front_holds_locked(p, caller, r)) {
 		*flushed = true;
-		if (caller ? vpmm_front_flush_stream_locked(p, caller)
-			   : vpmm_front_flush_sync_locked(p))
+		if (vpmm_front_flush_stream_locked(p, caller))
 			r = find_region(p, x);
 	}
 	if (!r || r->kind != R_FREE || (r->stream && r->stream != caller) ||
@@ -2223,16 +2222,17 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	}
 	/* The sequence of mallocs (loop.c), and where this one's like went
 	 * a step or more before. */
-	struct front *f = caller ? &caller->front : &p->sync_front;
+	struct front *f = vpmm_front_of(p, caller);
 	CUdeviceptr hint[VPMM_LOOP_HINTS];
 	unsigned nhint = 0;
+	bool small = size <= vpmm_small_max(p);
 	pthread_mutex_lock(&f->lock);
 	vpmm_loop_init(&f->loop); /* without memory, no loop is seen */
 	uint64_t seq = vpmm_loop_note(&f->loop, size, 0);
-	if (size > vpmm_small_max(p))
+	if (!small)
 		nhint = vpmm_loop_hints(&f->loop, hint);
 	pthread_mutex_unlock(&f->lock);
-	if (size <= vpmm_small_max(p)) {
+	if (small) {
 		rc = vpmm_small_malloc_locked(p, caller, size, out);
 	} else {
 		rc = vpmm_pool_take_locked(p, caller, (size + p->grain - 1) / p->grain * p->grain,
@@ -2244,9 +2244,8 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		pthread_mutex_lock(&f->lock);
 		vpmm_loop_placed(&f->loop, seq, *out);
 		pthread_mutex_unlock(&f->lock);
-	}
-	if (!rc)
 		p->st.mallocs++;
+	}
 out:
 	if (rc)
 		p->st.failures++;

@@ -256,8 +256,13 @@ void vpmm_front_pool_init(vpmm_pool *p);
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);
 int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
 size_t vpmm_front_flush_locked(vpmm_pool *p);
+/* s's cache, or the synchronous callers' for s NULL. */
+static inline struct front *vpmm_front_of(vpmm_pool *p, struct stream *s)
+{
+	return s ? &s->front : &p->sync_front;
+}
+/* Gives back every entry of s's cache (NULL: the synchronous callers'). */
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
-size_t vpmm_front_flush_sync_locked(vpmm_pool *p);
 /* Whether s's cache (NULL: the synchronous callers') holds r parked. */
 bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
