@@ -16,8 +16,12 @@
 # pool (test/gpu/torch_timed.c): the time inside the pool per step, and the
 # calls by duration, so that cache hits, misses and defragmentations show
 # apart; pluggable-cache-timed the same clock around the exact-size cache,
-# what the calls cost at least; runs over libvpmm print the pool's counters
-# per step.
+# what the calls cost at least; native-timed the same clock around
+# PyTorch's own caching allocator behind the same interface
+# (test/gpu/torch_native.cpp), so that the pool's calls are weighed against
+# native's in the same rounds ("calls a step", free of the hosts' spread);
+# pluggable-native that allocator unclocked, what the interface adds to
+# native's step. Runs over libvpmm print the pool's counters per step.
 #
 # Environment: ROUNDS (4), STEPS (200), MODES (pluggable), CPUS, OUT
 # (build-gpu-torch-step), CUDA_HOME. Needs gcc, nvcc and python3 with torch.
@@ -49,6 +53,15 @@ case " $MODES " in *" pluggable-async "*|*" pluggable-cache"*)
 	"$CUDA/bin/nvcc" -O2 -shared -Xcompiler -fPIC -cudart shared \
 		-o "$W/libtorch_async.so" "$ROOT/test/gpu/torch_async_alloc.cu" || exit 1 ;;
 esac
+case " $MODES " in *" pluggable-native"*|*" native-timed"*)
+	# against the torch in use: its headers, its C++ ABI, its libc10s
+	eval "$(python3 -c 'import torch, torch.utils.cpp_extension as e
+print("TI=\"%s\" TL=%s ABI=%d" % (" ".join("-I" + p for p in e.include_paths()),
+      e.TORCH_LIB_PATH, torch.compiled_with_cxx11_abi()))')" || exit 1
+	g++ -O2 -std=c++17 -fPIC -shared -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
+		$TI -I"$CUDA/include" "$ROOT/test/gpu/torch_native.cpp" -L"$TL" -Wl,-rpath,"$TL" \
+		-lc10_cuda -lc10 -o "$W/libtorch_native.so" || exit 1 ;;
+esac
 case " $MODES " in *"-timed"*)
 	gcc -O2 -std=gnu11 -fPIC -shared -o "$W/libtorch_timed.so" \
 		"$ROOT/test/gpu/torch_timed.c" -ldl -lpthread || exit 1 ;;
@@ -61,7 +74,7 @@ run_mode() {
 	# MODE:VAR=VALUE runs MODE with VAR=VALUE in its environment
 	[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
 	"$@" env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
-		TIMED_LIB="$W/libtorch_timed.so" \
+		TIMED_LIB="$W/libtorch_timed.so" NATIVE_LIB="$W/libtorch_native.so" \
 		python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
 		>"$OUT/$(echo "$m" | tr ':=,' '___')-$r.json"
 }
@@ -124,4 +137,17 @@ for m in modes:
     per = [runs[m][r]["step_ms"] / runs["native"][r]["step_ms"] for r in range(rounds)]
     print("median step: native %.2f ms, %s %.2f ms: ratio %.3f (rounds %.3f-%.3f); target <= 1.02"
           % (nat, m, med, med / nat, min(per), max(per)))
+# the calls' own time, clocked the same way in the same rounds: what each
+# allocator adds to the step over native's, free of the hosts' spread
+if "native-timed" in modes:
+    for m in modes:
+        if m == "native-timed" or runs[m][0].get("inside_ms") is None:
+            continue
+        d = [runs[m][r]["inside_ms"] - runs["native-timed"][r]["inside_ms"] for r in range(rounds)]
+        pct = [100 * d[r] / runs["native"][r]["step_ms"] for r in range(rounds)]
+        print("calls a step: %s %.3f ms, native-timed %.3f ms: %+.3f ms (rounds %+.3f to %+.3f), "
+              "%+.2f %% of native's step (rounds %+.2f to %+.2f); target <= 2 %%" % (
+                  m, statistics.median(x["inside_ms"] for x in runs[m]),
+                  statistics.median(x["inside_ms"] for x in runs["native-timed"]),
+                  statistics.median(d), min(d), max(d), statistics.median(pct), min(pct), max(pct)))
 EOF

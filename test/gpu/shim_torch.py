@@ -18,6 +18,11 @@ MODE says how memory is allocated; the environment must match it:
               the pool, per step
   pluggable-cache-timed  pluggable-cache through the same wrapper: the
               time an allocator that costs least spends in the same calls
+  pluggable-native  CUDAPluggableAllocator over PyTorch's own caching
+              allocator (NATIVE_LIB, test/gpu/torch_native.cpp): native
+              with the interface's cost added, as the pool has it
+  native-timed  pluggable-native through the same wrapper: native's own
+              time in the same calls, against which the pool's counts
 
 Modes over libvpmm also report the pool's counters over the timed steps
 (pool_per_step: defragmentations, driver calls, cache hits ... per step).
@@ -62,6 +67,17 @@ elif mode == "pluggable-cache-timed":
                       TIMED_FREE="cache_free")
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         os.environ["TIMED_LIB"], "timed_malloc", "timed_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+elif mode in ("pluggable-native", "native-timed"):
+    # native's allocator is kept (and initialised) before the swap, after
+    # which c10 no longer hands it out
+    if ctypes.CDLL(os.environ["NATIVE_LIB"], mode=ctypes.RTLD_GLOBAL).native_capture():
+        sys.exit("native_capture failed")
+    lib, m, f = os.environ["NATIVE_LIB"], "native_malloc", "native_free"
+    if mode == "native-timed":
+        os.environ.update(TIMED_TARGET=lib, TIMED_MALLOC=m, TIMED_FREE=f)
+        lib, m, f = os.environ["TIMED_LIB"], "timed_malloc", "timed_free"
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, m, f)
     torch.cuda.memory.change_current_allocator(alloc)
 
 
@@ -153,7 +169,7 @@ gen = torch.Generator(device="cpu").manual_seed(1)
 data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
 
 timed = None
-if mode in ("pluggable-timed", "pluggable-cache-timed"):
+if mode in ("pluggable-timed", "pluggable-cache-timed", "native-timed"):
     timed = ctypes.CDLL(os.environ["TIMED_LIB"]).timed_read
     timed.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
 

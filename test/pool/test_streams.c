@@ -62,6 +62,7 @@ Test(streams, completed_region_is_reused_in_place_by_another_stream)
 	open64(&t, 0, VPMM_DEFRAG_LACKING);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
+	PT_MALLOC(&t, 1, b); /* b takes memory too: a's frees close epochs */
 	CUdeviceptr p = PT_MALLOC(&t, 4, a);
 	PT_MALLOC(&t, 1, a);
 	PT_FREE(&t, p, a);
@@ -77,7 +78,7 @@ Test(streams, completed_region_is_reused_in_place_by_another_stream)
 	cr_assert_eq(s1.defrags, s0.defrags);
 	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), w0,
 		     "phase 1 inserted a wait");
-	PT_LAYOUT_IS(&t, "[4][1][*59]");
+	PT_LAYOUT_IS(&t, "[1][4][1][*58]");
 	pt_close(&t);
 }
 
@@ -235,6 +236,7 @@ Test(streams, completed_region_of_another_stream_is_a_prefix)
 	open64(&t, 0, VPMM_DEFRAG_LACKING);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
+	PT_MALLOC(&t, 1, b); /* b takes memory too: a's frees close epochs */
 	CUdeviceptr x = PT_MALLOC(&t, 2, a);
 	PT_FREE(&t, x, a);
 	vpmm_host_stream_complete(t.drv, a);
@@ -242,7 +244,7 @@ Test(streams, completed_region_of_another_stream_is_a_prefix)
 	CUdeviceptr q = PT_MALLOC(&t, 3, b);
 	struct vpmm_stats s1 = pt_stats(&t);
 	cr_assert_eq(q, x, "the completed region in front of the hole was not used");
-	PT_LAYOUT_IS(&t, "[3][*61]");
+	PT_LAYOUT_IS(&t, "[1][3][*60]");
 	cr_assert_eq(s1.pages_created - s0.pages_created, 1);
 	cr_assert_eq(s1.pages_remapped, s0.pages_remapped);
 	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0);
@@ -261,6 +263,7 @@ Test(streams, epoch_join_never_hands_out_memory_early)
 	pt_open(&t, &su);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
+	PT_MALLOC(&t, 1, b); /* b takes memory too: a's frees close epochs */
 	CUdeviceptr p1 = PT_MALLOC(&t, 2, a);
 	PT_MALLOC(&t, 1, a);
 	CUdeviceptr p2 = PT_MALLOC(&t, 2, a);
@@ -268,7 +271,7 @@ Test(streams, epoch_join_never_hands_out_memory_early)
 	PT_FREE(&t, p1, a);
 	vpmm_host_stream_complete(t.drv, a);
 	PT_FREE(&t, p2, a);
-	PT_LAYOUT_IS(&t, "[-2][1][-2][1][*58]");
+	PT_LAYOUT_IS(&t, "[1][-2][1][-2][1][*57]");
 
 	CUdeviceptr q1 = PT_MALLOC(&t, 2, b);
 	cr_assert_eq(q1, p1, "p1's completed region not reused by stream b");
@@ -381,6 +384,78 @@ Test(streams, poll_around_sync_settles_every_stream)
 	cr_assert_eq(pt_stats(&t).pages_created, s2.pages_created);
 	PT_FREE(&t, c, VPMM_NO_STREAM);
 	PT_FREE(&t, keep, VPMM_NO_STREAM);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* While one stream is the only one taking memory, its frees record no event:
+ * it reuses its own frees in its order, and nobody else asks. A stream that
+ * comes later records the event it needs (on a, at its first request) and
+ * meanwhile takes a's pages only behind a device-side wait; from then on a's
+ * frees close epochs again, so later requests find them completed. */
+Test(streams, a_sole_stream_records_no_event_until_another_takes)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	CUdeviceptr g = PT_MALLOC(&t, 1, a);
+	PT_FREE(&t, p, a);
+	CUdeviceptr p2 = PT_MALLOC(&t, 4, a);
+	cr_assert_eq(p2, p, "a does not reuse its own free at once");
+	PT_FREE(&t, p2, a);
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_eq(s0.events_recorded, 0, "a sole stream's frees recorded events");
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), 0);
+	vpmm_host_stream_complete(t.drv, a);
+
+	CUdeviceptr q = PT_MALLOC(&t, 4, b);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.events_recorded, 1, "b's request did not close a's epoch");
+	cr_assert_eq(s1.pages_created, s0.pages_created, "b grew instead of taking a's pages");
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 1,
+		     "a's pages reached b without a wait on a's event");
+	vpmm_host_stream_complete(t.drv, a);
+	vpmm_host_stream_complete(t.drv, b);
+	pt_settle(&t);
+
+	/* Two streams take memory now: a's free closes its epoch, and once it
+	 * completed b reuses the region in place, with no wait. */
+	CUdeviceptr r = PT_MALLOC(&t, 2, a);
+	PT_FREE(&t, r, a);
+	struct vpmm_stats s2 = pt_stats(&t);
+	cr_assert_eq(s2.events_recorded, s1.events_recorded + 1,
+		     "a's free did not record with b taking memory");
+	vpmm_host_stream_complete(t.drv, a);
+	unsigned long w0 = vpmm_host_stream_wait_count(t.drv, b);
+	CUdeviceptr r2 = PT_MALLOC(&t, 2, b);
+	cr_assert_eq(r2, r, "a's completed free not reused in place by b");
+	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), w0);
+	PT_FREE(&t, q, b);
+	PT_FREE(&t, r2, b);
+	PT_FREE(&t, g, a);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* A synchronous caller takes only completed memory: once one has come
+ * through the lock, a sole stream's frees close epochs again. */
+Test(streams, a_synchronous_taker_makes_a_sole_stream_record)
+{
+	struct pt t;
+	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 2, a);
+	PT_FREE(&t, p, a);
+	cr_assert_eq(pt_stats(&t).events_recorded, 0);
+	CUdeviceptr k = PT_MALLOC(&t, 1, VPMM_NO_STREAM);
+	uint64_t e0 = pt_stats(&t).events_recorded;
+	CUdeviceptr p2 = PT_MALLOC(&t, 2, a);
+	PT_FREE(&t, p2, a);
+	cr_assert_eq(pt_stats(&t).events_recorded, e0 + 1,
+		     "a's free recorded nothing with a synchronous caller taking memory");
+	PT_FREE(&t, k, VPMM_NO_STREAM);
 	pt_settle(&t);
 	pt_close(&t);
 }
