@@ -6,10 +6,10 @@
  * check.c. Every driver call goes through DRV() so it is counted.
  *
  * Stream order without an event per free: a free is tagged with its stream's
- * open epoch; an event is recorded only to close an epoch (at most once per
- * cfg.event_interval_ns on the free path while another stream or a
- * synchronous caller takes memory too, or when one of them or a
- * defragmentation needs to know). Memory whose epoch completed is "settled":
+ * open epoch; an event is recorded only to close an epoch (on the free path at
+ * most once per cfg.event_interval_ns, or SOLE_RECORD_NS while one stream is
+ * the only taker; or when another stream, a trim or a defragmentation needs
+ * to know). Memory whose epoch completed is "settled":
  * any stream may take it without waiting.
  */
 #include <errno.h>
@@ -1642,6 +1642,9 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
  * defragmentation makes new ones. */
 #define RECLAIM_POLL_NS 100000
 #define RELEASE_POLL_NS 10000000
+/* The longest a sole taker's frees wait for an event (vpmm_pool_give_locked):
+ * a trim past the release threshold looks no more often. */
+#define SOLE_RECORD_NS RELEASE_POLL_NS
 
 static void timed_wait(vpmm_pool *p, long ns)
 {
@@ -2164,14 +2167,15 @@ void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 	free_insert(p, r);
 	/* Close the epoch now and then, so other streams can learn of
 	 * completion without a record of their own; never on every free.
-	 * Only others need to learn it: a stream takes its own frees in its
-	 * order. While s is the only taker, a record would cost a driver call
-	 * a free for nothing (a training step: 55 a step, 0.2-0.3 ms on an
-	 * H100); a taker that comes later closes the epochs it needs
-	 * (poll_others), as a defragmentation does (cover_event). */
-	if (s && !s->dead && (p->nstreams > 1 || p->sync_takes) &&
-	    (!p->cfg.event_interval_ns ||
-	     now_ns() - s->last_record_ns >= p->cfg.event_interval_ns))
+	 * A stream takes its own frees in its order: while it is the only
+	 * taker, only a trim (giving memory back) and a taker yet to come
+	 * would learn anything, and SOLE_RECORD_NS is soon enough for both.
+	 * The 50 us interval there cost a training step 55 driver calls a
+	 * step, 0.2-0.3 ms on an H100 (docs/design.md). */
+	uint64_t every = p->cfg.event_interval_ns;
+	if (every && every < SOLE_RECORD_NS && p->nstreams <= 1 && !p->sync_takes)
+		every = SOLE_RECORD_NS;
+	if (s && !s->dead && (!every || now_ns() - s->last_record_ns >= every))
 		close_epoch(p, s, NULL);
 	if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
 		pthread_cond_signal(&p->reclaim_cond);
@@ -2332,10 +2336,13 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 			}
 	if (s) {
 		/* Its parked frees join its pending ones; one last event, while
-		 * the stream still exists, covers them all. */
+		 * the stream still exists, covers them all, and what it frees
+		 * later: blocks of its slabs, freed by others once it is gone,
+		 * are released in the epoch of that event (give_locked). Recorded
+		 * even with no pending free, since those blocks' work may follow
+		 * every event before it. */
 		vpmm_front_flush_stream_locked(p, s);
-		if (s->fifo_tail && s->fifo_tail->epoch == s->epoch)
-			rc = close_epoch(p, s, NULL);
+		rc = close_epoch(p, s, NULL);
 		s->dead = true;
 		pthread_mutex_lock(&s->front.lock);
 		vpmm_loop_fini(&s->front.loop);

@@ -193,8 +193,9 @@ struct vpmm_pool {
 	struct stream **stream_hash;
 	unsigned stream_hash_size, nstreams;
 	/* A VPMM_NO_STREAM malloc came through the lock: synchronous callers
-	 * take only settled memory. Never cleared. With it or a second
-	 * stream, frees close epochs on their own (vpmm_pool_give_locked). */
+	 * take only settled memory. Never cleared. Without it and a second
+	 * stream, frees close epochs only every SOLE_RECORD_NS
+	 * (vpmm_pool_give_locked). */
 	bool sync_takes;
 	struct stream *last_stream; /* one-entry cache for the hot path */
 

@@ -2,6 +2,8 @@
  * reusable at once on that stream, by another stream in phase 1 only once the
  * freeing stream's work completed, and by a defrag only behind a device-side
  * wait. Harvest order: own stream, settled, then other streams oldest first. */
+#include <time.h>
+
 #include "pool_test.h"
 
 static void open64(struct pt *t, size_t initial, enum vpmm_defrag_policy policy)
@@ -62,7 +64,6 @@ Test(streams, completed_region_is_reused_in_place_by_another_stream)
 	open64(&t, 0, VPMM_DEFRAG_LACKING);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
-	PT_MALLOC(&t, 1, b); /* b takes memory too: a's frees close epochs */
 	CUdeviceptr p = PT_MALLOC(&t, 4, a);
 	PT_MALLOC(&t, 1, a);
 	PT_FREE(&t, p, a);
@@ -78,7 +79,7 @@ Test(streams, completed_region_is_reused_in_place_by_another_stream)
 	cr_assert_eq(s1.defrags, s0.defrags);
 	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), w0,
 		     "phase 1 inserted a wait");
-	PT_LAYOUT_IS(&t, "[1][4][1][*58]");
+	PT_LAYOUT_IS(&t, "[4][1][*59]");
 	pt_close(&t);
 }
 
@@ -236,7 +237,6 @@ Test(streams, completed_region_of_another_stream_is_a_prefix)
 	open64(&t, 0, VPMM_DEFRAG_LACKING);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
-	PT_MALLOC(&t, 1, b); /* b takes memory too: a's frees close epochs */
 	CUdeviceptr x = PT_MALLOC(&t, 2, a);
 	PT_FREE(&t, x, a);
 	vpmm_host_stream_complete(t.drv, a);
@@ -244,7 +244,7 @@ Test(streams, completed_region_of_another_stream_is_a_prefix)
 	CUdeviceptr q = PT_MALLOC(&t, 3, b);
 	struct vpmm_stats s1 = pt_stats(&t);
 	cr_assert_eq(q, x, "the completed region in front of the hole was not used");
-	PT_LAYOUT_IS(&t, "[1][3][*60]");
+	PT_LAYOUT_IS(&t, "[3][*61]");
 	cr_assert_eq(s1.pages_created - s0.pages_created, 1);
 	cr_assert_eq(s1.pages_remapped, s0.pages_remapped);
 	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 0);
@@ -263,7 +263,6 @@ Test(streams, epoch_join_never_hands_out_memory_early)
 	pt_open(&t, &su);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
-	PT_MALLOC(&t, 1, b); /* b takes memory too: a's frees close epochs */
 	CUdeviceptr p1 = PT_MALLOC(&t, 2, a);
 	PT_MALLOC(&t, 1, a);
 	CUdeviceptr p2 = PT_MALLOC(&t, 2, a);
@@ -271,7 +270,7 @@ Test(streams, epoch_join_never_hands_out_memory_early)
 	PT_FREE(&t, p1, a);
 	vpmm_host_stream_complete(t.drv, a);
 	PT_FREE(&t, p2, a);
-	PT_LAYOUT_IS(&t, "[1][-2][1][-2][1][*57]");
+	PT_LAYOUT_IS(&t, "[-2][1][-2][1][*58]");
 
 	CUdeviceptr q1 = PT_MALLOC(&t, 2, b);
 	cr_assert_eq(q1, p1, "p1's completed region not reused by stream b");
@@ -388,74 +387,112 @@ Test(streams, poll_around_sync_settles_every_stream)
 	pt_close(&t);
 }
 
-/* While one stream is the only one taking memory, its frees record no event:
- * it reuses its own frees in its order, and nobody else asks. A stream that
- * comes later records the event it needs (on a, at its first request) and
- * meanwhile takes a's pages only behind a device-side wait; from then on a's
- * frees close epochs again, so later requests find them completed. */
-Test(streams, a_sole_stream_records_no_event_until_another_takes)
+/* A stream that is the only taker needs events only for a trim or a taker
+ * yet to come: its frees record at most once per 10 ms (SOLE_RECORD_NS),
+ * not once per interval, until a second stream takes memory. */
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {0, ms * 1000000L};
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+static uint64_t free_records(struct pt *t, CUdeviceptr p, CUstream s)
+{
+	uint64_t e0 = pt_stats(t).events_recorded;
+	PT_FREE(t, p, s);
+	return pt_stats(t).events_recorded - e0;
+}
+
+Test(streams, a_sole_stream_records_once_per_ten_ms)
 {
 	struct pt t;
-	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
+	pt_open(&t, &su);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
-	CUdeviceptr p = PT_MALLOC(&t, 4, a);
-	CUdeviceptr g = PT_MALLOC(&t, 1, a);
-	PT_FREE(&t, p, a);
-	CUdeviceptr p2 = PT_MALLOC(&t, 4, a);
-	cr_assert_eq(p2, p, "a does not reuse its own free at once");
-	PT_FREE(&t, p2, a);
-	struct vpmm_stats s0 = pt_stats(&t);
-	cr_assert_eq(s0.events_recorded, 0, "a sole stream's frees recorded events");
-	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), 0);
-	vpmm_host_stream_complete(t.drv, a);
+	CUdeviceptr p = PT_MALLOC(&t, 2, a);
+	PT_MALLOC(&t, 1, a);
+	cr_assert_eq(free_records(&t, p, a), 1, "the first free closes no epoch");
+	p = PT_MALLOC(&t, 2, a);
+	sleep_ms(2); /* past the 1 ms interval, well within 10 ms */
+	cr_assert_eq(free_records(&t, p, a), 0,
+		     "a sole stream recorded at the interval, not 10 ms");
 
-	CUdeviceptr q = PT_MALLOC(&t, 4, b);
-	struct vpmm_stats s1 = pt_stats(&t);
-	cr_assert_eq(s1.events_recorded, 1, "b's request did not close a's epoch");
-	cr_assert_eq(s1.pages_created, s0.pages_created, "b grew instead of taking a's pages");
-	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), 1,
-		     "a's pages reached b without a wait on a's event");
-	vpmm_host_stream_complete(t.drv, a);
-	vpmm_host_stream_complete(t.drv, b);
-	pt_settle(&t);
-
-	/* Two streams take memory now: a's free closes its epoch, and once it
-	 * completed b reuses the region in place, with no wait. */
-	CUdeviceptr r = PT_MALLOC(&t, 2, a);
-	PT_FREE(&t, r, a);
-	struct vpmm_stats s2 = pt_stats(&t);
-	cr_assert_eq(s2.events_recorded, s1.events_recorded + 1,
-		     "a's free did not record with b taking memory");
-	vpmm_host_stream_complete(t.drv, a);
-	unsigned long w0 = vpmm_host_stream_wait_count(t.drv, b);
-	CUdeviceptr r2 = PT_MALLOC(&t, 2, b);
-	cr_assert_eq(r2, r, "a's completed free not reused in place by b");
-	cr_assert_eq(vpmm_host_stream_wait_count(t.drv, b), w0);
-	PT_FREE(&t, q, b);
-	PT_FREE(&t, r2, b);
-	PT_FREE(&t, g, a);
+	PT_MALLOC(&t, 1, b); /* b takes memory: a's frees follow the interval */
+	p = PT_MALLOC(&t, 2, a);
+	sleep_ms(2);
+	cr_assert_eq(free_records(&t, p, a), 1,
+		     "with two takers a's free past the interval recorded nothing");
+	vpmm_host_complete_all(t.drv);
 	pt_settle(&t);
 	pt_close(&t);
 }
 
 /* A synchronous caller takes only completed memory: once one has come
- * through the lock, a sole stream's frees close epochs again. */
-Test(streams, a_synchronous_taker_makes_a_sole_stream_record)
+ * through the lock, the interval applies to a sole stream again. */
+Test(streams, a_synchronous_taker_brings_back_the_interval)
 {
 	struct pt t;
-	open64(&t, 0, VPMM_DEFRAG_LACKING);
+	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
+	pt_open(&t, &su);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p = PT_MALLOC(&t, 2, a);
-	PT_FREE(&t, p, a);
-	cr_assert_eq(pt_stats(&t).events_recorded, 0);
+	cr_assert_eq(free_records(&t, p, a), 1);
 	CUdeviceptr k = PT_MALLOC(&t, 1, VPMM_NO_STREAM);
-	uint64_t e0 = pt_stats(&t).events_recorded;
-	CUdeviceptr p2 = PT_MALLOC(&t, 2, a);
-	PT_FREE(&t, p2, a);
-	cr_assert_eq(pt_stats(&t).events_recorded, e0 + 1,
-		     "a's free recorded nothing with a synchronous caller taking memory");
+	p = PT_MALLOC(&t, 2, a);
+	sleep_ms(2);
+	cr_assert_eq(free_records(&t, p, a), 1,
+		     "with a synchronous taker a's free past the interval recorded nothing");
 	PT_FREE(&t, k, VPMM_NO_STREAM);
+	vpmm_host_complete_all(t.drv);
 	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* A destroyed stream's slab empties later, by frees of others: released in
+ * the epoch of the stream's last event, which must exist and cover the
+ * blocks' work, even if the stream never freed anything itself. */
+Test(streams, a_destroyed_streams_slab_settles)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .small_max = SIZE_MAX,
+			      .event_interval_ns = 1000 * 1000};
+	pt_open(&t, &su);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	size_t bs = t.page / 8;
+	CUdeviceptr blk[9]; /* two slabs: an empty one that is not the last goes */
+	for (int i = 0; i < 9; i++)
+		cr_assert_eq(vpmm_pool_malloc(t.pool, bs, a, &blk[i]), 0);
+	cr_assert_eq(pt_stats(&t).events_recorded, 0);
+	cr_assert_eq(vpmm_pool_stream_gone(t.pool, a), 0);
+	cr_assert_eq(pt_stats(&t).events_recorded, 1, "no last event for the stream");
+	vpmm_host_complete_all(t.drv);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(vpmm_pool_free(t.pool, blk[i], VPMM_NO_STREAM), 0);
+	PT_CHECK(&t);
+	pt_settle(&t);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(&t, blk[0], &r));
+	cr_assert_eq(r.kind, VPMM_REGION_FREE, "the empty slab was not released");
+	cr_assert(r.settled, "the destroyed stream's slab never settles");
+	cr_assert_gt(vpmm_pool_trim(t.pool, 0), 0, "nothing to give back");
+	cr_assert_eq(vpmm_pool_free(t.pool, blk[8], VPMM_NO_STREAM), 0);
+	pt_close(&t);
+}
+
+/* A sole stream's frees, completed, go back at the first trim: the first
+ * free records (there is no earlier event), the trim finds it complete. */
+Test(streams, a_trim_gives_back_a_sole_streams_completed_frees)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
+	pt_open(&t, &su);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p = PT_MALLOC(&t, 4, a);
+	PT_FREE(&t, p, a);
+	vpmm_host_complete_all(t.drv);
+	cr_assert_eq(vpmm_pool_trim(t.pool, 0), (long long)(4 * t.page),
+		     "the first trim gave back less than the completed frees");
 	pt_close(&t);
 }
