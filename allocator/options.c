@@ -67,7 +67,7 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "50",                                                                \
 	  "microseconds: a free records a new event on its stream only if "    \
 	  "the last one is older (0: every free); while a single stream is "   \
-	  "the only one taking memory, its frees record none")                 \
+	  "the only one taking memory, at least 10 ms")                        \
 	X(FRONT_ENTRIES, "VPMM_FRONT_ENTRIES", G_POOL, T_COUNT, NULL, "16",     \
 	  "allocations each stream keeps parked for reuse without the pool "   \
 	  "lock, at most 256 (0: none)")                                       \
