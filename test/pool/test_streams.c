@@ -397,6 +397,14 @@ static void sleep_ms(long ms)
 		;
 }
 
+/* A 1 ms event interval: 2 ms sleeps pass it, well within the 10 ms of a
+ * sole stream. */
+static void open_1ms(struct pt *t)
+{
+	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
+	pt_open(t, &su);
+}
+
 static uint64_t free_records(struct pt *t, CUdeviceptr p, CUstream s)
 {
 	uint64_t e0 = pt_stats(t).events_recorded;
@@ -407,8 +415,7 @@ static uint64_t free_records(struct pt *t, CUdeviceptr p, CUstream s)
 Test(streams, a_sole_stream_records_once_per_ten_ms)
 {
 	struct pt t;
-	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
-	pt_open(&t, &su);
+	open_1ms(&t);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUstream b = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p = PT_MALLOC(&t, 2, a);
@@ -434,8 +441,7 @@ Test(streams, a_sole_stream_records_once_per_ten_ms)
 Test(streams, a_synchronous_taker_brings_back_the_interval)
 {
 	struct pt t;
-	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
-	pt_open(&t, &su);
+	open_1ms(&t);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p = PT_MALLOC(&t, 2, a);
 	cr_assert_eq(free_records(&t, p, a), 1);
@@ -486,8 +492,7 @@ Test(streams, a_destroyed_streams_slab_settles)
 Test(streams, a_trim_gives_back_a_sole_streams_completed_frees)
 {
 	struct pt t;
-	struct pt_setup su = {.va_pages = 64, .event_interval_ns = 1000 * 1000};
-	pt_open(&t, &su);
+	open_1ms(&t);
 	CUstream a = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p = PT_MALLOC(&t, 4, a);
 	PT_FREE(&t, p, a);
