@@ -573,15 +573,8 @@ void vpmm_stream_destroying(CUstream s)
 	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
 	for (int i = 0; i < n; i++) {
 		vpmm_pool *p = existing_pool(i);
-		bool pushed;
-		if (!p)
-			continue;
-		/* The pool records the stream's last event: in its own context,
-		 * as every record. Without it the stream is forgotten all the
-		 * same, so nothing is recorded on it once it is destroyed. */
-		vpmm_push_pool_ctx(i, &pushed);
-		vpmm_pool_stream_gone(p, s);
-		vpmm_pop_ctx(pushed);
+		if (p)
+			vpmm_pool_stream_gone(p, s);
 	}
 }
 
