@@ -2342,7 +2342,16 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 		 * even with no pending free, since those blocks' work may follow
 		 * every event before it. */
 		vpmm_front_flush_stream_locked(p, s);
-		rc = close_epoch(p, s, NULL);
+		bool capturing = false;
+		uint64_t open = s->epoch;
+		DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle, &capturing);
+		if (capturing) {
+			rc = -EBUSY; /* our event would join the program's graph */
+		} else if ((rc = close_epoch(p, s, NULL))) {
+			/* No event will follow to cover the epoch it closed:
+			 * back to the last one recorded, as if never tried. */
+			__atomic_store_n(&s->epoch, open, __ATOMIC_SEQ_CST);
+		}
 		s->dead = true;
 		pthread_mutex_lock(&s->front.lock);
 		vpmm_loop_fini(&s->front.loop);

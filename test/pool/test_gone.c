@@ -1,6 +1,8 @@
 /* test_gone.c — a stream the program destroys: one last event covers its
  * pending frees, the pool never records on it again, and a new stream that
  * gets the same handle starts afresh. */
+#include <stdint.h>
+
 #include "pool_test.h"
 
 static void open16(struct pt *t)
@@ -52,5 +54,75 @@ Test(gone, same_handle_is_a_new_stream)
 	cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
 	cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0, "a second destroy is harmless");
 	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* Blocks of a destroyed stream's slab, freed later by others, are released
+ * in the epoch of the stream's last event. The stream_gone record is what
+ * covers them; if it fails, the epoch stays as it was, so that they wait for
+ * the last event that was recorded instead of one that never will be. */
+static void open_small(struct pt *t)
+{
+	struct pt_setup su = {.va_pages = 64, .small_max = SIZE_MAX,
+			      .event_interval_ns = 1000000000};
+	pt_open(t, &su);
+}
+
+static bool slab_settles(struct pt *t, CUstream s, bool fail_last_record)
+{
+	CUdeviceptr big = PT_MALLOC(t, 2, s);
+	PT_FREE(t, big, s); /* the first free records: epoch 1 is closed */
+	CUdeviceptr blk[9]; /* two slabs: an empty one that is not the last goes */
+	for (int i = 0; i < 9; i++)
+		cr_assert_eq(vpmm_pool_malloc(t->pool, t->page / 8, s, &blk[i]), 0);
+	if (fail_last_record)
+		vpmm_host_fail(t->drv, VPMM_OP_EVENT_RECORD, 1, CUDA_ERROR_INVALID_HANDLE);
+	int rc = vpmm_pool_stream_gone(t->pool, s);
+	cr_assert(fail_last_record ? rc < 0 : rc == 0, "stream_gone: %d", rc);
+	vpmm_host_complete_all(t->drv);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(vpmm_pool_free(t->pool, blk[i], VPMM_NO_STREAM), 0);
+	PT_CHECK(t);
+	pt_settle(t);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(t, blk[0], &r));
+	cr_assert_eq(r.kind, VPMM_REGION_FREE, "the empty slab was not released");
+	cr_assert_eq(vpmm_pool_free(t->pool, blk[8], VPMM_NO_STREAM), 0);
+	return r.settled;
+}
+
+Test(gone, a_slab_emptied_after_the_destroy_settles)
+{
+	struct pt t;
+	open_small(&t);
+	cr_assert(slab_settles(&t, vpmm_host_stream_create(t.drv), false),
+		  "the destroyed stream's slab never settles");
+	pt_close(&t);
+}
+
+Test(gone, a_failed_last_record_leaves_the_epoch_as_it_was)
+{
+	struct pt t;
+	open_small(&t);
+	cr_assert(slab_settles(&t, vpmm_host_stream_create(t.drv), true),
+		  "after a failed last record the slab waits for an event never recorded");
+	pt_close(&t);
+}
+
+/* Recording on a stream another thread captures would put our event into
+ * its graph: no last event then. */
+Test(gone, a_capturing_stream_gets_no_last_event)
+{
+	struct pt t;
+	open16(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 4, s);
+	PT_FREE(&t, a, s);
+	vpmm_host_set_capturing(t.drv, s, true);
+	unsigned long rec0 = vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD);
+	cr_assert_lt(vpmm_pool_stream_gone(t.pool, s), 0);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), rec0,
+		     "an event recorded on a capturing stream");
+	vpmm_host_set_capturing(t.drv, s, false);
 	pt_close(&t);
 }
