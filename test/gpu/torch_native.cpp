@@ -59,6 +59,12 @@ extern "C" __attribute__((visibility("default"))) void native_free(void *ptr, ss
 	(void)size;
 	(void)device;
 	(void)stream;
-	if (native && ptr)
+	if (!native || !ptr)
+		return;
+	try {
 		native->raw_delete(ptr);
+	} catch (const std::exception &e) {
+		/* a pointer native never gave out: said, not thrown into torch */
+		std::fprintf(stderr, "torch_native: %s\n", e.what());
+	}
 }
