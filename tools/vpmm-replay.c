@@ -636,9 +636,10 @@ static void print_json(FILE *f, const struct log *lg, const struct result *r,
 		s->reserved_peak, s->driver_calls);
 	fprintf(f, ", \"handles_created\": %" PRIu64 ", \"handles_remapped\": %" PRIu64
 		   ", \"zombies_reclaimed\": %" PRIu64 ", \"front_hits\": %" PRIu64
-		   ", \"loop_growths\": %" PRIu64 ", \"loop_hints\": %" PRIu64,
+		   ", \"loop_growths\": %" PRIu64 ", \"loop_hints\": %" PRIu64
+		   ", \"events_recorded\": %" PRIu64,
 		s->handles_created, s->handles_remapped, s->zombies_reclaimed, s->front_hits,
-		s->loop_growths, s->loop_hints);
+		s->loop_growths, s->loop_hints, s->events_recorded);
 	fprintf(f, ", \"defrag\": \"%s\", \"complete_every\": %" PRIu64,
 		cfg->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking", complete_every);
 	fprintf(f, ", \"wall_ns\": %" PRIu64 ", \"ns_per_op\": %.1f",

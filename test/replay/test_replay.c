@@ -426,6 +426,26 @@ Test(replay, cross_stream_reuse_follows_completion)
 	run_free(&r);
 }
 
+Test(replay, events_follow_the_interval)
+{
+	/* Two frees on one stream: with interval 0 each records an event; with
+	 * a second's interval only the first does (no event before it). */
+	const char *log = write_file("events.csv", HEADER
+		"1,t,allocate,0x1000,2097152,0xa\n"
+		"1,t,free,0x1000,2097152,0xa\n"
+		"1,t,allocate,0x2000,2097152,0xa\n"
+		"1,t,free,0x2000,2097152,0xa\n");
+	struct run r = replay((const char *[]){ "--event-interval-us", "0", "--json", log, NULL },
+			      NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "events_recorded"), 2, "%s", r.out);
+	run_free(&r);
+	r = replay((const char *[]){ "--event-interval-us", "1000000", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "events_recorded"), 1, "%s", r.out);
+	run_free(&r);
+}
+
 Test(replay, no_stream_value_frees_settled_memory)
 {
 	/* 0xffffffffffffffff is VPMM_NO_STREAM (cudaFree in a VPMM_TRACE): its
