@@ -255,6 +255,15 @@ static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 	return 0;
 }
 
+/* close_epoch(), unless another thread is capturing s: our event would join
+ * its graph. -EBUSY then, and the epoch stays open. */
+static int close_epoch_uncaptured(vpmm_pool *p, struct stream *s)
+{
+	bool capturing = false;
+	DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle, &capturing);
+	return capturing ? -EBUSY : close_epoch(p, s, NULL);
+}
+
 /* The first event of s that completes after every free of `epoch`; NULL when
  * that epoch is already known complete. Records one if none covers it yet. */
 static int cover_event(vpmm_pool *p, struct stream *s, uint64_t epoch,
@@ -1527,15 +1536,8 @@ static void poll_others(vpmm_pool *p, struct stream *caller)
 	for (struct stream *s = p->streams; s; s = s->next) {
 		if (s == caller || !s->fifo_head)
 			continue;
-		if (!s->dead && s->fifo_tail->epoch == s->epoch) {
-			bool capturing = false;
-			/* Recording on a stream another thread is capturing
-			 * would put our event into its graph. */
-			DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle,
-			    &capturing);
-			if (!capturing)
-				close_epoch(p, s, NULL);
-		}
+		if (!s->dead && s->fifo_tail->epoch == s->epoch)
+			close_epoch_uncaptured(p, s);
 		poll_stream(p, s);
 	}
 }
@@ -2342,16 +2344,11 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 		 * even with no pending free, since those blocks' work may follow
 		 * every event before it. */
 		vpmm_front_flush_stream_locked(p, s);
-		bool capturing = false;
 		uint64_t open = s->epoch;
-		DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle, &capturing);
-		if (capturing) {
-			rc = -EBUSY; /* our event would join the program's graph */
-		} else if ((rc = close_epoch(p, s, NULL))) {
-			/* No event will follow to cover the epoch it closed:
-			 * back to the last one recorded, as if never tried. */
+		if ((rc = close_epoch_uncaptured(p, s)))
+			/* No event will follow to cover an epoch a failed record
+			 * closed: back to the last one recorded. */
 			__atomic_store_n(&s->epoch, open, __ATOMIC_SEQ_CST);
-		}
 		s->dead = true;
 		pthread_mutex_lock(&s->front.lock);
 		vpmm_loop_fini(&s->front.loop);
