@@ -94,6 +94,12 @@ static uint64_t prefix(const struct vpmm_loop *l, uint64_t i)
 	return l->prefix[i & (l->ring - 1)];
 }
 
+/* The size of malloc i, from the hashes either side of it. */
+static uint64_t size_of(const struct vpmm_loop *l, uint64_t i)
+{
+	return prefix(l, i + 1) - prefix(l, i) * BASE;
+}
+
 /* Whether the last VPMM_LOOP_TIMES stretches of `period` mallocs are
  * equal, size for size (by hash). */
 static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
@@ -125,11 +131,11 @@ unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
 	if (!window_repeats(l, per))
 		return 0;
 	/* window_repeats() holds n >= VPMM_LOOP_TIMES periods in the ring. */
-	uint64_t size = prefix(l, i + 1) - prefix(l, i) * BASE;
 	for (unsigned k = 1; k <= VPMM_LOOP_HINTS; k++) {
 		uint64_t j = i - k * per;
-		if (prefix(l, j + 1) - prefix(l, j) * BASE == size && l->at[j & (l->ring - 1)])
-			at[n++] = l->at[j & (l->ring - 1)];
+		CUdeviceptr there = l->at[j & (l->ring - 1)];
+		if (size_of(l, j) == size_of(l, i) && there)
+			at[n++] = there;
 	}
 	return n;
 }
