@@ -20,8 +20,9 @@
  *
  * Per stream, under the front's lock that the cache's fast path holds
  * anyway: threads on their own streams share nothing. 128 KiB a stream,
- * taken at its first malloc through the pool lock; 256 KiB for a stream
- * whose step is longer than 2 047 mallocs (at most 4 095).
+ * taken at its first malloc through the pool lock; more for a stream whose
+ * step is longer than 2 047 mallocs: 64 to 128 bytes a malloc of the step,
+ * up to 4 MiB (a step of at most 65 535).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -150,6 +151,23 @@ static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t s
 	       prefix(l, n) - prefix(l, n - span + period) * b;
 }
 
+/* Whether the last two stretches of `d0` mallocs are equal, d0 being the
+ * distance from the last defragmentation of slot e's size. From the ring
+ * where it holds both; otherwise from the hashes noted at that size's last
+ * two defragmentations, if they were d0 apart too: a step
+ * longer than half the ring shows only that way (a model of hundreds of
+ * layers makes tens of thousands of mallocs a step). Slots are emptied when
+ * the rings come (vpmm_loop_init), so every hash noted is of these rings. */
+static bool twice(const struct vpmm_loop *l, const struct loop_slot *e, uint64_t d0)
+{
+	if (2 * d0 < l->ring && 2 * d0 <= l->n - l->start)
+		return periodic_over(l, d0, 2 * d0);
+	if (!e->at[1] || e->at[0] - e->at[1] != d0)
+		return false;
+	uint64_t bp = power(BASE, d0);
+	return prefix(l, l->n) - e->hash[0] * bp == e->hash[0] - e->hash[1] * bp;
+}
+
 /* A larger ring, for a step longer than a quarter of it (a model of many
  * layers makes thousands of mallocs a step). What the old ring held is
  * kept; history older than that is not there. Without memory the ring
@@ -205,12 +223,11 @@ bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
 		e->size = need;
 	}
 	/* The ring grows for the newest distance only, the one a loop repeats
-	 * at (older ones are its multiples, or nothing), and only once the
-	 * ring shows two equal stretches of it: a random trace's far-apart
+	 * at (older ones are its multiples, or nothing), and only once two
+	 * equal stretches of it are seen: a random trace's far-apart
 	 * defragmentations leave it as it is. */
 	uint64_t d0 = e->at[0] ? l->n - e->at[0] : 0;
-	if (l->prefix && d0 && (VPMM_LOOP_TIMES + 1) * d0 >= l->ring &&
-	    2 * d0 <= l->n - l->start && 2 * d0 < l->ring && periodic_over(l, d0, 2 * d0))
+	if (l->prefix && d0 && (VPMM_LOOP_TIMES + 1) * d0 >= l->ring && twice(l, e, d0))
 		grow(l, d0);
 	for (unsigned i = 0; i < VPMM_LOOP_HISTORY && e->at[i]; i++) {
 		uint64_t d = l->n - e->at[i];
@@ -225,6 +242,8 @@ bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
 			l->period = longest;
 	}
 	memmove(&e->at[1], &e->at[0], (VPMM_LOOP_HISTORY - 1) * sizeof(e->at[0]));
+	memmove(&e->hash[1], &e->hash[0], (VPMM_LOOP_HISTORY - 1) * sizeof(e->hash[0]));
 	e->at[0] = l->n;
+	e->hash[0] = l->prefix ? prefix(l, l->n) : 0;
 	return longest != 0;
 }

@@ -23,7 +23,8 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_LOOP_SLOTS (1u << VPMM_LOOP_SLOT_BITS)
 #define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
 #define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept, at first */
-#define VPMM_LOOP_RING_MAX 16384 /* ... and at most (loop.c): a step under 4 096 mallocs */
+#define VPMM_LOOP_RING_MAX 262144 /* ... and at most (loop.c): a step under 65 536
+				   * mallocs, 4 MiB of rings */
 #define VPMM_LOOP_TIMES 3    /* stretches of a period that must repeat exactly */
 #define VPMM_LOOP_HINTS 2    /* steps back a malloc's place is looked up (loop.c) */
 #define VPMM_LOOP_BASE 0x100000001b3ull /* the sequence's hash (loop.c); odd:
@@ -76,6 +77,9 @@ struct vpmm_loop {
 		size_t size;
 		uint64_t at[VPMM_LOOP_HISTORY]; /* mallocs noted when this size
 						 * defragmented, newest first; 0: unused */
+		uint64_t hash[VPMM_LOOP_HISTORY]; /* the prefix hash at each:
+						   * compares stretches the
+						   * ring no longer holds */
 	} slot[VPMM_LOOP_SLOTS];
 };
 

@@ -80,6 +80,30 @@ Test(loop, a_repeating_step_stops_remapping)
 	pt_close(&t);
 }
 
+/* A model of many layers: the same step with 5 000 more mallocs, each
+ * freed at once, more than half the first ring of hashes (loop.c). The
+ * loop is seen all the same, a few steps later, and the steps stop
+ * remapping. */
+Test(loop, a_step_of_thousands_of_mallocs_stops_remapping)
+{
+	struct pt t;
+	open_loop(&t, false);
+	uint64_t remapped = 0;
+	for (int k = 0; k < 12; k++) {
+		for (int i = 0; i < 5000; i++)
+			PT_FREE(&t, PT_MALLOC(&t, 1, VPMM_NO_STREAM), VPMM_NO_STREAM);
+		step(&t, 0);
+		if (k == 8)
+			remapped = pt_stats(&t).handles_remapped;
+	}
+	struct vpmm_stats s = pt_stats(&t);
+	cr_assert_geq(s.loop_growths, 1, "the loop was not seen");
+	cr_assert_eq(s.handles_remapped, remapped, "still remapping: %llu -> %llu",
+		     (unsigned long long)remapped, (unsigned long long)s.handles_remapped);
+	PT_CHECK(&t);
+	pt_close(&t);
+}
+
 /* The same step with one more request whose size changes every step: the
  * stretches never repeat, and every step remaps as without the rule. */
 Test(loop, a_step_that_changes_keeps_remapping)

@@ -213,31 +213,31 @@ static void noise(struct vpmm_loop *l, uint64_t n)
 		vpmm_loop_note(l, (1000 + l->n) * GRAIN, 0);
 }
 
-/* A model of many layers makes thousands of mallocs a step: 150 layers
- * here, 2 403 mallocs, more than a quarter of the first ring. The ring
- * grows once two equal steps are in it; the loop is seen once three steps
- * are, and places are offered as for a short step. `pre` mallocs of noise
- * come first, so that the ring may have wrapped before it grows. */
-static void long_step(uint64_t pre)
+/* A model of many layers makes thousands of mallocs a step. The ring
+ * grows once two equal steps are seen; the loop is seen once three steps
+ * are in it, at step `seen`, and places are offered as for a short step.
+ * `pre` mallocs of noise come first, so that the ring may have wrapped
+ * before it grows. */
+static void long_step(unsigned nlayers, uint64_t pre, unsigned seen, uint64_t ring)
 {
 	struct vpmm_loop l = {0};
 	CUdeviceptr at[VPMM_LOOP_HINTS];
-	layers = 150;
+	layers = nlayers;
 	cr_assert_gt((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING);
 	cr_assert_eq(vpmm_loop_init(&l), 0);
 	noise(&l, pre);
 	uint64_t base = l.n;
-	for (unsigned k = 1; k <= 4; k++) {
+	for (unsigned k = 1; k <= seen; k++) {
 		/* up to the step's last malloc, the loop's sizes from `base` on */
 		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
 			vpmm_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
-		cr_assert_eq(defrag_size(&l, size_at(STEP - 2)), k == 4, "step %u: a loop %s", k,
-			     k == 4 ? "not seen" : "seen before three steps were in the ring");
+		cr_assert_eq(defrag_size(&l, size_at(STEP - 2)), k == seen, "step %u: a loop %s", k,
+			     k == seen ? "not seen" : "seen before three steps were in the ring");
 	}
-	cr_assert_eq(l.ring, 2 * VPMM_LOOP_RING, "ring of %llu", (unsigned long long)l.ring);
+	cr_assert_eq(l.ring, ring, "ring of %llu", (unsigned long long)l.ring);
 	cr_assert_eq(l.period, STEP);
 	/* Steps on, the ring wrapping again and again, the hashes still hold. */
-	for (unsigned k = 5; k <= 12; k++) {
+	for (unsigned k = seen + 1; k <= seen + 8; k++) {
 		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
 			vpmm_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
 		cr_assert(defrag_size(&l, size_at(STEP - 2)), "step %u: the loop no longer seen", k);
@@ -245,18 +245,47 @@ static void long_step(uint64_t pre)
 		cr_assert_eq(at[0], 0x10000000 + (l.n - 1 - STEP) * GRAIN);
 		cr_assert_eq(at[1], 0x10000000 + (l.n - 1 - 2 * STEP) * GRAIN);
 	}
-	cr_assert_eq(l.ring, 2 * VPMM_LOOP_RING);
+	cr_assert_eq(l.ring, ring);
 	vpmm_loop_fini(&l);
 }
 
+/* 150 layers, 2 403 mallocs: two steps fit the first ring, which doubles at
+ * the second step's defragmentation. */
 Test(sequence, a_step_of_thousands_of_mallocs)
 {
-	long_step(0);
+	long_step(150, 0, 4, 2 * VPMM_LOOP_RING);
 }
 
 Test(sequence, a_step_of_thousands_of_mallocs_after_the_ring_wrapped)
 {
-	long_step(VPMM_LOOP_RING + 1234);
+	long_step(150, VPMM_LOOP_RING + 1234, 4, 2 * VPMM_LOOP_RING);
+}
+
+/* 300 layers, 4 803 mallocs, and 1 250 layers, 20 003: no two steps fit the
+ * first ring. Three defragmentations a step apart whose stretches hash the
+ * same grow it at the third step; three steps fill the new ring two or
+ * three steps later. */
+Test(sequence, a_step_longer_than_half_the_ring)
+{
+	long_step(300, 0, 5, 4 * VPMM_LOOP_RING);
+	long_step(300, VPMM_LOOP_RING + 1234, 5, 4 * VPMM_LOOP_RING);
+	long_step(1250, 0, 6, 16 * VPMM_LOOP_RING);
+}
+
+/* A step of 65 603 mallocs would need rings past VPMM_LOOP_RING_MAX: it
+ * stays unseen, and the ring as it was. */
+Test(sequence, a_step_past_the_largest_ring_is_not_seen)
+{
+	struct vpmm_loop l = {0};
+	layers = 4100;
+	cr_assert_geq((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING_MAX);
+	cr_assert_eq(vpmm_loop_init(&l), 0);
+	for (unsigned k = 1; k <= 6; k++) {
+		run(&l, l.n, k * STEP - 1);
+		cr_assert_not(defrag_size(&l, size_at(STEP - 2)), "step %u: a loop seen", k);
+	}
+	cr_assert_eq(l.ring, VPMM_LOOP_RING, "grew to %llu", (unsigned long long)l.ring);
+	vpmm_loop_fini(&l);
 }
 
 /* A step of 595 mallocs that defragments once a step: the size's history
