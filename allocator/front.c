@@ -111,7 +111,7 @@ static size_t rounded(const vpmm_pool *p, size_t size)
 {
 	if (size <= vpmm_small_max(p))
 		return vpmm_small_class_size(p, size);
-	return (size + p->grain - 1) / p->grain * p->grain;
+	return vpmm_grains(p, size);
 }
 
 /* The chain of rounded size `size`: sizes recur exactly (a loop's tensors),

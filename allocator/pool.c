@@ -2250,7 +2250,7 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	if (small) {
 		rc = vpmm_small_malloc_locked(p, caller, size, out);
 	} else {
-		rc = vpmm_pool_take_locked(p, caller, (size + p->grain - 1) / p->grain * p->grain,
+		rc = vpmm_pool_take_locked(p, caller, vpmm_grains(p, size),
 					   hint, nhint, &r);
 		if (!rc)
 			*out = r->va;

@@ -260,6 +260,12 @@ struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h);
 int vpmm_pmap_create(vpmm_pool *p, struct chunk *c);
 void vpmm_pmap_destroy(vpmm_pool *p, struct chunk *c);
 void vpmm_pmap_publish(vpmm_pool *p, struct region *r, bool publish);
+/* `size` rounded up to whole grains: what a request above the size classes
+ * takes, and a slab's size (small.c). */
+static inline size_t vpmm_grains(const vpmm_pool *p, size_t size)
+{
+	return (size + p->grain - 1) / p->grain * p->grain;
+}
 void vpmm_front_pool_init(vpmm_pool *p);
 /* 0, or -EAGAIN: take the locked path. */
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);

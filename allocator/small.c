@@ -103,7 +103,7 @@ int vpmm_small_init(vpmm_pool *p)
 		s->nclasses--; /* keep one class that holds `max` */
 	for (unsigned c = 0; c < s->nclasses; c++) {
 		size_t bytes = s->block[c] * MIN_BLOCKS_PER_SLAB;
-		s->slab_bytes[c] = (bytes + p->grain - 1) / p->grain * p->grain;
+		s->slab_bytes[c] = vpmm_grains(p, bytes);
 	}
 	s->max = max < s->block[s->nclasses - 1] ? max : s->block[s->nclasses - 1];
 	p->small = s;

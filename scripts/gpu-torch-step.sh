@@ -24,7 +24,9 @@
 # native's step. Runs over libvpmm print the pool's counters per step.
 #
 # Environment: ROUNDS (4), STEPS (200), MODES (pluggable), CPUS, OUT
-# (build-gpu-torch-step), CUDA_HOME. Needs gcc, nvcc and python3 with torch.
+# (build-gpu-torch-step), CUDA_HOME; STEP_LAYERS (6) and STEP_BATCH (16)
+# reach every mode's model (shim_torch.py). Needs gcc, nvcc and python3
+# with torch.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu-torch-step}

@@ -144,7 +144,11 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = torch.device("cuda:0")
 
-VOCAB, D, HEADS, LAYERS, SEQ, BATCH = 4096, 512, 8, 6, 256, 16
+VOCAB, D, HEADS, SEQ = 4096, 512, 8, 256
+# STEP_LAYERS and STEP_BATCH make a deeper model: each layer adds some 30
+# mallocs a step, so 140 layers or more make a step of over 4 096
+LAYERS = int(os.environ.get("STEP_LAYERS", "6"))
+BATCH = int(os.environ.get("STEP_BATCH", "16"))
 
 
 class Model(torch.nn.Module):
@@ -210,6 +214,8 @@ out = {
     "step_ms": statistics.median(times[WARMUP:]) * 1e3,
     "enqueue_ms": statistics.median(enqueue[WARMUP:]) * 1e3,
     "card": torch.cuda.get_device_name(0),
+    "layers": LAYERS,
+    "batch": BATCH,
 }
 if mode in ("native", "expandable", "nocache", "shim"):
     out["max_allocated"] = torch.cuda.max_memory_allocated()
