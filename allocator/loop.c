@@ -20,9 +20,13 @@
  *
  * Per stream, under the front's lock that the cache's fast path holds
  * anyway: threads on their own streams share nothing. 128 KiB a stream,
- * taken at its first malloc through the pool lock; more for a stream whose
- * step is longer than 2 047 mallocs: 64 to 128 bytes a malloc of the step,
- * up to 4 MiB (a step of at most 65 535).
+ * taken at its first malloc through the pool lock. More for a stream whose
+ * loop repeats over more than 2 047 mallocs: 64 to 128 bytes a malloc of
+ * that distance, up to 4 MiB (at most 65 535). The distance is the one
+ * between a size's defragmentations, a whole number of steps: a short step
+ * whose tensor defragments only every tenth step grows the rings to ten
+ * steps, and its places are then offered from ten and twenty steps back,
+ * where the same mallocs went.
  */
 #include <errno.h>
 #include <stdlib.h>
