@@ -8,7 +8,9 @@
  * it back. Stream order makes that safe at once, as for any same-stream reuse.
  * Parked memory stays live for the rest of the pool; the pool flushes every
  * cache (under its lock) before it defragments, trims or answers what is
- * free, so parking never costs memory.
+ * free, so parking never costs memory. A malloc that misses and would
+ * strand memory first takes back its stream's parked allocations that lie
+ * beside free memory, so that they join it.
  *
  * Locks: pool lock -> front lock is the only order; the fast path takes a
  * front lock alone. Page map entries and the per-allocation "parked" marks
@@ -244,6 +246,40 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 	f->bytes = 0;
 	f->unused = 0;
 	f->touched = 0;
+	pthread_mutex_unlock(&f->lock);
+	return n;
+}
+
+/* Gives back the entries of s's cache that lie beside free memory, so that
+ * they join it: the pool asks for it when a malloc that missed the cache
+ * finds no place, or only one that strands memory (pool.c). Under the
+ * front lock, as flush_one(). */
+size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
+{
+	struct front *f = vpmm_front_of(p, s);
+	size_t n = 0;
+	if (!p->cfg.front_entries)
+		return 0;
+	pthread_mutex_lock(&f->lock);
+	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS && f->n; b++) {
+		uint16_t *link = &f->head[b];
+		while (*link) {
+			uint16_t slot = *link;
+			struct fentry e = f->e[slot - 1];
+			if (e.r->small || e.r->kind != R_LIVE || !vpmm_region_beside_free_locked(e.r)) {
+				link = &f->e[slot - 1].next;
+				continue;
+			}
+			*link = e.next;
+			f->e[slot - 1].next = f->unused;
+			f->unused = slot;
+			f->n--;
+			f->bytes -= e.size;
+			__atomic_store_n(&e.r->parked, 0, __ATOMIC_RELEASE);
+			vpmm_pool_give_locked(p, e.r, s, e.epoch);
+			n++;
+		}
+	}
 	pthread_mutex_unlock(&f->lock);
 	return n;
 }

@@ -278,6 +278,10 @@ static inline struct front *vpmm_front_of(vpmm_pool *p, struct stream *s)
 }
 /* Gives back every entry of s's cache (NULL: the synchronous callers'). */
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
+/* Gives back the entries of s's cache that have a free neighbour (front.c). */
+size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s);
+/* Whether a free region touches r on either side. */
+bool vpmm_region_beside_free_locked(struct region *r);
 /* Whether s's cache (NULL: the synchronous callers') holds r parked. */
 bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,

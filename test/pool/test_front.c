@@ -121,6 +121,56 @@ Test(front, all_entries_go_back_before_growth)
 	pt_close(&t);
 }
 
+/* A cache of one entry, y parked beside x freed to the pool, and a free
+ * region of one 4-page handle elsewhere (`big`). Returns where a malloc of
+ * `pages` went. */
+static CUdeviceptr beside_free(struct pt *t, size_t pages, CUdeviceptr *x, CUdeviceptr *big)
+{
+	struct pt_setup su = {.va_pages = 256, .front_entries = 1, .handle_pages = 4,
+			      .growth_split = 1, .event_interval_ns = 1000000000,
+			      .unbacked = true, .capacity = 4 * PT_GiB};
+	pt_open(t, &su);
+	CUstream s = vpmm_host_stream_create(t->drv);
+	*x = PT_MALLOC(t, 1, s);
+	CUdeviceptr y = PT_MALLOC(t, 1, s);
+	PT_MALLOC(t, 1, s);
+	*big = PT_MALLOC(t, 4, s);
+	PT_MALLOC(t, 1, s);
+	PT_FREE(t, y, s);    /* parked: the one entry */
+	PT_FREE(t, *x, s);   /* the cache is full: to the pool, beside y */
+	PT_FREE(t, *big, s);
+	cr_assert_eq(pt_stats(t).parked, t->page, "y is not parked: the test shows nothing");
+	CUdeviceptr q = PT_MALLOC(t, pages, s);
+	PT_CHECK(t);
+	return q;
+}
+
+/* A malloc whose only place would strand memory (2 pages of the 4-page
+ * handle): the parked y goes back first, joins x, and the malloc takes the
+ * two pages there, stranding nothing. Parked, y would have kept x a page
+ * short until some malloc of its own size took it back. */
+Test(front, a_parked_allocation_beside_free_memory_joins_it)
+{
+	struct pt t;
+	CUdeviceptr x, big;
+	CUdeviceptr q = beside_free(&t, 2, &x, &big);
+	cr_assert_eq(q, x, "placed at %#llx, not at x %#llx (big is %#llx)",
+		     (unsigned long long)q, (unsigned long long)x, (unsigned long long)big);
+	cr_assert_eq(pt_stats(&t).parked, 0);
+	pt_close(&t);
+}
+
+/* The control: a malloc that fills the 4-page handle strands nothing, and
+ * the cache keeps y. */
+Test(front, a_place_that_strands_nothing_leaves_the_cache)
+{
+	struct pt t;
+	CUdeviceptr x, big;
+	cr_assert_eq(beside_free(&t, 4, &x, &big), big);
+	cr_assert_eq(pt_stats(&t).parked, t.page);
+	pt_close(&t);
+}
+
 /* 300 frees and mallocs of one size, one after the other: each hit gives
  * its slot back and the next free takes it, so a cache of 256 never fills. */
 Test(front, a_hit_gives_its_slot_back)
