@@ -266,7 +266,7 @@ size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 		while (*link) {
 			uint16_t slot = *link;
 			struct fentry e = f->e[slot - 1];
-			if (e.r->small || e.r->kind != R_LIVE || !vpmm_region_beside_free_locked(e.r)) {
+			if (e.r->small || e.r->kind != R_LIVE || !vpmm_region_beside_free_locked(e.r, s)) {
 				link = &f->e[slot - 1].next;
 				continue;
 			}

@@ -280,8 +280,9 @@ static inline struct front *vpmm_front_of(vpmm_pool *p, struct stream *s)
 size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
 /* Gives back the entries of s's cache that have a free neighbour (front.c). */
 size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s);
-/* Whether a free region touches r on either side. */
-bool vpmm_region_beside_free_locked(struct region *r);
+/* Whether free memory touches r, and not both memory that s may place in
+ * and memory pending on another stream (given back, r would join them). */
+bool vpmm_region_beside_free_locked(struct region *r, const struct stream *s);
 /* Whether s's cache (NULL: the synchronous callers') holds r parked. */
 bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
 void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,

@@ -121,25 +121,34 @@ Test(front, all_entries_go_back_before_growth)
 	pt_close(&t);
 }
 
-/* A cache of one entry, y parked beside x freed to the pool, and a free
- * region of one 4-page handle elsewhere (`big`). Returns where a malloc of
- * `pages` went. */
-static CUdeviceptr beside_free(struct pt *t, size_t pages, CUdeviceptr *x, CUdeviceptr *big)
+static void open_handles(struct pt *t, unsigned entries)
 {
-	struct pt_setup su = {.va_pages = 256, .front_entries = 1, .handle_pages = 4,
+	struct pt_setup su = {.va_pages = 256, .front_entries = entries, .handle_pages = 4,
 			      .growth_split = 1, .event_interval_ns = 1000000000,
 			      .unbacked = true, .capacity = 4 * PT_GiB};
 	pt_open(t, &su);
+}
+
+/* A cache of two entries: y parked beside x, which was freed to the pool,
+ * and z parked between live neighbours; a free region of one 4-page
+ * handle elsewhere (`big`). Every malloc is a growth of its own handle.
+ * Returns where a malloc of `pages` went. */
+static CUdeviceptr beside_free(struct pt *t, size_t pages, CUdeviceptr *x, CUdeviceptr *big)
+{
+	open_handles(t, 2);
 	CUstream s = vpmm_host_stream_create(t->drv);
 	*x = PT_MALLOC(t, 1, s);
 	CUdeviceptr y = PT_MALLOC(t, 1, s);
 	PT_MALLOC(t, 1, s);
+	CUdeviceptr z = PT_MALLOC(t, 1, s);
+	PT_MALLOC(t, 1, s);
 	*big = PT_MALLOC(t, 4, s);
 	PT_MALLOC(t, 1, s);
-	PT_FREE(t, y, s);    /* parked: the one entry */
-	PT_FREE(t, *x, s);   /* the cache is full: to the pool, beside y */
+	PT_FREE(t, z, s);    /* parked */
+	PT_FREE(t, y, s);    /* parked: the cache is full */
+	PT_FREE(t, *x, s);   /* to the pool, beside y */
 	PT_FREE(t, *big, s);
-	cr_assert_eq(pt_stats(t).parked, t->page, "y is not parked: the test shows nothing");
+	cr_assert_eq(pt_stats(t).parked, 2 * t->page, "y and z are not parked: the test shows nothing");
 	CUdeviceptr q = PT_MALLOC(t, pages, s);
 	PT_CHECK(t);
 	return q;
@@ -148,7 +157,8 @@ static CUdeviceptr beside_free(struct pt *t, size_t pages, CUdeviceptr *x, CUdev
 /* A malloc whose only place would strand memory (2 pages of the 4-page
  * handle): the parked y goes back first, joins x, and the malloc takes the
  * two pages there, stranding nothing. Parked, y would have kept x a page
- * short until some malloc of its own size took it back. */
+ * short until some malloc of its own size took it back. z, with no free
+ * neighbour, stays parked. */
 Test(front, a_parked_allocation_beside_free_memory_joins_it)
 {
 	struct pt t;
@@ -156,18 +166,49 @@ Test(front, a_parked_allocation_beside_free_memory_joins_it)
 	CUdeviceptr q = beside_free(&t, 2, &x, &big);
 	cr_assert_eq(q, x, "placed at %#llx, not at x %#llx (big is %#llx)",
 		     (unsigned long long)q, (unsigned long long)x, (unsigned long long)big);
-	cr_assert_eq(pt_stats(&t).parked, 0);
+	cr_assert_eq(pt_stats(&t).parked, t.page, "z went back too");
 	pt_close(&t);
 }
 
 /* The control: a malloc that fills the 4-page handle strands nothing, and
- * the cache keeps y. */
+ * the cache keeps both. */
 Test(front, a_place_that_strands_nothing_leaves_the_cache)
 {
 	struct pt t;
 	CUdeviceptr x, big;
 	cr_assert_eq(beside_free(&t, 4, &x, &big), big);
-	cr_assert_eq(pt_stats(&t).parked, t.page);
+	cr_assert_eq(pt_stats(&t).parked, 2 * t.page);
+	pt_close(&t);
+}
+
+/* e, parked by a synchronous caller, lies between a free page pending on
+ * stream u and a settled 4-page handle r. A 1-page malloc would strand 3
+ * pages of r, but given back, e would merge with both neighbours into one
+ * region pending on u, which the caller cannot place in: the request lost
+ * its place and defragmented (found by a review). e stays parked, and the
+ * malloc goes to r. */
+Test(front, a_parked_allocation_beside_another_streams_free_memory_stays)
+{
+	struct pt t;
+	open_handles(&t, 1);
+	CUstream u = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 1, u);
+	CUdeviceptr e = PT_MALLOC(&t, 2, VPMM_NO_STREAM);
+	CUdeviceptr r = PT_MALLOC(&t, 4, VPMM_NO_STREAM);
+	CUdeviceptr w = PT_MALLOC(&t, 4, u);
+	PT_FREE(&t, w, u);                 /* u's one entry */
+	PT_FREE(&t, a, u);                 /* to the pool, pending on u */
+	PT_FREE(&t, e, VPMM_NO_STREAM);    /* parked */
+	PT_FREE(&t, r, VPMM_NO_STREAM);    /* to the pool, settled */
+	struct vpmm_stats s0 = pt_stats(&t);
+	cr_assert_eq(s0.parked, 6 * t.page, "e and w are not parked: the test shows nothing");
+	CUdeviceptr q = PT_MALLOC(&t, 1, VPMM_NO_STREAM);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(q, r, "placed at %#llx, not at r %#llx", (unsigned long long)q,
+		     (unsigned long long)r);
+	cr_assert_eq(s1.defrags, s0.defrags);
+	cr_assert_eq(s1.parked, s0.parked);
+	PT_CHECK(&t);
 	pt_close(&t);
 }
 
