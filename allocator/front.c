@@ -123,6 +123,18 @@ static unsigned bucket(size_t size)
 	return vpmm_hash_bits(size, VPMM_FRONT_BUCKET_BITS);
 }
 
+/* Takes the entry *link names out of its chain; its slot goes to the
+ * unused list. Front lock held. */
+static inline void unlink_entry(struct front *f, uint16_t *link)
+{
+	uint16_t slot = *link;
+	*link = f->e[slot - 1].next;
+	f->e[slot - 1].next = f->unused;
+	f->unused = slot;
+	f->n--;
+	f->bytes -= f->e[slot - 1].size;
+}
+
 int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
 {
 	size_t want = rounded(p, size);
@@ -132,15 +144,10 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *o
 		return -EAGAIN;
 	pthread_mutex_lock(&f->lock);
 	for (uint16_t *link = &f->head[bucket(want)]; *link; link = &f->e[*link - 1].next) {
-		uint16_t slot = *link;
-		struct fentry e = f->e[slot - 1];
+		struct fentry e = f->e[*link - 1];
 		if (e.size != want)
 			continue;
-		*link = e.next;
-		f->e[slot - 1].next = f->unused;
-		f->unused = slot;
-		f->n--;
-		f->bytes -= e.size;
+		unlink_entry(f, link);
 		f->hits++;
 		vpmm_loop_note(&f->loop, size, e.ptr);
 		pthread_mutex_unlock(&f->lock);
@@ -264,17 +271,12 @@ size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS && f->n; b++) {
 		uint16_t *link = &f->head[b];
 		while (*link) {
-			uint16_t slot = *link;
-			struct fentry e = f->e[slot - 1];
+			struct fentry e = f->e[*link - 1];
 			if (e.r->small || e.r->kind != R_LIVE || !vpmm_region_beside_free_locked(e.r, s)) {
-				link = &f->e[slot - 1].next;
+				link = &f->e[*link - 1].next;
 				continue;
 			}
-			*link = e.next;
-			f->e[slot - 1].next = f->unused;
-			f->unused = slot;
-			f->n--;
-			f->bytes -= e.size;
+			unlink_entry(f, link);
 			__atomic_store_n(&e.r->parked, 0, __ATOMIC_RELEASE);
 			vpmm_pool_give_locked(p, e.r, s, e.epoch);
 			n++;
