@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # gpu-check.sh — everything that needs a GPU, in one call of the device tool:
 # the shim's checks (scripts/gpu-shim.sh: CUDA C static and shared, memcheck,
-# CuPy, PyTorch training, the seed's laboratory cases), vpmm-dump against a
-# PyTorch process (scripts/gpu-dump.sh, when present), the hot path through
-# the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's sharing
-# checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and soak
-# checks (scripts/gpu-reliability.sh; about 80 s with the 60 s soak of
-# these defaults, 6 minutes with its own 300 s), what the driver's calls cost (bench/vmm_costs.cu,
-# bench/driver_queries.cu, a few seconds) and issue 5's comparisons
-# (scripts/gpu-bench.sh). Prints a short table last.
+# CuPy, PyTorch training, the seed's laboratory cases, JAX), vpmm-dump
+# against a PyTorch process (scripts/gpu-dump.sh, when present), the hot path
+# through the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's
+# sharing checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and
+# soak checks (scripts/gpu-reliability.sh; about 80 s with the 60 s soak of
+# these defaults, 6 minutes with its own 300 s), what the driver's calls cost
+# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds) and issue 5's
+# comparisons (scripts/gpu-bench.sh). Prints a short table last.
 #
 # The device tool brings back at most 8 files from $OUT: the logs go into one
 # archive, $OUT/logs.tgz, beside summary.txt and table.md.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
 # shim|dump|hotpath|share|reliab|costs|step|bench, default all), SHIM_STEPS
-# (100), SOAK_DURATION (reliab, 60 s), STEP_ROUNDS (2), STEP_MODES (the
-# defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh), DEADLINE (bench,
-# 170 s). The defaults fit every part into one 10-minute device call; the
-# figures in docs/ come from longer runs of single parts:
+# (100), SHIM_JAX_STEPS (60), SOAK_DURATION (reliab, 60 s), STEP_ROUNDS (2),
+# STEP_MODES (the defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh),
+# DEADLINE (bench, 170 s). The defaults fit every part into one 10-minute
+# device call; the figures in docs/ come from longer runs of single parts:
 # SOAK_DURATION=300 PARTS=reliab, STEP_ROUNDS=4 PARTS=step.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,7 +38,7 @@ part() { [[ $1 =~ $PARTS ]]; }
 
 if part shim; then
 	t0=$SECONDS
-	OUT=$W/logs/shim SHIM_STEPS=${SHIM_STEPS:-100} bash "$ROOT/scripts/gpu-shim.sh" >"$W/logs/shim.txt" 2>&1
+	OUT=$W/logs/shim SHIM_STEPS=${SHIM_STEPS:-100} SHIM_JAX_STEPS=${SHIM_JAX_STEPS:-60} bash "$ROOT/scripts/gpu-shim.sh" >"$W/logs/shim.txt" 2>&1
 	rc=$?
 	note "shim checks: exit $rc ($((SECONDS - t0)) s)"
 	sed 's/^/  /' "$W/logs/shim/summary.txt" 2>/dev/null | tee -a "$SUMMARY"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-shim.sh — libvpmm.so on a real GPU (issue 3's GPU list). Needs gcc,
-# nvcc, python3 with torch, cupy and pynvml (nvidia-ml-py), compute-sanitizer;
-# no meson. Run from anywhere; results go to $OUT (default build-gpu-shim/):
-# gpu-shim.log (everything), torch-*.json, lab-*.json, summary.txt.
+# nvcc, python3 with torch, cupy and pynvml (nvidia-ml-py), compute-sanitizer,
+# and jax for step 6 (reported as skipped without it); no meson. Run from
+# anywhere; results go to $OUT (default build-gpu-shim/): gpu-shim.log
+# (everything), torch-*.json, lab.json, jax-*.json, summary.txt.
 #
 #   1. test/gpu/shim_cuda.cu built with nvcc's defaults (static runtime) and
 #      with -cudart shared, run without and with the shim (data checked by
@@ -12,17 +13,23 @@
 #      caching, no caching + shim, CUDAPluggableAllocator; the loss curves of
 #      the shim runs must equal the no-caching run's;
 #   4. compute-sanitizer --tool memcheck on 1 (static, --quick) under the shim;
-#   5. test/gpu/shim_lab.py: the seed's laboratory cases through PyTorch.
+#   5. test/gpu/shim_lab.py: the seed's laboratory cases through PyTorch;
+#   6. test/gpu/shim_jax.py: JAX with XLA's BFC allocator, then under the
+#      shim with it and with XLA's platform allocator; the shim runs' losses
+#      must match the plain run's (XLA maps its buffers itself, so this
+#      checks that JAX runs unchanged, not that the pool serves it).
 # Exit status: 0 when every step passed.
 #
-# Environment: SHIM_STEPS (torch steps, default 300), SHIM_ONLY (a regex of
-# step names to run), CUDA_HOME (default /usr/local/cuda), GPU_ARCH (sm_90).
+# Environment: SHIM_STEPS (torch steps, default 300), SHIM_JAX_STEPS (JAX
+# steps, default 120), SHIM_ONLY (a regex of step names to run), CUDA_HOME
+# (default /usr/local/cuda), GPU_ARCH (sm_90).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu-shim}
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 ARCH=${GPU_ARCH:-sm_90}
 STEPS=${SHIM_STEPS:-300}
+JAX_STEPS=${SHIM_JAX_STEPS:-120}
 ONLY=${SHIM_ONLY:-.}
 W=$(mktemp -d)
 mkdir -p "$OUT"
@@ -174,6 +181,59 @@ sys.exit(0 if ok else 1)
 EOF
 }
 step lab lab
+
+# ---- 6: JAX -------------------------------------------------------------------------------------
+jax_run() { # NAME MODE ENV...
+	local name=$1 mode=$2
+	shift 2
+	env "$@" python3 "$ROOT/test/gpu/shim_jax.py" "$mode" "$JAX_STEPS" >"$OUT/$name.json" &&
+		cut -c1-300 "$OUT/$name.json"
+}
+jax_compare() {
+	python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+runs = {}
+for n in ("jax-bfc", "jax-bfc-shim", "jax-platform-shim"):
+    p = os.path.join(out, f"{n}.json")
+    if os.path.exists(p) and os.path.getsize(p):
+        runs[n] = json.loads(open(p).read().strip().splitlines()[-1])
+ok = True
+print(f"{'run':<18} {'step ms':>8} {'NVML peak MiB':>14} {'pool mapped MiB':>16} {'pool live MiB':>14} {'max rel dloss':>14}")
+for n, r in runs.items():
+    # XLA's numbers differ from process to process by some 1e-6 whatever
+    # the allocator: every run compares with the plain BFC run.
+    ref = runs.get("jax-bfc") if n.endswith("-shim") else None
+    d = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref["losses"])) if ref else float("nan")
+    mp, lp = r.get("pool_mapped_peak", float("nan")), r.get("pool_live_peak", float("nan"))
+    print(f"{n:<18} {r['step_ms']:>8.2f} {r['nvml_peak'] / 2**20:>14.1f} {mp / 2**20:>16.1f} {lp / 2**20:>14.1f} {d:>14.3g}")
+    if n.endswith("-shim"):
+        if not ref:
+            print(f"  {n}: no run without the shim to compare with")
+            ok = False
+        elif len(r["losses"]) != len(ref["losses"]) or not d <= 1e-4:
+            print(f"  {n}: losses differ from the run without the shim")
+            ok = False
+        print(f"  {n}: the pool served {r.get('pool_mallocs', 0)} allocations "
+              "(XLA maps its own buffers: see test/gpu/shim_jax.py)")
+if len(runs) < 3:
+    print(f"only {len(runs)} of 3 JAX runs finished")
+    ok = False
+r = next(iter(runs.values()), None)
+if r:
+    print("jax", r["jax"], "on", r["card"])
+sys.exit(0 if ok else 1)
+EOF
+}
+if python3 -c "import jax" 2>/dev/null; then
+	step jax-bfc jax_run jax-bfc bfc
+	step jax-bfc-shim jax_run jax-bfc-shim bfc LD_PRELOAD="$LIB" EXPECT_POOL=1
+	step jax-platform-shim jax_run jax-platform-shim platform LD_PRELOAD="$LIB" EXPECT_POOL=1
+	step jax-compare jax_compare
+elif [[ jax =~ $ONLY ]]; then
+	say "== jax: skipped, python3 cannot import jax"
+	RESULTS+=("skipped jax (python3 cannot import jax)")
+fi
 
 say ""
 say "== summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F))"
