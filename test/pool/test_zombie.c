@@ -261,6 +261,13 @@ static bool released_at_least(struct pt *t, uint64_t pages)
 	return pt_stats(t).pages_released >= pages;
 }
 
+/* The same, completing the device's work on every look. */
+static bool released_at_least_running(struct pt *t, uint64_t pages)
+{
+	vpmm_host_complete_all(t->drv);
+	return released_at_least(t, pages);
+}
+
 /* A growth on its own stream, held inside its first map. */
 static void hold_a_mapping_caller(struct pt *t, struct held_malloc *h, pthread_t *th)
 {
@@ -397,7 +404,12 @@ Test(zombie, a_trim_waits_for_a_caller_mapping)
 	else
 		cr_assert_eq(st.pages_released, 0);
 	release_the_caller(&t, &h, th);
-	cr_assert(wait_for(&t, released_at_least, 8), "no trim after the caller finished");
+	/* The trim may have recorded the event it needs on s1 only now: the
+	 * device keeps running meanwhile, as a real one would. */
+	cr_assert(wait_for(&t, released_at_least_running, 8),
+		  "no trim after the caller finished: released %llu, reusable %llu",
+		  (unsigned long long)pt_stats(&t).pages_released,
+		  (unsigned long long)pt_stats(&t).reusable);
 	pt_close(&t);
 }
 
