@@ -817,6 +817,22 @@ void vpmm_peer_enabled(CUcontext peer)
 		grant_peer(p, (int)owner, (int)me);
 }
 
+/* A program that makes its own handles (JAX's XLA for every buffer,
+ * PyTorch's expandable_segments, NCCL) keeps that memory out of the pool,
+ * and one preloaded into such a program would otherwise see no effect and
+ * no reason for it: the first such handle on a device is logged, once per
+ * process (docs/design.md, "Programs that map their own memory"). */
+void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size)
+{
+	static atomic_flag told = ATOMIC_FLAG_INIT;
+	if (vpmm_tls_inside || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    !vpmm_active() || atomic_flag_test_and_set(&told))
+		return;
+	vpmm_log(VPMM_LOG_WARN,
+		 "device %d: the program maps memory of its own (cuMemCreate of %zu bytes): the pool serves none of it",
+		 prop->location.id, size);
+}
+
 /* ---- the library's own API ------------------------------------------------------- */
 
 VPMM_EXPORT int vpmm_shim_active(void);

@@ -233,6 +233,8 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
 			       unsigned int flags) VPMM_EXPORT;
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) VPMM_EXPORT;
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) VPMM_EXPORT;
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+		     const CUmemAllocationProp *prop, unsigned long long flags) VPMM_EXPORT;
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
@@ -417,6 +419,21 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
 	return r;
 }
 
+/* Passed through: the program's own handle, noted (vpmm_own_mapping). */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+		     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemCreate);
+	vpmm_resolve();
+	if (!vpmm_real.mem_create)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.mem_create(handle, size, prop, flags);
+	if (r == CUDA_SUCCESS)
+		vpmm_own_mapping(prop, size);
+	return r;
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------- */
 
 /* The runtime asks for "cuGetProcAddress" through cuGetProcAddress itself
@@ -485,6 +502,7 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_IPC_OPEN] = (vpmm_fnptr)cuIpcOpenMemHandle_v2,
 	[VPMM_W_IPC_CLOSE] = (vpmm_fnptr)cuIpcCloseMemHandle,
 	[VPMM_W_PEER_ENABLE] = (vpmm_fnptr)cuCtxEnablePeerAccess,
+	[VPMM_W_MEM_CREATE] = (vpmm_fnptr)cuMemCreate,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ----------------------------------------------------- */

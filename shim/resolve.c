@@ -90,6 +90,7 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 	[VPMM_W_IPC_OPEN] = {"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle", 11000, 0},
 	[VPMM_W_IPC_CLOSE] = {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010, 0},
 	[VPMM_W_PEER_ENABLE] = {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, 0},
+	[VPMM_W_MEM_CREATE] = {"cuMemCreate", "cuMemCreate", 10020, 0},
 };
 
 #define KNOWN_MAX 4
@@ -221,6 +222,7 @@ static void find_cuda(void)
 	TARGET(vpmm_real.ipc_open, VPMM_W_IPC_OPEN);
 	TARGET(vpmm_real.ipc_close, VPMM_W_IPC_CLOSE);
 	TARGET(vpmm_real.peer_enable, VPMM_W_PEER_ENABLE);
+	TARGET(vpmm_real.mem_create, VPMM_W_MEM_CREATE);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));

@@ -73,6 +73,7 @@ void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(cuIpcOpenMemHandle_v2)                                              \
 	X(cuIpcCloseMemHandle)                                                \
 	X(cuCtxEnablePeerAccess)                                              \
+	X(cuMemCreate)              /* the program's own mappings */            \
 	X(cuGetProcAddress)                                                   \
 	X(cuGetProcAddress_v2)                                                \
 	X(dlsym_wrapped)            /* dlsym answers that were our wrappers */  \
@@ -123,6 +124,7 @@ enum vpmm_wrapped {
 	VPMM_W_IPC_OPEN,
 	VPMM_W_IPC_CLOSE,
 	VPMM_W_PEER_ENABLE,
+	VPMM_W_MEM_CREATE,
 	VPMM_W_COUNT
 };
 
@@ -146,6 +148,8 @@ struct vpmm_real {
 	CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
 	CUresult (*ipc_close)(CUdeviceptr);
 	CUresult (*peer_enable)(CUcontext, unsigned);
+	CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
+			       const CUmemAllocationProp *, unsigned long long);
 	/* Helpers for the dispatch layer; any may be NULL on an old driver. */
 	CUresult (*ctx_get_current)(CUcontext *);
 	CUresult (*ctx_get_device)(CUdevice *);
@@ -251,6 +255,9 @@ int vpmm_owner_device(CUdeviceptr ptr);
 /* The program enabled peer access from the current context to `peer`'s
  * memory: the peer's pool grants the current device. */
 void vpmm_peer_enabled(CUcontext peer);
+/* The program made a handle of its own (cuMemCreate succeeded): memory the
+ * pool does not serve. Said once per process. */
+void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size);
 
 /* ---- ipc.c ------------------------------------------------------------------------ */
 

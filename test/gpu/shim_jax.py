@@ -17,7 +17,9 @@ itself (cuMemCreate, cuMemAddressReserve, cuMemMap: per region of its BFC
 allocator, or per buffer with the platform allocator), and the shim leaves
 programs' own virtual memory calls alone. What reaches the pool is what goes
 through cuMemAlloc (cuBLAS and cuDNN workspaces). So this checks that JAX
-runs unchanged under the preload, not what the pool saves it.
+runs unchanged under the preload, not what the pool saves it, and, with
+EXPECT_POOL=1, that XLA's handles went past the shim's cuMemCreate hook
+(which says so once on stderr).
 
 Besides the losses, arrays kept across steps must read back unchanged, and
 an element-wise result is compared with NumPy's exactly: memory the pool
@@ -47,6 +49,17 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotun
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+
+def hook_calls(name):
+    """How often libvpmm.so's hook `name` ran, or None without it."""
+    try:
+        fn = ctypes.CDLL(None).vpmm_shim_hook_calls
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_ulonglong
+    fn.argtypes = [ctypes.c_char_p]
+    return fn(name.encode())
 
 
 def pool_stats():
@@ -177,6 +190,10 @@ if st:
                pool_mallocs=st["mallocs"], pool_defrags=st["defrags"],
                pool_handles_created=st.get("handles_created"),
                pool_handles_remapped=st.get("handles_remapped"))
+own = hook_calls("cuMemCreate")
+if own is not None:
+    out["own_creates"] = own
 if os.environ.get("EXPECT_POOL") == "1":
     assert st is not None, "EXPECT_POOL=1 but libvpmm.so is not active in this process"
+    assert own, "XLA made no handle of its own: does the pool serve it now? (README, JAX)"
 print(json.dumps(out))

@@ -242,6 +242,60 @@ static void linked(void)
 	}
 }
 
+/* The program's own handles (cuMemCreate, however reached) pass through to
+ * libcuda, and the shim says once that the pool does not serve them. */
+static void own(void)
+{
+	bool pool = expect_pool();
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+			   unsigned long long);
+	CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+				    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+	CUmemAccessDesc access = {.location = prop.location,
+				  .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	CUmemGenericAllocationHandle mine[2], none;
+	CUcontext ctx;
+	CUdeviceptr p, va;
+	size_t g = 0;
+
+	CHECK(h);
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(ctx), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc_v2(&p, P), 0);
+	CHECK_EQ(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), 0);
+	CHECK(g > 0);
+
+	CHECK_EQ(cuMemCreate(&mine[0], 2 * g, &prop, 0), 0);
+	create = (__typeof__(create))(uintptr_t)dlsym(h, "cuMemCreate");
+	CHECK(fn_in(FN(create), pool ? "libvpmm" : "libcuda"));
+	CHECK_EQ(create(&mine[1], g, &prop, 0), 0);
+	CHECK_EQ(cuMemAddressReserve(&va, 3 * g, 0, 0, 0), 0);
+	CHECK_EQ(cuMemMap(va, 2 * g, 0, mine[0], 0), 0);
+	CHECK_EQ(cuMemMap(va + 2 * g, g, 0, mine[1], 0), 0);
+	CHECK_EQ(cuMemSetAccess(va, 3 * g, &access, 1), 0);
+	touch((void *)(uintptr_t)va, 3 * g, 14);
+	CHECK_EQ(cuMemUnmap(va, 3 * g), 0);
+	CHECK_EQ(cuMemRelease(mine[0]), 0);
+	CHECK_EQ(cuMemRelease(mine[1]), 0);
+	CHECK_EQ(cuMemAddressFree(va, 3 * g), 0);
+	/* the driver's own error, and no handle: nothing to say */
+	CHECK_EQ(create(&none, g, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+
+	touch((void *)(uintptr_t)p, P, 15);
+	CHECK_EQ(cuMemFree_v2(p), 0);
+	if (pool) {
+		struct vpmm_stats s = pool_stats(0);
+		CHECK_EQ(hook_calls("cuMemCreate"), 3);
+		CHECK_EQ(s.mallocs, 1);
+		CHECK_EQ(fake_calls("cuMemCreate"), 3 + s.handles_created);
+	} else {
+		CHECK_EQ(fake_calls("cuMemCreate"), 3);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -251,6 +305,7 @@ int main(int argc, char **argv)
 		{"gpa", gpa_path},
 		{"dlsym", dlsym_path},
 		{"linked", linked},
+		{"own", own},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

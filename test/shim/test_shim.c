@@ -182,6 +182,22 @@ DRV_SCENARIO(gpa)
 DRV_SCENARIO(dlsym)
 DRV_SCENARIO(linked)
 
+/* The program's own handles pass through, and the shim says so once. */
+Test(shim_drv, own_pool, .timeout = 30)
+{
+	run(DRV_PROG, "own", true, NULL);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", "maps memory of its own"), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+}
+
+Test(shim_drv, own_without_shim, .timeout = 30)
+{
+	run(DRV_PROG, "own", false, REAL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
 /* ---- sharing between processes, peers --------------------------------------------------- */
 
 Test(shim_ipc, share_pool, .timeout = 60)
