@@ -5,7 +5,7 @@
 # against a PyTorch process (scripts/gpu-dump.sh, when present), the hot path
 # through the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's
 # sharing checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and
-# soak checks (scripts/gpu-reliability.sh; about 80 s with the 60 s soak of
+# soak checks (scripts/gpu-reliability.sh; about 60 s with the 40 s soak of
 # these defaults, 6 minutes with its own 300 s), what the driver's calls cost
 # (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds) and issue 5's
 # comparisons (scripts/gpu-bench.sh). Prints a short table last.
@@ -15,7 +15,7 @@
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
 # shim|dump|hotpath|share|reliab|costs|step|bench, default all), SHIM_STEPS
-# (100), SHIM_JAX_STEPS (60), SOAK_DURATION (reliab, 60 s), STEP_ROUNDS (2),
+# (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (the defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh),
 # DEADLINE (bench, 170 s). The defaults fit every part into one 10-minute
 # device call; the figures in docs/ come from longer runs of single parts:
@@ -38,7 +38,7 @@ part() { [[ $1 =~ $PARTS ]]; }
 
 if part shim; then
 	t0=$SECONDS
-	OUT=$W/logs/shim SHIM_STEPS=${SHIM_STEPS:-100} SHIM_JAX_STEPS=${SHIM_JAX_STEPS:-60} bash "$ROOT/scripts/gpu-shim.sh" >"$W/logs/shim.txt" 2>&1
+	OUT=$W/logs/shim SHIM_STEPS=${SHIM_STEPS:-100} SHIM_JAX_STEPS=${SHIM_JAX_STEPS:-30} bash "$ROOT/scripts/gpu-shim.sh" >"$W/logs/shim.txt" 2>&1
 	rc=$?
 	note "shim checks: exit $rc ($((SECONDS - t0)) s)"
 	sed 's/^/  /' "$W/logs/shim/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
@@ -84,7 +84,7 @@ fi
 
 if part reliab && [ -f "$ROOT/scripts/gpu-reliability.sh" ]; then
 	t0=$SECONDS
-	OUT=$W/logs/reliab SOAK_DURATION=${SOAK_DURATION:-60} bash "$ROOT/scripts/gpu-reliability.sh" >"$W/logs/reliab.txt" 2>&1
+	OUT=$W/logs/reliab SOAK_DURATION=${SOAK_DURATION:-40} bash "$ROOT/scripts/gpu-reliability.sh" >"$W/logs/reliab.txt" 2>&1
 	note "reliability (out of memory, soak): exit $? ($((SECONDS - t0)) s)"
 	sed 's/^/  /' "$W/logs/reliab/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
 fi
@@ -107,7 +107,7 @@ fi
 
 if part step; then
 	t0=$SECONDS
-	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-2} MODES=${STEP_MODES:-pluggable pluggable:VPMM_GROWTH_SPLIT=1} \
+	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-1} MODES=${STEP_MODES:-pluggable pluggable:VPMM_GROWTH_SPLIT=1} \
 		bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
 	note "PyTorch step, native and pluggable alternated: exit $? ($((SECONDS - t0)) s)"
 	grep -E '^(round|median)|per step' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
