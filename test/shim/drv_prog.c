@@ -255,8 +255,10 @@ static void own(void)
 	CUmemAccessDesc access = {.location = prop.location,
 				  .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
 	CUmemGenericAllocationHandle mine[2], none;
+	CUdriverProcAddressQueryResult st;
 	CUcontext ctx;
 	CUdeviceptr p, va;
+	void *fn = NULL;
 	size_t g = 0;
 
 	CHECK(h);
@@ -267,10 +269,15 @@ static void own(void)
 	CHECK_EQ(cuMemAlloc_v2(&p, P), 0);
 	CHECK_EQ(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), 0);
 	CHECK(g > 0);
-
-	CHECK_EQ(cuMemCreate(&mine[0], 2 * g, &prop, 0), 0);
+	CHECK_EQ(cuGetProcAddress_v2("cuMemCreate", &fn, 12000, 0, &st), 0);
+	CHECK(fn_in(fn, pool ? "libvpmm" : "libcuda"));
 	create = (__typeof__(create))(uintptr_t)dlsym(h, "cuMemCreate");
 	CHECK(fn_in(FN(create), pool ? "libvpmm" : "libcuda"));
+
+	/* the driver's own error, and no handle: nothing to say yet */
+	CHECK_EQ(create(&none, g / 2, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ(create(&none, g, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ(cuMemCreate(&mine[0], 2 * g, &prop, 0), 0);
 	CHECK_EQ(create(&mine[1], g, &prop, 0), 0);
 	CHECK_EQ(cuMemAddressReserve(&va, 3 * g, 0, 0, 0), 0);
 	CHECK_EQ(cuMemMap(va, 2 * g, 0, mine[0], 0), 0);
@@ -281,18 +288,16 @@ static void own(void)
 	CHECK_EQ(cuMemRelease(mine[0]), 0);
 	CHECK_EQ(cuMemRelease(mine[1]), 0);
 	CHECK_EQ(cuMemAddressFree(va, 3 * g), 0);
-	/* the driver's own error, and no handle: nothing to say */
-	CHECK_EQ(create(&none, g, NULL, 0), CUDA_ERROR_INVALID_VALUE);
 
 	touch((void *)(uintptr_t)p, P, 15);
 	CHECK_EQ(cuMemFree_v2(p), 0);
 	if (pool) {
 		struct vpmm_stats s = pool_stats(0);
-		CHECK_EQ(hook_calls("cuMemCreate"), 3);
+		CHECK_EQ(hook_calls("cuMemCreate"), 4);
 		CHECK_EQ(s.mallocs, 1);
-		CHECK_EQ(fake_calls("cuMemCreate"), 3 + s.handles_created);
+		CHECK_EQ(fake_calls("cuMemCreate"), 4 + s.handles_created);
 	} else {
-		CHECK_EQ(fake_calls("cuMemCreate"), 3);
+		CHECK_EQ(fake_calls("cuMemCreate"), 4);
 	}
 }
 
