@@ -5,23 +5,12 @@ pool disabled (cudaMalloc/cudaFree per array), then with its stream-ordered
 allocator (cudaMallocAsync) on several streams. With EXPECT_POOL=1 the pool's
 stats must show both phases' allocations. Prints PASS or raises.
 """
-import ctypes
-import json
 import os
 
 import cupy as cp
 import numpy as np
 
-
-def pool_stats():
-    try:
-        fn = ctypes.CDLL(None).vpmm_shim_stats_json
-    except AttributeError:
-        return None
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    buf = ctypes.create_string_buffer(4096)
-    return json.loads(buf.value.decode()) if fn(0, buf, 4096) >= 0 else None
+from vpmm_probe import pool_stats
 
 
 def workload(rng, rounds, stream=None):

@@ -28,12 +28,10 @@ handed out twice, or unmapped under live work, shows there.
 nvml_peak: device memory used at its highest during the run, above what was
 used once the context existed (sampled each millisecond).
 """
-import ctypes
 import json
 import os
 import statistics
 import sys
-import threading
 import time
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "bfc"
@@ -52,57 +50,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def hook_calls(name):
-    """How often libvpmm.so's hook `name` ran, or None without it."""
-    try:
-        fn = ctypes.CDLL(None).vpmm_shim_hook_calls
-    except AttributeError:
-        return None
-    fn.restype = ctypes.c_ulonglong
-    fn.argtypes = [ctypes.c_char_p]
-    n = fn(name.encode())
-    return None if n == 2**64 - 1 else n  # a name this libvpmm.so lacks
-
-
-def pool_stats():
-    """libvpmm.so's stats of device 0 when it is preloaded, else None."""
-    try:
-        fn = ctypes.CDLL(None).vpmm_shim_stats_json
-    except AttributeError:
-        return None
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    buf = ctypes.create_string_buffer(4096)
-    return json.loads(buf.value.decode()) if fn(0, buf, 4096) >= 0 else None
-
-
-class NvmlPeak:
-    """Device memory in use (NVML), sampled every millisecond from a thread."""
-
-    def __init__(self):
-        import pynvml
-        pynvml.nvmlInit()
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-        index = int(first) if first.strip().isdigit() else 0
-        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.base = self.used()
-        self.peak, self.stop = 0, False
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-
-    def used(self):
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used
-
-    def run(self):
-        while not self.stop:
-            self.peak = max(self.peak, self.used() - self.base)
-            time.sleep(0.001)
-
-    def done(self):
-        self.stop = True
-        self.t.join()
-        return self.peak
+from vpmm_probe import NvmlPeak, hook_calls, pool_stats  # noqa: E402
 
 
 dev = jax.devices("gpu")[0]

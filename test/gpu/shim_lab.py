@@ -9,12 +9,13 @@ MODE: shim (PYTORCH_NO_CUDA_MEMORY_CACHING=1 with LD_PRELOAD=libvpmm.so; run
 one case per process, since the pool keeps its pages), native or expandable
 (PyTorch's caching allocator, emptied between cases).
 """
-import ctypes
 import json
 import sys
 
 import pynvml
 import torch
+
+from vpmm_probe import pool_stats
 
 MiB, GiB = 1 << 20, 1 << 30
 CASES = {
@@ -41,17 +42,6 @@ nv = pynvml.nvmlDeviceGetHandleByIndex(0)
 
 def nv_used():
     return pynvml.nvmlDeviceGetMemoryInfo(nv).used
-
-
-def pool_stats():
-    try:
-        fn = ctypes.CDLL(None).vpmm_shim_stats_json
-    except AttributeError:
-        return None
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    buf = ctypes.create_string_buffer(4096)
-    return json.loads(buf.value.decode()) if fn(0, buf, 4096) >= 0 else None
 
 
 for name in names:

@@ -37,11 +37,20 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
+
+from vpmm_probe import NvmlPeak  # noqa: E402
+from vpmm_probe import pool_stats as probe_stats  # noqa: E402
+
+
+def pool_stats():
+    """libvpmm.so's stats of device 0: the preloaded library's, or the one
+    the pluggable modes load by path."""
+    return probe_stats(os.environ["VPMM_LIB"] if mode in ("pluggable", "pluggable-timed")
+                       else None)
 
 mode = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 300
@@ -79,56 +88,6 @@ elif mode in ("pluggable-native", "native-timed"):
         lib, m, f = os.environ["TIMED_LIB"], "timed_malloc", "timed_free"
     alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, m, f)
     torch.cuda.memory.change_current_allocator(alloc)
-
-
-def pool_stats():
-    """libvpmm.so's stats of device 0, or None."""
-    try:
-        if mode in ("pluggable", "pluggable-timed"):
-            lib = ctypes.CDLL(os.environ["VPMM_LIB"])
-        else:
-            lib = ctypes.CDLL(None)
-        fn = lib.vpmm_shim_stats_json
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    buf = ctypes.create_string_buffer(4096)
-    if fn(0, buf, 4096) < 0:
-        return None
-    return json.loads(buf.value.decode())
-
-
-class NvmlPeak:
-    """Device memory in use (NVML), sampled every millisecond from a thread:
-    one measure of peak memory for every mode, whatever the allocator."""
-
-    def __init__(self):
-        import pynvml
-        pynvml.nvmlInit()
-        # NVML numbers GPUs by PCI bus, whatever CUDA_VISIBLE_DEVICES says:
-        # the one CUDA calls 0 here is its first entry (with
-        # CUDA_DEVICE_ORDER=PCI_BUS_ID, which gpu-torch-step.sh sets).
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-        index = int(first) if first.strip().isdigit() else 0
-        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.base = self.used()
-        self.peak, self.stop = 0, False
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-
-    def used(self):
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).used
-
-    def run(self):
-        while not self.stop:
-            self.peak = max(self.peak, self.used() - self.base)
-            time.sleep(0.001)
-
-    def done(self):
-        self.stop = True
-        self.t.join()
-        return self.peak
 
 
 torch.empty(1, device="cuda:0").fill_(1)  # context and first module load
