@@ -712,7 +712,7 @@ static void usage(FILE *f)
 "  --page-size SIZE      page size (default: the granularity)\n"
 "  --va-size SIZE        VA reserved per chunk (default 8T)\n"
 "  --pages N             pages mapped at creation (default 0)\n"
-"  --handle-size SIZE    largest physical handle (default: one page)\n"
+"  --handle-size SIZE    largest physical handle (default 1G)\n"
 "  --grain SIZE          allocation rounding unit (default 64K; the page: the\n"
 "                        reference design's whole pages)\n"
 "  --small-max SIZE      requests up to this share slabs of size classes\n"
