@@ -820,8 +820,8 @@ void vpmm_peer_enabled(CUcontext peer)
 /* A program that makes its own handles (JAX's XLA for every buffer,
  * PyTorch's expandable_segments, NCCL) keeps that memory out of the pool,
  * and one preloaded into such a program would otherwise see no effect and
- * no reason for it: the first such handle on a device is logged, once per
- * process (docs/design.md, "Programs that map their own memory"). */
+ * no reason for it: the first such handle of device memory is logged, once
+ * per process (docs/design.md, "Programs that map their own memory"). */
 void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size)
 {
 	static atomic_flag told = ATOMIC_FLAG_INIT;
