@@ -20,14 +20,14 @@
 # defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh), DEADLINE (bench,
 # 170 s).
 #
-# All the parts together do not fit one 10-minute device call. On an H200 (2026-11-26,
-# 22:10-22:33 UTC) the parts took: shim 216-222 s (85 s of it JAX), dump
-# 22 s, share 33-38 s, reliab 60 s, step 42 s, bench 169 s, hotpath and
-# costs together over 50 s: the whole ran past 600 s twice. The default runs
-# every test and the table (about 510 s by those figures);
-# PARTS='hotpath|costs|step' is a second call. The figures in
-# docs/ come from longer runs of single parts: SOAK_DURATION=300
-# PARTS=reliab, STEP_ROUNDS=4 PARTS=step.
+# All the parts together do not fit one 10-minute device call. On an H200
+# (2026-11-26, 22:10-22:33 UTC) the parts took: shim 216-222 s (85 s of it
+# JAX), dump 22 s, share 33-38 s, reliab 60 s, step 42 s, bench 169 s,
+# hotpath and costs together over 50 s: the whole ran past 600 s twice. The
+# default runs every test and the table (about 510 s by those figures);
+# PARTS='hotpath|costs|step' is a second call. The figures in docs/ come
+# from longer runs of single parts: SOAK_DURATION=300 PARTS=reliab,
+# STEP_ROUNDS=4 PARTS=step.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu}

@@ -45,6 +45,9 @@ import torch  # noqa: E402
 from vpmm_probe import NvmlPeak  # noqa: E402
 from vpmm_probe import pool_stats as probe_stats  # noqa: E402
 
+mode = sys.argv[1]
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+
 
 def pool_stats():
     """libvpmm.so's stats of device 0: the preloaded library's, or the one
@@ -52,8 +55,6 @@ def pool_stats():
     return probe_stats(os.environ["VPMM_LIB"] if mode in ("pluggable", "pluggable-timed")
                        else None)
 
-mode = sys.argv[1]
-steps = int(sys.argv[2]) if len(sys.argv) > 2 else 300
 
 if mode == "pluggable":
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
