@@ -88,6 +88,12 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			bad += complain(log, "slab map names a slab over hole %#" PRIx64,
 					(uint64_t)r->va);
 		expect = r->va + r->size;
+		/* Unclaimed, a lock-free free could take it for a live
+		 * allocation of its own (front.c). */
+		if ((r->kind != R_LIVE || r->small) && !vpmm_claimed(r))
+			bad += complain(log, "%s %#" PRIx64 " unclaimed",
+					r->small ? "slab" : "region that is not live",
+					(uint64_t)r->va);
 		if (r->kind == R_BUSY) {
 			(*nbusy)++;
 			if (r->was == R_BUSY || r->was == R_LIVE)

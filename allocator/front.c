@@ -24,6 +24,10 @@
 
 #include "pool_internal.h"
 
+#ifdef VPMM_TEST_HOOKS
+void (*vpmm_test_hook)(const char *point);
+#endif
+
 /* ---- page map --------------------------------------------------------------------- */
 
 int vpmm_pmap_create(vpmm_pool *p, struct chunk *c)
@@ -152,9 +156,9 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *o
 		vpmm_loop_note(&f->loop, size, e.ptr);
 		pthread_mutex_unlock(&f->lock);
 		if (e.r->small)
-			vpmm_small_unpark(p, e.r, e.ptr);
+			vpmm_small_unpark(p, e.r->small, e.r, e.ptr);
 		else
-			__atomic_store_n(&e.r->parked, 0, __ATOMIC_RELEASE);
+			vpmm_unclaim(e.r);
 		*out = e.ptr;
 		return 0;
 	}
@@ -182,16 +186,21 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 
 	if (!slot || !(r = __atomic_load_n(slot, __ATOMIC_ACQUIRE)))
 		return -EAGAIN;
+	/* r may be out of date by now: freed under the lock by a racing
+	 * double free of ptr, even reused. The claim settles it: it fails
+	 * unless r is still the live allocation it was when `seen` was
+	 * read, and then va and size, read after, are that allocation's. */
 	small = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
 	if (small) {
-		if (vpmm_small_park(p, r, ptr, &size))
+		if (vpmm_small_park(p, small, r, ptr, &size))
 			return -EAGAIN; /* the pool lock decides what is wrong */
 	} else {
-		uint8_t live = 0;
+		uint32_t seen = __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE);
 		size = r->size;
-		if (r->va != ptr ||
-		    !__atomic_compare_exchange_n(&r->parked, &live, 1, false,
-						 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		if (r->va != ptr)
+			return -EAGAIN;
+		VPMM_TEST_POINT("front_free:claim");
+		if (!vpmm_claim(r, seen))
 			return -EAGAIN;
 	}
 	struct stream *s;
@@ -217,9 +226,9 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		pthread_mutex_unlock(&f->lock);
 	}
 	if (small)
-		vpmm_small_unpark(p, r, ptr);
+		vpmm_small_unpark(p, small, r, ptr);
 	else
-		__atomic_store_n(&r->parked, 0, __ATOMIC_RELEASE);
+		vpmm_unclaim(r);
 	return -EAGAIN;
 }
 
@@ -237,15 +246,15 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 	pthread_mutex_lock(&f->lock);
 	VPMM_FRONT_FOR_EACH(f, e) {
 		n++;
-		/* Only a racing bogus free could have parked something else. */
+		/* Entries are claimed live memory (vpmm_front_check_locked). */
 		if (e->r->kind != R_LIVE)
 			continue;
 		if (e->r->small) {
-			vpmm_small_unpark(p, e->r, e->ptr);
+			/* small_free claims the block afresh */
+			vpmm_small_unpark(p, e->r->small, e->r, e->ptr);
 			vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch);
 		} else {
-			__atomic_store_n(&e->r->parked, 0, __ATOMIC_RELEASE);
-			vpmm_pool_give_locked(p, e->r, s, e->epoch);
+			vpmm_pool_give_locked(p, e->r, s, e->epoch); /* stays claimed */
 		}
 	}
 	memset(f->head, 0, sizeof(f->head));
@@ -277,8 +286,7 @@ size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 				continue;
 			}
 			unlink_entry(f, link);
-			__atomic_store_n(&e.r->parked, 0, __ATOMIC_RELEASE);
-			vpmm_pool_give_locked(p, e.r, s, e.epoch);
+			vpmm_pool_give_locked(p, e.r, s, e.epoch); /* stays claimed */
 			n++;
 		}
 	}
@@ -347,7 +355,7 @@ static bool entry_ok(vpmm_pool *p, const struct fentry *all, unsigned i)
 	const struct fentry *e = &all[i];
 	bool ok = e->r->kind == R_LIVE && e->ptr >= e->r->va && e->ptr < e->r->va + e->r->size;
 	if (ok && !e->r->small)
-		ok = e->ptr == e->r->va && __atomic_load_n(&e->r->parked, __ATOMIC_ACQUIRE) &&
+		ok = e->ptr == e->r->va && vpmm_claimed(e->r) &&
 		     e->size == e->r->size;
 	if (ok && e->r->small)
 		ok = vpmm_small_is_parked(p, e->r, e->ptr);

@@ -13,6 +13,7 @@
  * any stream may take it without waiting.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -113,6 +114,7 @@ static int reserve_regions(vpmm_pool *p, unsigned n)
 		struct region *r = aligned_alloc(64, (sizeof(*r) + 63) & ~(size_t)63);
 		if (!r)
 			return -ENOMEM;
+		r->claim = VPMM_CLAIMED;
 		r->next = p->region_cache;
 		p->region_cache = r;
 	}
@@ -124,7 +126,9 @@ static struct region *region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 {
 	struct region *r = p->region_cache; /* reserve_regions() guaranteed one */
 	p->region_cache = r->next;
-	memset(r, 0, sizeof(*r));
+	/* The claim survives: a stale lock-free free may still read it. */
+	memset(r, 0, offsetof(struct region, claim));
+	__atomic_fetch_or(&r->claim, VPMM_CLAIMED, __ATOMIC_RELEASE);
 	r->kind = kind;
 	r->va = va;
 	r->size = size;
@@ -1890,7 +1894,9 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	free(p);
 }
 
-/* Split the front `need` bytes of free region r off as a live allocation. */
+/* Split the front `need` bytes of free region r off as a live allocation,
+ * still claimed: vpmm_pool_malloc() frees it for the program's free, a slab
+ * keeps it. */
 static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
 {
 	free_unindex(p, r);
@@ -1905,7 +1911,8 @@ static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
 	r->kind = R_LIVE;
 	r->stream = NULL;
 	r->epoch = 0;
-	__atomic_store_n(&r->parked, 0, __ATOMIC_RELEASE);
+	/* A new generation: a free that read r before cannot claim it. */
+	__atomic_store_n(&r->claim, (r->claim | VPMM_CLAIMED) + 2, __ATOMIC_RELEASE);
 	GAUGE_SUB(p, reusable, need);
 	GAUGE_ADD(p, live, need);
 	vpmm_pmap_publish(p, r, true);
@@ -2081,7 +2088,7 @@ static struct region *place_at(vpmm_pool *p, struct stream *caller, size_t need,
 			       CUdeviceptr x, bool *flushed)
 {
 	struct region *r = find_region(p, x);
-	if (r && r->kind == R_LIVE && __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE) &&
+	if (r && r->kind == R_LIVE && !r->small && vpmm_claimed(r) &&
 	    !*flushed && vpmm_front_holds_locked(p, caller, r)) {
 		*flushed = true;
 		if (vpmm_front_flush_stream_locked(p, caller))
@@ -2286,8 +2293,10 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	} else {
 		rc = vpmm_pool_take_locked(p, caller, vpmm_grains(p, size),
 					   hint, nhint, &r);
-		if (!rc)
+		if (!rc) {
 			*out = r->va;
+			vpmm_unclaim(r); /* the program's to free now */
+		}
 	}
 	if (!rc) {
 		pthread_mutex_lock(&f->lock);
@@ -2314,13 +2323,17 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		return 0;
 	pthread_mutex_lock(&p->lock);
 	r = find_region(p, ptr);
-	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small) ||
-	    __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
+	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small))
 		goto out;
 	if (stream != VPMM_NO_STREAM && !(s = vpmm_stream_get_locked(p, stream))) {
 		rc = -ENOMEM;
 		goto out;
 	}
+	/* Claimed, not just looked at: a lock-free free of the same pointer
+	 * may have read r already, and only one of the two may win. A
+	 * block's claim is its park bit (small.c). */
+	if (!r->small && !vpmm_claim(r, __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE)))
+		goto out;
 	if (r->small) {
 		rc = vpmm_small_free_locked(p, r, ptr, s, 0);
 	} else {
@@ -2342,7 +2355,7 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	pthread_mutex_lock(&p->lock);
 	struct region *r = find_region(p, ptr);
 	if (r && r->kind == R_LIVE && ptr < r->va + r->size &&
-	    !__atomic_load_n(&r->parked, __ATOMIC_ACQUIRE)) {
+	    (r->small || !vpmm_claimed(r))) {
 		if (r->small) {
 			rc = vpmm_small_find_locked(p, r, ptr, base, size);
 		} else {

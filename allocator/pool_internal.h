@@ -30,6 +30,20 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_LOOP_BASE 0x100000001b3ull /* the sequence's hash (loop.c); odd:
 					 * multiplying by it loses nothing mod 2^64 */
 
+/* A point on a lock-free path where a test makes another thread act
+ * (test/pool/test_racing.c). Only in the core the tests build with
+ * -DVPMM_TEST_HOOKS; nothing in libvpmm.so. */
+#ifdef VPMM_TEST_HOOKS
+extern void (*vpmm_test_hook)(const char *point);
+#define VPMM_TEST_POINT(point)                                                \
+	do {                                                                  \
+		if (vpmm_test_hook)                                           \
+			vpmm_test_hook(point);                                \
+	} while (0)
+#else
+#define VPMM_TEST_POINT(point) ((void)0)
+#endif
+
 /* The top `bits` bits of x times 2^64 / phi: one index into a table of
  * 2^bits for keys that differ in any bits (streams, sizes). 0 < bits < 64. */
 static inline unsigned vpmm_hash_bits(uint64_t x, unsigned bits)
@@ -167,9 +181,38 @@ struct region {
 	uint64_t seq;             /* FREE: pool-wide order of its (latest) free */
 	struct event *ev;         /* ZOMBIE: unmap once done; NULL = at once */
 	struct small_slab *small; /* LIVE only: carved into sub-page blocks */
-	uint8_t parked;           /* LIVE, not small: freed into a stream's cache
-				   * (atomic; front.c) */
+	/* Last: region_new() clears the fields above and keeps this one.
+	 * Atomic. Bit 0 (VPMM_CLAIMED): a free owns the region, or none may
+	 * take it; clear only on a plain live allocation that is neither
+	 * parked in a stream's cache nor being freed. Every other region
+	 * (free, hole, zombie, busy, a slab) has it set. The other bits count
+	 * the times the struct became live, so that a lock-free free holding
+	 * a pointer read before the struct was reused cannot claim it
+	 * (front.c). */
+	uint32_t claim;
 };
+
+#define VPMM_CLAIMED 1u
+
+static inline bool vpmm_claimed(const struct region *r)
+{
+	return __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE) & VPMM_CLAIMED;
+}
+
+/* Claims r for its free. `seen` is r->claim as read before the caller
+ * checked that r is the allocation it frees: false if r was claimed, or
+ * became live again, since. */
+static inline bool vpmm_claim(struct region *r, uint32_t seen)
+{
+	return !(seen & VPMM_CLAIMED) &&
+	       __atomic_compare_exchange_n(&r->claim, &seen, seen | VPMM_CLAIMED, false,
+					   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static inline void vpmm_unclaim(struct region *r)
+{
+	__atomic_fetch_and(&r->claim, ~VPMM_CLAIMED, __ATOMIC_RELEASE);
+}
 
 struct vpmm_pool {
 	pthread_mutex_t lock; /* guards everything below; dropped only around
@@ -321,10 +364,15 @@ size_t vpmm_small_trim_locked(vpmm_pool *p);
 void vpmm_small_drain_locked(vpmm_pool *p);
 size_t vpmm_small_deferred(const vpmm_pool *p);
 size_t vpmm_small_class_size(const vpmm_pool *p, size_t size);
-/* Lock-free marks of a block freed but not yet free (front.c). park: 0, or
- * -EINVAL if ptr is not a handed-out, unparked block; *size = its class. */
-int vpmm_small_park(vpmm_pool *p, struct region *r, CUdeviceptr ptr, size_t *size);
-void vpmm_small_unpark(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
+/* Lock-free marks of a block freed but not yet free (front.c): the park
+ * is the block's claim, as VPMM_CLAIMED is a whole allocation's. park: 0,
+ * or -EINVAL if ptr is not a handed-out, unparked block of sl, the slab
+ * the caller read from r (r->small may have changed since); *size = its
+ * class. */
+int vpmm_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
+		    CUdeviceptr ptr, size_t *size);
+void vpmm_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
+		       CUdeviceptr ptr);
 bool vpmm_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
 
 #endif

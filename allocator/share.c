@@ -120,7 +120,7 @@ int vpmm_pool_pieces(vpmm_pool *p, CUdeviceptr ptr, size_t first,
 	struct region probe = {.va = ptr};
 	struct region *r = REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
 	if (!r || r->kind != R_LIVE || ptr >= r->va + r->size ||
-	    __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
+	    (!r->small && vpmm_claimed(r)))
 		goto out;
 	CUdeviceptr base = r->va;
 	size_t size = r->size;

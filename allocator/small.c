@@ -56,6 +56,10 @@ struct small_state {
 	size_t block[MAX_CLASSES];    /* class sizes, ascending */
 	size_t slab_bytes[MAX_CLASSES];
 	struct small_slab *sync_partial[MAX_CLASSES]; /* owner NULL */
+	/* Released slabs' structs, for the next slab of their class: never
+	 * freed while the pool lives, since a lock-free free may still hold
+	 * one it read from its region (front.c). Chained by `next`. */
+	struct small_slab *spare[MAX_CLASSES];
 	size_t slabs;
 	size_t deferred; /* blocks waiting for another stream's work */
 };
@@ -159,9 +163,12 @@ static unsigned class_of(const struct small_state *s, size_t size)
 	return lo;
 }
 
+/* A claimed block becomes free. The used bit goes first: a lock-free park
+ * that finds the block unparked and then not used gives it up. */
 static void block_clear(struct small_slab *sl, uint32_t b)
 {
 	__atomic_fetch_and(&sl->used[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
+	__atomic_fetch_and(&parked_map(sl)[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
 	sl->nfree++;
 	sl->hint = b / 64;
 }
@@ -178,8 +185,6 @@ static void drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 		    (wait && vpmm_pool_event_wait_locked(p, d->ev))) {
 			*link = d->next;
 			st_of(p)->deferred--;
-			__atomic_fetch_and(&parked_map(sl)[d->block / 64],
-					   ~(1ull << (d->block % 64)), __ATOMIC_RELEASE);
 			block_clear(sl, d->block);
 			vpmm_pool_event_unref_locked(p, d->ev);
 			free(d);
@@ -199,12 +204,16 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	 * from any thread, and slabs of different streams side by side in the
 	 * heap would make threads that share nothing wait on each other. */
 	size_t bytes = (sizeof(struct small_slab) + 2 * words * sizeof(uint64_t) + 63) & ~(size_t)63;
-	struct small_slab *sl = aligned_alloc(64, bytes);
+	struct small_slab *sl = s->spare[cls];
 	struct region *r;
 	int rc;
-	if (!sl)
+	if (sl)
+		s->spare[cls] = sl->next;
+	else if (!(sl = aligned_alloc(64, bytes)))
 		return -ENOMEM;
 	memset(sl, 0, bytes);
+	/* The region comes claimed, and stays so: its blocks are claimed
+	 * one by one. */
 	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], NULL, 0, &r);
 	if (rc) {
 		free(sl);
@@ -229,7 +238,8 @@ static void slab_release(vpmm_pool *p, struct small_slab *sl)
 		list_del(head, sl);
 	st_of(p)->slabs--;
 	vpmm_pool_give_locked(p, sl->r, sl->owner, 0);
-	free(sl);
+	sl->next = st_of(p)->spare[sl->cls];
+	st_of(p)->spare[sl->cls] = sl;
 }
 
 int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
@@ -285,27 +295,29 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 	size_t bs = st_of(p)->block[sl->cls];
 	CUdeviceptr off = ptr - r->va;
 	uint32_t b = (uint32_t)(off / bs);
-	if (off % bs || b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))) ||
-	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))))
-		return -EINVAL; /* not handed out, or freed already */
+	uint64_t bit = 1ull << (b % 64);
+	if (off % bs || b >= sl->nblocks || !(sl->used[b / 64] & bit))
+		return -EINVAL; /* not handed out */
+	/* Claimed, not just looked at: a lock-free park of the same block
+	 * may be under way, and only one of the two may win. */
+	if (__atomic_fetch_or(&parked_map(sl)[b / 64], bit, __ATOMIC_ACQ_REL) & bit)
+		return -EINVAL; /* freed already */
 	/* Reuse by the owner is safe at once if the free is in its own stream
 	 * order, or if the caller synchronized (s == NULL). */
 	if (s && s != sl->owner) {
 		struct deferred *d = malloc(sizeof(*d));
-		int rc;
-		if (!d)
-			return -ENOMEM;
-		rc = vpmm_pool_cover_locked(p, s, epoch ? epoch : s->epoch, &d->ev);
+		int rc = d ? vpmm_pool_cover_locked(p, s, epoch ? epoch : s->epoch, &d->ev)
+			   : -ENOMEM;
 		if (rc) {
 			free(d);
+			__atomic_fetch_and(&parked_map(sl)[b / 64], ~bit, __ATOMIC_RELEASE);
 			return rc;
 		}
 		if (d->ev)
 			d->ev->refs++;
 		d->block = b;
 		d->next = sl->deferred;
-		sl->deferred = d;
-		__atomic_fetch_or(&parked_map(sl)[b / 64], 1ull << (b % 64), __ATOMIC_RELEASE);
+		sl->deferred = d; /* still claimed: parked until it drains */
 		st_of(p)->deferred++;
 		pthread_cond_signal(&p->reclaim_cond);
 	} else {
@@ -379,25 +391,36 @@ size_t vpmm_small_class_size(const vpmm_pool *p, size_t size)
 
 /* Lock-free: only the marks are touched, the used bits are read. A block's
  * used bit cannot change under us while the caller legitimately owns it. */
-int vpmm_small_park(vpmm_pool *p, struct region *r, CUdeviceptr ptr, size_t *size)
+int vpmm_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
+		    CUdeviceptr ptr, size_t *size)
 {
-	struct small_slab *sl = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
-	size_t bs = st_of(p)->block[sl->cls];
-	CUdeviceptr off = ptr - r->va;
+	size_t bs = st_of(p)->block[sl->cls]; /* spares keep their class */
+	CUdeviceptr va = r->va;
+	CUdeviceptr off = ptr - va;
 	uint32_t b = (uint32_t)(off / bs);
 	uint64_t bit = 1ull << (b % 64);
-	if (ptr < r->va || off % bs || b >= sl->nblocks ||
+	if (ptr < va || off % bs || b >= sl->nblocks ||
 	    !(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit))
 		return -EINVAL;
+	VPMM_TEST_POINT("small_park:claim");
 	if (__atomic_fetch_or(&parked_map(sl)[b / 64], bit, __ATOMIC_ACQ_REL) & bit)
 		return -EINVAL; /* parked already: a double free */
+	/* Between the look and the claim the pool may have freed the block
+	 * (a racing double free), even released the slab and reused it:
+	 * keep the claim only on a block still handed out, of this slab,
+	 * at ptr. */
+	if (!(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit) ||
+	    __atomic_load_n(&r->small, __ATOMIC_ACQUIRE) != sl || r->va != va) {
+		__atomic_fetch_and(&parked_map(sl)[b / 64], ~bit, __ATOMIC_RELEASE);
+		return -EINVAL;
+	}
 	*size = bs;
 	return 0;
 }
 
-void vpmm_small_unpark(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
+void vpmm_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
+		       CUdeviceptr ptr)
 {
-	struct small_slab *sl = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
 	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
 	__atomic_fetch_and(&parked_map(sl)[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
 }
@@ -481,6 +504,12 @@ void vpmm_small_fini(vpmm_pool *p)
 		free(st->small_partial);
 		st->small_partial = NULL;
 	}
+	for (unsigned c = 0; c < s->nclasses; c++)
+		while (s->spare[c]) {
+			struct small_slab *sl = s->spare[c];
+			s->spare[c] = sl->next;
+			free(sl);
+		}
 	free(s);
 	p->small = NULL;
 }
