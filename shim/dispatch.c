@@ -766,13 +766,13 @@ void vpmm_add_reusable(size_t *free_bytes, size_t total)
 	*free_bytes = s.reusable > total - *free_bytes ? total : *free_bytes + s.reusable;
 }
 
-bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+enum vpmm_where vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
 {
 	struct dev_pool *dp;
-	if (vpmm_tls_inside || !vpmm_active())
-		return false;
-	dp = owner_of(ptr);
-	return dp && vpmm_pool_find(atomic_load(&dp->pool), ptr, base, size) == 0;
+	if (vpmm_tls_inside || !vpmm_active() || !(dp = owner_of(ptr)))
+		return VPMM_NOT_POOLS;
+	return vpmm_pool_find(atomic_load(&dp->pool), ptr, base, size) == 0 ? VPMM_POOL_LIVE
+									     : VPMM_POOL_NOT_LIVE;
 }
 
 vpmm_driver *vpmm_shim_driver(void)

@@ -313,12 +313,17 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
 	CUdeviceptr base;
 	size_t size;
 	vpmm_count(VPMM_HOOK_cuMemGetAddressRange_v2);
-	if (vpmm_find_live(dptr, &base, &size)) {
+	switch (vpmm_find_live(dptr, &base, &size)) {
+	case VPMM_POOL_LIVE:
 		if (pbase)
 			*pbase = base;
 		if (psize)
 			*psize = size;
 		return CUDA_SUCCESS;
+	case VPMM_POOL_NOT_LIVE:
+		return CUDA_ERROR_NOT_FOUND; /* as for a pointer freed by cuMemFree */
+	case VPMM_NOT_POOLS:
+		break;
 	}
 	REAL(address_range, pbase, psize, dptr);
 }
@@ -328,15 +333,20 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 	CUdeviceptr base;
 	size_t size;
 	vpmm_count(VPMM_HOOK_cuPointerGetAttribute);
-	if (data &&
-	    (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
-	     attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) &&
-	    vpmm_find_live(ptr, &base, &size)) {
-		if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
-			*(CUdeviceptr *)data = base;
-		else
-			*(size_t *)data = size;
-		return CUDA_SUCCESS;
+	if (data && (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+		     attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+		switch (vpmm_find_live(ptr, &base, &size)) {
+		case VPMM_POOL_LIVE:
+			if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+				*(CUdeviceptr *)data = base;
+			else
+				*(size_t *)data = size;
+			return CUDA_SUCCESS;
+		case VPMM_POOL_NOT_LIVE:
+			return CUDA_ERROR_INVALID_VALUE; /* no allocation there */
+		case VPMM_NOT_POOLS:
+			break;
+		}
 	}
 	REAL(ptr_attr, data, attribute, ptr);
 }
@@ -352,8 +362,20 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
 	if (!vpmm_real.ptr_attrs)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	r = vpmm_real.ptr_attrs(n, attributes, data, ptr);
-	if (r != CUDA_SUCCESS || !attributes || !data || !vpmm_find_live(ptr, &base, &size))
+	if (r != CUDA_SUCCESS || !attributes || !data)
 		return r;
+	switch (vpmm_find_live(ptr, &base, &size)) {
+	case VPMM_POOL_LIVE:
+		break;
+	case VPMM_POOL_NOT_LIVE:
+		/* No allocation there: the null values this call gives a
+		 * pointer it does not know, not the pool's mapping. */
+		base = 0;
+		size = 0;
+		break;
+	case VPMM_NOT_POOLS:
+		return r;
+	}
 	for (unsigned i = 0; i < n; i++) {
 		if (!data[i])
 			continue;

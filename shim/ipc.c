@@ -298,7 +298,7 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
 		return false; /* not ours: the driver's own IPC */
 	CUdeviceptr base;
 	size_t size;
-	if (!handle || !vpmm_find_live(ptr, &base, &size)) {
+	if (!handle || vpmm_find_live(ptr, &base, &size) != VPMM_POOL_LIVE) {
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}

@@ -241,8 +241,12 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 CUresult vpmm_torch_real(CUdeviceptr *inout, size_t size, int device, CUstream stream);
 /* Adds the current device's reusable pool bytes to *free_bytes. */
 void vpmm_add_reusable(size_t *free_bytes, size_t total);
-/* The live pool allocation holding ptr: true with base and size. */
-bool vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+/* Where ptr lies: in a live pool allocation (with its base and size), in a
+ * pool's address space but no live allocation (freed, a slab's unused
+ * block: the driver would answer with the pool's mapping there), or
+ * outside every pool. */
+enum vpmm_where { VPMM_NOT_POOLS, VPMM_POOL_LIVE, VPMM_POOL_NOT_LIVE };
+enum vpmm_where vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 
 /* For ipc.c: the driver layer, a device's pool (NULL if none) and the
  * context it was made in, the device whose pool owns ptr (-1: none). */

@@ -129,6 +129,37 @@ static void gpa_path(void)
 		/* other attributes pass through */
 		CHECK_EQ(attr(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p), 0);
 		CHECK_EQ(fake_calls("cuPointerGetAttribute"), 1);
+
+		/* Pool memory with no allocation there, freed or never handed
+		 * out (a slab's other blocks): no range, as for a pointer the
+		 * driver does not know, not the pool's mapping. */
+		CUdeviceptr gone, block;
+		CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+						CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+		void *data[2] = {&abase, &asize};
+		CHECK_EQ(mem_alloc(&block, 1000), 0);
+		CHECK_EQ(mem_alloc(&gone, 2 * P), 0);
+		CHECK_EQ(mem_free(gone), 0);
+		for (int i = 0; i < 3; i++) {
+			CUdeviceptr at = i == 0 ? gone : i == 1 ? gone + P : block + 1024;
+			base = 1;
+			size = 1;
+			CHECK_EQ(range(&base, &size, at), CUDA_ERROR_NOT_FOUND);
+			CHECK(base == 1 && size == 1);
+			CHECK_EQ(attr(&abase, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at),
+				 CUDA_ERROR_INVALID_VALUE);
+			CHECK_EQ(attr(&asize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at),
+				 CUDA_ERROR_INVALID_VALUE);
+			abase = 1;
+			asize = 1;
+			CHECK_EQ(attrs(2, which, data, at), 0);
+			CHECK(abase == 0 && asize == 0);
+		}
+		CHECK_EQ(range(&base, &size, block + 10), 0);
+		CHECK(base == block && size >= 1000);
+		CHECK_EQ(mem_free(block), 0);
+		CHECK_EQ(fake_calls("cuMemGetAddressRange_v2"), 0);
+		CHECK_EQ(fake_calls("cuPointerGetAttribute"), 1);
 	}
 
 	/* an old version's entry point passes through untouched */
@@ -154,8 +185,8 @@ static void gpa_path(void)
 	st_fake_mem_info(&ff, &ft);
 	if (pool) {
 		struct vpmm_stats s = pool_stats(0);
-		CHECK_EQ(s.mallocs, 3);
-		CHECK_EQ(s.frees, 3);
+		CHECK_EQ(s.mallocs, 5); /* 3, and the 2 of the no-range checks */
+		CHECK_EQ(s.frees, 5);
 		CHECK_EQ(f, ff + s.reusable);
 		CHECK_EQ(fake_calls("cuMemAllocAsync") + fake_calls("cuMemAllocAsync_ptsz"), 0);
 		CHECK_EQ(fake_calls("cuMemFreeAsync") + fake_calls("cuMemFreeAsync_ptsz"), 0);
