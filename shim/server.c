@@ -99,6 +99,9 @@ struct client {
 	struct sbuf out;
 	size_t outoff;
 	bool closing;         /* close once `out` is written */
+	bool eof;             /* the client sent all it will (it may have shut
+			       * down its writing side only): close once every
+			       * complete line is answered */
 	long pid;             /* the peer's, from SO_PEERCRED */
 	int fds[VPMM_IPC_MAX_FDS]; /* go with the reply's first byte */
 	unsigned nfds;
@@ -568,6 +571,7 @@ static void client_close(struct client *c)
 	c->inlen = 0;
 	c->outoff = 0;
 	c->closing = false;
+	c->eof = false;
 	free(c->out.p);
 	memset(&c->out, 0, sizeof(c->out));
 }
@@ -633,6 +637,7 @@ static void accept_clients(struct server *s)
 		slot->inlen = 0;
 		slot->outoff = 0;
 		slot->closing = false;
+		slot->eof = false;
 		slot->out.len = 0;
 		slot->deadline_ms = now_ms() + s->cfg.client_timeout_ms;
 	}
@@ -666,24 +671,35 @@ static void process_input(struct server *s, struct client *c)
 	c->deadline_ms = now_ms() + s->cfg.client_timeout_ms;
 }
 
+/* A client that has sent everything goes once nothing is left to answer;
+ * a request without its newline is dropped. */
+static void close_if_done(struct client *c)
+{
+	if (c->fd >= 0 && c->eof && c->out.len <= c->outoff)
+		client_close(c);
+}
+
 static void client_read(struct server *s, struct client *c)
 {
-	for (;;) {
-		if (c->inlen >= sizeof(c->in))
-			break;
+	while (!c->eof && c->inlen < sizeof(c->in)) {
 		ssize_t n = recv(c->fd, c->in + c->inlen, sizeof(c->in) - c->inlen, 0);
 		if (n > 0) {
 			c->inlen += (size_t)n;
 			continue;
 		}
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		if (n == 0) {
+			c->eof = true; /* `echo req | socat`: answer, then close */
 			break;
-		client_close(c); /* EOF (a truncated request is dropped) or error */
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			break;
+		client_close(c); /* ECONNRESET and the like: nobody to answer */
 		return;
 	}
 	process_input(s, c);
+	close_if_done(c);
 }
 
 /* The reply's first bytes and the descriptors, in one message. */
@@ -734,6 +750,7 @@ static void client_write(struct server *s, struct client *c)
 		memset(&c->out, 0, sizeof(c->out));
 	}
 	process_input(s, c); /* pipelined requests */
+	close_if_done(c);
 }
 
 static void *server_main(void *arg)

@@ -813,6 +813,31 @@ struct fake {
 	const char *reply;
 };
 
+/* `echo "vpmm 1 ping" | socat - UNIX-CONNECT:...`: the client shuts its
+ * writing side down before it reads. Every complete line is answered, in
+ * order, a last line without its newline is dropped, then the server
+ * closes. */
+Test(dump, a_client_that_stops_writing_is_still_answered)
+{
+	struct host h;
+	host_open(&h, "half.sock", 0, 64);
+	int fd = dial(h.sock);
+	cr_assert_geq(fd, 0);
+	const char *req = "vpmm 1 ping\nvpmm 1 version\nvpmm 1 pi";
+	cr_assert(send_all(fd, req, strlen(req)));
+	cr_assert_eq(shutdown(fd, SHUT_WR), 0);
+	for (int i = 0; i < 2; i++) {
+		char *line = read_line(fd);
+		cr_assert_not_null(line, "reply %d of 2 missing", i + 1);
+		cr_assert_not_null(strstr(line, "\"ok\":true"), "%s", line);
+		cr_assert_not_null(strstr(line, i ? "\"version\"" : "\"pid\""), "%s", line);
+		free(line);
+	}
+	cr_assert(at_eof(fd), "more than the two replies, or not closed");
+	close(fd);
+	host_close(&h);
+}
+
 static void *fake_server(void *arg)
 {
 	struct fake *f = arg;
