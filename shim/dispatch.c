@@ -171,7 +171,7 @@ static void start_observers(const struct vpmm_env_options *o)
 		int e = vpmm_trace_open(o->trace);
 		if (e)
 			vpmm_log(VPMM_LOG_WARN, "VPMM_TRACE=%s: %s: not tracing", o->trace,
-				 strerror(-e));
+				 vpmm_trace_strerror(e));
 	}
 	struct vpmm_server_config sc = {
 		.socket = o->socket_off ? "off" : o->socket,
@@ -179,6 +179,7 @@ static void start_observers(const struct vpmm_env_options *o)
 		.env = o,
 		.trim = server_trim,
 		.trace_start = vpmm_trace_open,
+		.trace_strerror = vpmm_trace_strerror,
 		.trace_stop = vpmm_trace_close,
 		.trace_flush = vpmm_trace_flush,
 		.trace_status = vpmm_trace_status,

@@ -60,6 +60,8 @@ struct vpmm_server_config {
 	 * names none. */
 	int (*trim)(uint64_t keep, uint64_t *released, void *arg);
 	int (*trace_start)(const char *path);
+	/* trace_start's error in words (NULL: strerror) */
+	const char *(*trace_strerror)(int rc);
 	int (*trace_stop)(void);
 	int (*trace_flush)(void);
 	/* true if a trace is being written; its absolute path and event count */

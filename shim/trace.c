@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -311,7 +312,6 @@ int vpmm_trace_open(const char *path)
 		return -EINVAL;
 	pthread_once(&atfork_once, install_atfork);
 	pthread_mutex_lock(&ctl_lock);
-	close_locked();
 	int rc = 0;
 	if (!ring) {
 		ring = calloc(RING_SLOTS, sizeof(*ring));
@@ -326,11 +326,25 @@ int vpmm_trace_open(const char *path)
 		rc = -EBUSY; /* a forked child would truncate its parent's trace */
 		goto out;
 	}
-	int f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* The file the trace writes now, truncated by the open below: closed
+	 * first, else its last events would land after the new header. */
+	if (fd >= 0 && strcmp(abs_path, path_abs) == 0)
+		close_locked();
+	/* Not blocking: a FIFO without a reader would hold the caller (the
+	 * socket's server thread) in open() for ever. */
+	int f = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
 	if (f < 0) {
-		rc = -errno;
+		rc = errno == ENXIO ? -EINVAL : -errno; /* a FIFO or socket */
 		goto out;
 	}
+	struct stat st;
+	if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode) || ftruncate(f, 0) != 0 ||
+	    fcntl(f, F_SETFL, 0) != 0) {
+		rc = -EINVAL;
+		close(f);
+		goto out;
+	}
+	close_locked(); /* only now: a bad path leaves the running trace alone */
 	/* No producer is inside (enabled is false, inflight drained). */
 	for (uint32_t i = 0; i < RING_SLOTS; i++)
 		atomic_store_explicit(&ring[i].seq, i, memory_order_relaxed);
@@ -366,6 +380,11 @@ int vpmm_trace_open(const char *path)
 out:
 	pthread_mutex_unlock(&ctl_lock);
 	return rc;
+}
+
+const char *vpmm_trace_strerror(int rc)
+{
+	return rc == -EINVAL ? "not a regular file" : strerror(-rc);
 }
 
 bool vpmm_trace_on(void)

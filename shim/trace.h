@@ -34,9 +34,12 @@ enum vpmm_trace_action {
 };
 
 /* Starts writing to `path` (truncated), closing a trace already open.
- * 0, or a negative errno (then no trace is open); -EBUSY in a forked child
- * for the file its parent traces to. */
+ * 0, or a negative errno, and then a trace already open goes on: -EBUSY in
+ * a forked child for the file its parent traces to, -EINVAL for anything
+ * but a regular file (a FIFO would stall the program on its reader). */
 int vpmm_trace_open(const char *path);
+/* vpmm_trace_open()'s error in words. */
+const char *vpmm_trace_strerror(int rc);
 /* Whether a trace is open: lets a caller skip work done only for the trace
  * (finding a freed allocation's size). */
 bool vpmm_trace_on(void);

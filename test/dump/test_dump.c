@@ -93,6 +93,7 @@ static void host_open(struct host *h, const char *socket, unsigned timeout_ms,
 		.arg = h,
 		.client_timeout_ms = timeout_ms,
 		.trace_start = vpmm_trace_open,
+		.trace_strerror = vpmm_trace_strerror,
 		.trace_stop = vpmm_trace_close,
 		.trace_flush = vpmm_trace_flush,
 		.trace_status = vpmm_trace_status,
@@ -1176,6 +1177,60 @@ static size_t count_lines(const char *path)
 	return n;
 }
 
+/* `trace start` on a path it cannot use answers an error and leaves the
+ * trace already running alone; a FIFO, with or without a reader, is
+ * refused at once instead of holding the server in open() (and the
+ * program at exit, in its writer). */
+Test(dump, a_bad_trace_start_keeps_the_running_trace)
+{
+	struct host h;
+	host_open(&h, "tr.sock", 0, 64);
+	char good[128], fifo[128], req[300];
+	snprintf(good, sizeof(good), "%s/good.csv", h.dir);
+	snprintf(fifo, sizeof(fifo), "%s/fifo", h.dir);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	cr_assert_eq(vpmm_trace_open(good), 0);
+	vpmm_trace_event(VPMM_TRACE_ALLOCATE, 0x1000, 10, 0);
+	int fd = dial(h.sock);
+	cr_assert_geq(fd, 0);
+	struct json r;
+	const char *bad[] = {"/nonexistent-dir/x.csv", fifo, fifo, h.dir};
+	const char *why[] = {"No such file", "not a regular file", "not a regular file",
+			     "directory"};
+	int reader = -1;
+	for (int i = 0; i < 4; i++) {
+		if (i == 2) /* the same FIFO, now with a reader that never reads */
+			cr_assert_geq(reader = open(fifo, O_RDONLY | O_NONBLOCK), 0);
+		snprintf(req, sizeof(req), "vpmm 1 trace start %s\n", bad[i]);
+		cr_assert(exchange(fd, req, &r), "no reply to trace start %s", bad[i]);
+		cr_assert_not(reply_ok(&r), "trace start %s accepted", bad[i]);
+		const char *e = json_str(json_get(&r, "error"));
+		cr_assert(e && strstr(e, why[i]), "trace start %s: %s", bad[i], e ? e : "-");
+		json_free(&r);
+		cr_assert(exchange(fd, "vpmm 1 trace status\n", &r));
+		bool active = false;
+		cr_assert(json_bool(json_get(&r, "active"), &active) && active,
+			  "the running trace stopped after trace start %s", bad[i]);
+		cr_assert_str_eq(json_str(json_get(&r, "path")), good);
+		json_free(&r);
+	}
+	close(reader);
+	vpmm_trace_event(VPMM_TRACE_FREE, 0x1000, 10, 0);
+
+	/* A path in UTF-8 comes back as it is, not byte by byte escaped. */
+	char named[160];
+	snprintf(named, sizeof(named), "%s/tr-\xc3\xa9-\xe2\x82\xac.csv", h.dir);
+	snprintf(req, sizeof(req), "vpmm 1 trace start %s\n", named);
+	cr_assert(exchange(fd, req, &r));
+	cr_assert(reply_ok(&r));
+	cr_assert_str_eq(json_str(json_get(&r, "path")), named);
+	json_free(&r);
+	cr_assert_eq(vpmm_trace_close(), 0);
+	cr_assert_eq(count_lines(good), 3, "the header and both events");
+	close(fd);
+	host_close(&h);
+}
+
 Test(dump, torch_snapshot_loads_in_python)
 {
 	struct host h;
@@ -1581,12 +1636,15 @@ struct preloaded {
 	int in, out; /* its stdin (we hold it open) and stdout */
 };
 
-static void preload_start(struct preloaded *p, const char *dir, const char *trace)
+/* rel_socket: VPMM_SOCKET, a path relative to dir, where the program runs. */
+static void preload_start(struct preloaded *p, const char *dir, const char *trace,
+			  const char *rel_socket)
 {
-	char xdg[160], tr[200];
+	char xdg[160], tr[200], so[160];
 	snprintf(xdg, sizeof(xdg), "XDG_RUNTIME_DIR=%s", dir);
 	snprintf(tr, sizeof(tr), "VPMM_TRACE=%s", trace);
-	char *env[] = { "LD_LIBRARY_PATH=" FAKE_DIR, "LD_PRELOAD=" LIBVPMM, xdg, tr, NULL };
+	snprintf(so, sizeof(so), "VPMM_SOCKET=%s", rel_socket ? rel_socket : "");
+	char *env[] = { "LD_LIBRARY_PATH=" FAKE_DIR, "LD_PRELOAD=" LIBVPMM, xdg, tr, so, NULL };
 	int in[2], out[2];
 	cr_assert_eq(pipe(in), 0);
 	cr_assert_eq(pipe(out), 0);
@@ -1597,6 +1655,8 @@ static void preload_start(struct preloaded *p, const char *dir, const char *trac
 		dup2(out[1], 1);
 		close(in[1]);
 		close(out[0]);
+		if (rel_socket && chdir(dir) != 0)
+			_exit(126);
 		execve(PRELOAD_PROG, (char *[]){ PRELOAD_PROG, NULL }, env);
 		_exit(127);
 	}
@@ -1634,7 +1694,7 @@ Test(dump, a_preloaded_program_is_listed_and_read)
 	snprintf(trace, sizeof(trace), "%s/trace.csv", dir);
 	snprintf(snap, sizeof(snap), "%s/snap.pickle", dir);
 	struct preloaded p;
-	preload_start(&p, dir, trace);
+	preload_start(&p, dir, trace, NULL);
 	snprintf(sock, sizeof(sock), "%s/vpmm/%ld.sock", dir, (long)p.pid);
 	bool served = false;
 	for (int i = 0; i < 100 && !served; i++) {
@@ -1710,6 +1770,35 @@ Test(dump, a_preloaded_program_is_listed_and_read)
 		json_free(&doc);
 		run_free(&r);
 	}
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* VPMM_SOCKET relative to the program's directory: vpmm-dump PID finds it
+ * from anywhere (it read only absolute values before). */
+Test(dump, a_relative_socket_is_found)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	cr_skip_test("sanitizer build: LD_PRELOAD runs are covered by the plain build");
+#endif
+	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char trace[128], sock[160], pid[32];
+	snprintf(trace, sizeof(trace), "%s/trace.csv", dir);
+	snprintf(sock, sizeof(sock), "%s/here.sock", dir);
+	struct preloaded p;
+	preload_start(&p, dir, trace, "here.sock");
+	for (int i = 0; i < 100 && access(sock, F_OK) != 0; i++)
+		usleep(50000);
+	cr_assert_eq(access(sock, F_OK), 0, "no socket at %s", sock);
+	snprintf(pid, sizeof(pid), "%ld", (long)p.pid);
+	struct run r;
+	run((char *[]){ VPMM_DUMP, pid, "--json", NULL }, &r);
+	cr_assert_eq(r.status, 0, "vpmm-dump: %s", r.err);
+	cr_assert_not_null(strstr(r.out, "\"pools\""), "%s", r.out);
+	run_free(&r);
+	cr_assert_eq(preload_finish(&p), 0, "the program failed under the shim");
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	cr_assert_eq(system(cmd), 0);
