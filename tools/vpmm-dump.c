@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -459,13 +460,26 @@ static int find_socket(long pid, char *out, size_t n, char *err, size_t errlen)
 	}
 	command_of(pid, comm, sizeof(comm));
 	if (environ_of(pid, "VPMM_SOCKET", val, sizeof(val)) && val[0]) {
-		if (strcmp(val, "off") == 0) {
+		if (strcasecmp(val, "off") == 0) {
 			snprintf(err, errlen, "process %ld (%s) runs with VPMM_SOCKET=off: no socket",
 				 pid, comm);
 			return EXIT_GONE;
 		}
-		if (val[0] == '/')
+		if (val[0] == '/') {
 			snprintf(cand[nc++], PATH_MAX, "%s", val);
+		} else {
+			/* Bound relative to the directory the process started
+			 * in (its current one, unless it moved since). */
+			char link[64], cwd[PATH_MAX];
+			snprintf(link, sizeof(link), "/proc/%ld/cwd", pid);
+			ssize_t k = readlink(link, cwd, sizeof(cwd) - 1);
+			if (k > 0) {
+				cwd[k] = '\0';
+				int m = snprintf(cand[nc], PATH_MAX, "%s/%s", cwd, val);
+				if (m > 0 && m < PATH_MAX)
+					nc++;
+			}
+		}
 	}
 	if (environ_of(pid, "XDG_RUNTIME_DIR", val, sizeof(val)) && val[0] == '/')
 		candidate(cand, &nc, val, 0, pid);
