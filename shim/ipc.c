@@ -396,17 +396,36 @@ static const char *serve_pieces(struct export *snapshot, size_t first, char *fie
 	return NULL;
 }
 
+/* Exactly `want` decimal numbers, one space apart, none past 2^64 - 1:
+ * sscanf() took signs, junk after them and values that wrap. */
+static bool numbers(const char *s, uint64_t *v, int want)
+{
+	for (int i = 0; i < want; i++) {
+		if (i && *s++ != ' ')
+			return false;
+		if (*s < '0' || *s > '9')
+			return false;
+		for (v[i] = 0; *s >= '0' && *s <= '9'; s++) {
+			unsigned d = (unsigned)(*s - '0');
+			if (v[i] > (UINT64_MAX - d) / 10)
+				return false;
+			v[i] = v[i] * 10 + d;
+		}
+	}
+	return *s == '\0';
+}
+
 const char *vpmm_ipc_serve(const char *request, const char *arg, long peer, char *fields,
 			   size_t len, int *fds, unsigned *nfds)
 {
 	static char err[160];
-	uint64_t id = 0, token = 0;
-	size_t first = 0;
-	int got = sscanf(arg, "%" SCNu64 " %" SCNu64 " %zu", &id, &token, &first);
 	bool pieces = strcmp(request, "ipc-pieces") == 0;
 	bool open = strcmp(request, "ipc-open") == 0;
-	if (got < 2 || (pieces && got < 3))
+	uint64_t v[3] = {0, 0, 0};
+	if (!numbers(arg, v, pieces ? 3 : 2) || (pieces && v[2] > SIZE_MAX))
 		return pieces ? "ipc-pieces takes ID TOKEN FIRST" : "takes ID TOKEN";
+	uint64_t id = v[0], token = v[1];
+	size_t first = (size_t)v[2];
 	struct export snap, *done = NULL;
 	const char *e = NULL;
 	if (peer <= 0) /* another pid namespace: its exit could not be seen */

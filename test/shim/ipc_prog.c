@@ -295,6 +295,12 @@ static void refuse(void)
 			{"vpmm 1 ipc-open 1 12345\n", "no such shared allocation"},
 			{"vpmm 1 ipc-pieces 1 2\n", "takes ID TOKEN FIRST"},
 			{"vpmm 1 ipc-pieces 1 2 0\n", "no such shared allocation"},
+			{"vpmm 1 ipc-open 1 2 junk\n", "takes ID TOKEN"},
+			{"vpmm 1 ipc-open -1 2\n", "takes ID TOKEN"},
+			{"vpmm 1 ipc-open 1  2\n", "takes ID TOKEN"},
+			{"vpmm 1 ipc-pieces 1 2 -1\n", "takes ID TOKEN FIRST"},
+			{"vpmm 1 ipc-pieces 1 2 12345678901234567890123\n", "takes ID TOKEN FIRST"},
+			{"vpmm 1 ipc-close 1 2 3\n", "takes ID TOKEN"},
 			{"vpmm 1 ipc-close 99 1\n", "no such shared allocation"},
 		};
 		for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
