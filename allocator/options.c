@@ -45,15 +45,16 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "page (0, or the page or more: whole pages, as the reference "       \
 	  "design); under the page, neighbours share a page's tail")          \
 	X(VA_SIZE, "VPMM_VA_SIZE", G_POOL, T_SIZE, NULL, "8T",                 \
-	  "virtual address space reserved per chunk; more chunks are "         \
-	  "reserved on demand")                                                \
+	  "virtual address space reserved per chunk, at least 1G; more "       \
+	  "chunks (1024 in all) are reserved on demand")                       \
 	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "1G",         \
 	  "largest physical handle created when the pool grows (0: one page)") \
 	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "16",      \
 	  "a growth of S bytes in a pool holding M is made of handles of "     \
 	  "about S/k, k = 1 + N*M/(M+S) (one handle in an empty pool, about "  \
 	  "S/N once the pool is much larger; a power of two of pages, at most " \
-	  "VPMM_HANDLE_SIZE); 0: every handle is VPMM_HANDLE_SIZE") \
+	  "VPMM_HANDLE_SIZE), at most 4096; 0: every handle is "               \
+	  "VPMM_HANDLE_SIZE")                                                  \
 	X(LIMIT, "VPMM_LIMIT", G_POOL, T_SIZE, NULL, "0",                      \
 	  "most physical bytes the pool maps; beyond it allocations fail as "  \
 	  "out of memory (0: no limit)")                                       \
@@ -84,7 +85,7 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "$XDG_RUNTIME_DIR/vpmm/PID.sock, else /tmp/vpmm-UID/PID.sock)")      \
 	X(TRACE, "VPMM_TRACE", G_PROCESS, T_STRING, NULL, "(none)",            \
 	  "file to write every allocation and free to, in RMM's CSV log "      \
-	  "format (for vpmm-replay)")                                          \
+	  "format (for vpmm-replay); a regular file, not a FIFO")              \
 	X(RELEASE_THRESHOLD, "VPMM_RELEASE_THRESHOLD", G_PROCESS, T_SIZE,      \
 	  NULL, "(keep all)",                                                  \
 	  "free bytes kept mapped; free pages beyond it are released to the "  \
@@ -383,14 +384,29 @@ static const char *expectation(enum opt_id id, int rc, char *buf, size_t n)
 	return "invalid";
 }
 
+/* A path that starts or ends with white space is a quoting slip: no one
+ * names a file " x". */
+static bool edge_space(const char *s)
+{
+	size_t n = strlen(s);
+	return n && (*s == ' ' || *s == '\t' || s[n - 1] == ' ' || s[n - 1] == '\t');
+}
+
 /* Checks that need only the value itself (cross-option checks and those
  * needing the driver's granularity belong to the pool). NULL if fine. */
 static const char *validate(enum opt_id id, const union opt_value *v)
 {
 	switch (id) {
 	case OPT_VA_SIZE:
-		if (v->size == 0)
-			return "must be greater than 0 (such as 8T)";
+		/* Each chunk is one reservation, VPMM_MAX_CHUNKS at most:
+		 * tiny chunks run out of address space, not memory. */
+		if (v->size < GIB)
+			return "must be at least 1G (such as 8T): the pool reserves at most "
+			       "1024 chunks of it";
+		break;
+	case OPT_GROWTH_SPLIT:
+		if (v->count > VPMM_GROWTH_SPLIT_MAX)
+			return "must be at most 4096";
 		break;
 	case OPT_PAGE_SIZE:
 		if (v->size & (v->size - 1))
@@ -410,12 +426,17 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 			return "must be at most 1000 (percent)";
 		break;
 	case OPT_SOCKET:
-		if (strcmp(v->str, "off") != 0 &&
-		    strlen(v->str) >= VPMM_SOCKET_PATH_MAX)
+		if (str_ieq(v->str, "off"))
+			break;
+		if (edge_space(v->str))
+			return "spaces at its start or end: expected a path or off";
+		if (strlen(v->str) >= VPMM_SOCKET_PATH_MAX)
 			return "too long for a Unix socket path (at most 107 bytes), "
 			       "expected a path or off";
 		break;
 	case OPT_TRACE:
+		if (edge_space(v->str))
+			return "spaces at its start or end: expected a path";
 		if (strlen(v->str) >= VPMM_TRACE_PATH_MAX)
 			return "too long for a path";
 		break;
@@ -426,6 +447,7 @@ static const char *validate(enum opt_id id, const union opt_value *v)
 }
 
 _Static_assert(VPMM_FRONT_ENTRIES_MAX == 256, "validate() says at most 256");
+_Static_assert(VPMM_GROWTH_SPLIT_MAX == 4096, "validate() says at most 4096");
 _Static_assert(VPMM_LOOP_GROWTH_MAX == 1000, "validate() says at most 1000");
 
 static const char *std_getenv(const char *name)
@@ -531,7 +553,7 @@ int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_
 	if (r.set[OPT_LOG])
 		o->log_level = (enum vpmm_log_level)r.val[OPT_LOG].choice;
 	if (r.set[OPT_SOCKET]) {
-		if (strcmp(r.val[OPT_SOCKET].str, "off") == 0)
+		if (str_ieq(r.val[OPT_SOCKET].str, "off"))
 			o->socket_off = true;
 		else
 			snprintf(o->socket, sizeof(o->socket), "%s",
@@ -544,4 +566,128 @@ int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_
 		o->release_threshold = r.val[OPT_RELEASE_THRESHOLD].size;
 	}
 	return 0;
+}
+
+/* ---- checks between options ----------------------------------------------- */
+
+/* "64K", "2M", or bytes: how a size reads back in a message. */
+static const char *size_text(size_t v, char *buf, size_t n)
+{
+	static const char suffix[] = "KMGT";
+	int i = -1;
+	while (i < 3 && v && v % 1024 == 0) {
+		v /= 1024;
+		i++;
+	}
+	if (i < 0)
+		snprintf(buf, n, "%zu", v);
+	else
+		snprintf(buf, n, "%zu%c", v, suffix[i]);
+	return buf;
+}
+
+#define CHECK_FAIL(...)                                                       \
+	do {                                                                  \
+		if (err && errlen)                                            \
+			snprintf(err, errlen, __VA_ARGS__);                   \
+		return -EINVAL;                                               \
+	} while (0)
+
+int vpmm_config_check(const struct vpmm_config *cfg, size_t gran, char *err, size_t errlen)
+{
+	char a[32], b[32];
+	if (!gran)
+		CHECK_FAIL("the driver reports no allocation granularity");
+	size_t page = cfg->page_size ? cfg->page_size : gran;
+	if (page % gran)
+		CHECK_FAIL("VPMM_PAGE_SIZE=%s is not a multiple of the driver's granularity %s",
+			   size_text(page, a, sizeof a), size_text(gran, b, sizeof b));
+	size_t handle = cfg->handle_size ? cfg->handle_size : page;
+	if (handle % page)
+		CHECK_FAIL("VPMM_HANDLE_SIZE=%s is not a whole number of pages of %s "
+			   "(VPMM_PAGE_SIZE, else the driver's granularity)",
+			   size_text(handle, a, sizeof a), size_text(page, b, sizeof b));
+	if (!cfg->va_size || cfg->va_size > SIZE_MAX - page)
+		CHECK_FAIL("VPMM_VA_SIZE=%s: expected 1G to 16E, less a page",
+			   size_text(cfg->va_size, a, sizeof a));
+	size_t grain = cfg->grain && cfg->grain < page ? cfg->grain : page;
+	if (grain < 512 || (grain & (grain - 1)) || page % grain)
+		CHECK_FAIL("VPMM_GRAIN=%s: expected a power of two from 512 that divides the "
+			   "page of %s (or 0: whole pages)",
+			   size_text(cfg->grain, a, sizeof a), size_text(page, b, sizeof b));
+	if (cfg->initial_pages > SIZE_MAX / page)
+		CHECK_FAIL("VPMM_PAGES=%zu: more pages of %s than memory can hold",
+			   cfg->initial_pages, size_text(page, b, sizeof b));
+	return 0;
+}
+
+/* ---- misspelled names ------------------------------------------------------ */
+
+/* Edits (insert, delete, replace, swap two neighbours) between a and b,
+ * letters compared in either case, stopping past `most`. */
+static unsigned edits(const char *a, const char *b, unsigned most)
+{
+	enum { MAX = 48 };
+	size_t n = strlen(a), m = strlen(b);
+	if (n >= MAX || m >= MAX || (n > m ? n - m : m - n) > most)
+		return most + 1;
+	unsigned d[MAX][MAX];
+	for (size_t i = 0; i <= n; i++)
+		d[i][0] = (unsigned)i;
+	for (size_t j = 0; j <= m; j++)
+		d[0][j] = (unsigned)j;
+	for (size_t i = 1; i <= n; i++)
+		for (size_t j = 1; j <= m; j++) {
+			unsigned cost = lower((unsigned char)a[i - 1]) != lower((unsigned char)b[j - 1]);
+			unsigned v = d[i - 1][j - 1] + cost;
+			if (d[i - 1][j] + 1 < v)
+				v = d[i - 1][j] + 1;
+			if (d[i][j - 1] + 1 < v)
+				v = d[i][j - 1] + 1;
+			if (i > 1 && j > 1 && lower((unsigned char)a[i - 1]) == lower((unsigned char)b[j - 2]) &&
+			    lower((unsigned char)a[i - 2]) == lower((unsigned char)b[j - 1]) &&
+			    d[i - 2][j - 2] + 1 < v)
+				v = d[i - 2][j - 2] + 1;
+			d[i][j] = v;
+		}
+	return d[n][m];
+}
+
+size_t vpmm_options_misspelled(char *const *env,
+			       void (*report)(const char *given, const char *meant, void *arg),
+			       void *arg)
+{
+	size_t found = 0;
+	for (; env && *env; env++) {
+		char name[48];
+		const char *eq = strchr(*env, '=');
+		size_t n = eq ? (size_t)(eq - *env) : strlen(*env);
+		if (n < 5 || n >= sizeof(name))
+			continue;
+		memcpy(name, *env, n);
+		name[n] = '\0';
+		char head[6];
+		memcpy(head, name, 5);
+		head[5] = '\0';
+		if (!str_ieq(head, "VPMM_"))
+			continue;
+		/* One slip: at two, VPMM_LIB (our scripts') read as VPMM_LOG. */
+		const char *best = NULL;
+		unsigned best_d = 2;
+		bool exact = false;
+		for (size_t i = 0; i < OPT_COUNT && !exact; i++) {
+			exact = strcmp(name, info_table[i].name) == 0;
+			unsigned d = edits(name, info_table[i].name, 1);
+			if (d < best_d) {
+				best_d = d;
+				best = info_table[i].name;
+			}
+		}
+		if (exact || !best)
+			continue; /* ours, or another program's VPMM_ name */
+		found++;
+		if (report)
+			report(name, best, arg);
+	}
+	return found;
 }

@@ -1764,19 +1764,15 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		rc = cu_errno(r);
 		goto fail;
 	}
-	p->page = cfg->page_size ? cfg->page_size : gran;
-	rc = -EINVAL;
-	if (!gran || p->page % gran)
+	rc = vpmm_config_check(cfg, gran, NULL, 0);
+	if (rc)
 		goto fail;
+	p->page = cfg->page_size ? cfg->page_size : gran;
 	if (!p->cfg.handle_size)
 		p->cfg.handle_size = p->page;
-	if (p->cfg.handle_size % p->page || !p->cfg.va_size)
-		goto fail;
 	p->cfg.va_size = whole_pages(p, p->cfg.va_size);
 	p->cfg.page_size = p->page;
 	p->grain = p->cfg.grain && p->cfg.grain < p->page ? p->cfg.grain : p->page;
-	if (p->grain < 512 || (p->grain & (p->grain - 1)) || p->page % p->grain)
-		goto fail;
 	p->cfg.grain = p->grain;
 	p->st.page_size = p->page;
 	if (p->cfg.front_entries > VPMM_FRONT_MAX)
@@ -1790,6 +1786,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		rc = -ENOMEM;
 		goto fail;
 	}
+	rc = -ENOMEM;
 	if (pthread_mutex_init(&p->lock, NULL))
 		goto fail;
 	vpmm_front_pool_init(p);
@@ -1797,6 +1794,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		pthread_mutex_destroy(&p->lock);
 		goto fail;
 	}
+	rc = 0;
 	vpmm_tree_init(&p->regions, region_by_va, 1);
 	vpmm_tree_init(&p->settled, region_by_size, 2);
 	vpmm_tree_init(&p->holes, region_by_size, 3);
@@ -1812,11 +1810,8 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	if (!rc)
 		rc = chunk_add(p, p->cfg.va_size, &chunk);
 	if (!rc && cfg->initial_pages) {
-		bool grow = false;
-		if (cfg->initial_pages > SIZE_MAX / p->page)
-			rc = -EINVAL;
-		else
-			rc = defrag(p, NULL, cfg->initial_pages * p->page, &grow, &first, &at);
+		bool grow = false; /* vpmm_config_check() bounded the product */
+		rc = defrag(p, NULL, cfg->initial_pages * p->page, &grow, &first, &at);
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (!rc && cfg->background &&

@@ -29,6 +29,7 @@ enum vpmm_defrag_policy {
 
 #define VPMM_FRONT_ENTRIES_MAX 256 /* most entries of a stream's cache */
 #define VPMM_LOOP_GROWTH_MAX 1000  /* percent */
+#define VPMM_GROWTH_SPLIT_MAX 4096 /* finer is one page a handle anyway */
 /* Rounds in a row the background thread leaves its unmaps for later while
  * callers map (counter reclaims_deferred), each until a caller's mapping
  * ends or VPMM_RECLAIM_DEFER_NS pass; then it unmaps regardless. */
@@ -250,5 +251,16 @@ int vpmm_parse_size(const char *s, size_t *out);
 int vpmm_config_from_env(struct vpmm_config *cfg,
 			 const char *(*getenv_fn)(const char *name),
 			 char *err, size_t errlen);
+/* The checks between options that need the driver's granularity (bytes),
+ * the ones vpmm_pool_create() makes: 0, or -EINVAL with one line in err
+ * (may be NULL) naming the VPMM_* variables at fault. */
+int vpmm_config_check(const struct vpmm_config *cfg, size_t granularity, char *err,
+		      size_t errlen);
+/* Calls `report` for each variable in `environ` that looks like a VPMM_*
+ * option misspelled (in another case, or one letter or underscore added,
+ * missing, changed or swapped) with the option meant; returns how many. */
+size_t vpmm_options_misspelled(char *const *environ,
+			       void (*report)(const char *given, const char *meant, void *arg),
+			       void *arg);
 
 #endif

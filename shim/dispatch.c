@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
+#include <unistd.h> /* environ */
 
 #include "shim.h"
 #include "server.h"
@@ -108,6 +109,13 @@ void vpmm_count(enum vpmm_hook h)
 static const char *env_get(const char *name)
 {
 	return getenv(name);
+}
+
+static void warn_misspelled(const char *given, const char *meant, void *arg)
+{
+	(void)arg;
+	vpmm_log(VPMM_LOG_WARN, "%s is not a libvpmm variable and does nothing: %s?", given,
+		 meant);
 }
 
 static void atfork_child(void)
@@ -202,6 +210,7 @@ static void setup_locked(void)
 	if (vpmm_env_options_from_env(&o, env_get, err, sizeof err))
 		goto bad_option;
 	vpmm_log_level = (int)o.log_level;
+	vpmm_options_misspelled(environ, warn_misspelled, NULL);
 	if (o.disable) {
 		VPMM_LOGF(VPMM_LOG_INFO, "VPMM_DISABLE is set: passing everything through");
 		return;
@@ -286,9 +295,17 @@ static vpmm_pool *pool_for(int dev)
 		vpmm_real.ctx_get_current(&ctx);
 		e = vpmm_pool_create(&cfg, st.drv, &p);
 		if (e) {
+			/* Say which option, where one is at fault. */
+			char why[256] = "";
+			size_t gran = 0;
+			if (e == -EINVAL && st.drv->granularity(st.drv, dev, &gran) == CUDA_SUCCESS)
+				vpmm_config_check(&cfg, gran, why, sizeof why);
+			else if (e == -ENOMEM && cfg.initial_pages)
+				snprintf(why, sizeof why, "%s; VPMM_PAGES=%zu maps them up front",
+					 strerror(-e), cfg.initial_pages);
 			atomic_store(&st.dev[dev].failed, true);
 			vpmm_log(VPMM_LOG_WARN, "device %d: no pool (%s): passing its allocations through",
-				 dev, strerror(-e));
+				 dev, why[0] ? why : strerror(-e));
 			p = NULL;
 		} else {
 			for (int d = 0; d < MAX_DEVICES; d++)
@@ -504,10 +521,13 @@ static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
 	vpmm_pool_stats(pool, &ps);
 	if (vpmm_real.mem_get_info)
 		vpmm_real.mem_get_info(&dev_free, &dev_total);
+	char limit[64] = "";
+	if (st.cfg.limit)
+		snprintf(limit, sizeof limit, ", VPMM_LIMIT %zu", st.cfg.limit);
 	vpmm_log(VPMM_LOG_ERROR,
 		 "device %d: out of memory: requested %zu bytes; live %" PRIu64
-		 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu",
-		 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total);
+		 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s",
+		 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit);
 }
 
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,

@@ -428,7 +428,12 @@ static const struct bad_case bad_cases[] = {
 	{ "VPMM_PAGE_SIZE", "3M", "power of two" },
 	{ "VPMM_PAGE_SIZE", "16E", "expected a size" },
 	{ "VPMM_PAGE_SIZE", "99999999999999999999", "too large" },
-	{ "VPMM_VA_SIZE", "0", "greater than 0" },
+	{ "VPMM_VA_SIZE", "0", "at least 1G" },
+	{ "VPMM_VA_SIZE", "64K", "at least 1G" },
+	{ "VPMM_VA_SIZE", "1023M", "at least 1G" },
+	{ "VPMM_GROWTH_SPLIT", "4097", "must be at most 4096" },
+	{ "VPMM_GROWTH_SPLIT", "4294967296", "must be at most 4096" },
+	{ "VPMM_GROWTH_SPLIT", "4294967312", "must be at most 4096" },
 	{ "VPMM_VA_SIZE", "abc", "expected a size" },
 	{ "VPMM_HANDLE_SIZE", "1.5G", "expected a size" },
 	{ "VPMM_LIMIT", "-1", "expected a size" },
@@ -447,6 +452,10 @@ static const struct bad_case bad_cases[] = {
 	{ "VPMM_LOG", "verbose", "expected one of: error, warn, info, debug" },
 	{ "VPMM_RELEASE_THRESHOLD", "1 G", "expected a size" },
 	{ "VPMM_RELEASE_THRESHOLD", "all", "expected a size" },
+	{ "VPMM_SOCKET", " ", "spaces at its start or end" },
+	{ "VPMM_SOCKET", "off ", "spaces at its start or end" },
+	{ "VPMM_SOCKET", " /tmp/x.sock", "spaces at its start or end" },
+	{ "VPMM_TRACE", "/tmp/t.csv ", "spaces at its start or end" },
 };
 
 Test(errors, each_bad_value_names_variable_and_value)
@@ -584,4 +593,95 @@ Test(table, print_lists_name_default_description)
 		cr_expect(desc && desc < eol, "%s: description not on its line", t[i].name);
 	}
 	free(buf);
+}
+
+/* "off" in any case turns the socket off, as other words are read. */
+Test(config, socket_off_in_any_case)
+{
+	const char *offs[] = {"off", "OFF", "Off"};
+	for (size_t i = 0; i < 3; i++) {
+		struct vpmm_env_options o;
+		char err[256] = "";
+		env_clear();
+		env_set("VPMM_SOCKET", offs[i]);
+		cr_assert_eq(vpmm_env_options_from_env(&o, fake_getenv, err, sizeof(err)), 0, "%s",
+			     err);
+		cr_expect(o.socket_off, "VPMM_SOCKET=%s did not turn the socket off", offs[i]);
+		cr_expect_str_eq(o.socket, "");
+	}
+}
+
+/* The checks that need the driver's granularity: each names the variable
+ * at fault and its value. */
+Test(config, checks_against_the_granularity_name_the_variable)
+{
+	const size_t K = 1024, M = K * K, G = M * K;
+	struct {
+		size_t page, handle, va, grain, pages;
+		const char *says;
+	} bad[] = {
+		{32 * K, 0, G, 0, 0, "VPMM_PAGE_SIZE=32K is not a multiple of the driver's granularity 64K"},
+		{96 * K, 0, G, 0, 0, "VPMM_PAGE_SIZE=96K"},
+		{2 * G, G, G, 0, 0, "VPMM_HANDLE_SIZE=1G is not a whole number of pages of 2G"},
+		{0, 96 * K, G, 0, 0, "VPMM_HANDLE_SIZE=96K"},
+		{0, 0, SIZE_MAX, 0, 0, "VPMM_VA_SIZE="},
+		{0, 0, G, 256, 0, "VPMM_GRAIN=256"},
+		{0, 0, G, 100, 0, "VPMM_GRAIN=100"},
+		{192 * K, 0, G, 128 * K, 0, "VPMM_GRAIN=128K"},
+		{0, 0, G, 0, SIZE_MAX, "VPMM_PAGES=18446744073709551615"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct vpmm_config c;
+		char err[256] = "";
+		vpmm_config_default(&c);
+		c.page_size = bad[i].page;
+		c.handle_size = bad[i].handle;
+		c.va_size = bad[i].va;
+		c.grain = bad[i].grain;
+		c.initial_pages = bad[i].pages;
+		cr_expect_eq(vpmm_config_check(&c, 64 * K, err, sizeof err), -EINVAL, "case %zu", i);
+		cr_expect(strstr(err, bad[i].says) != NULL, "case %zu: \"%s\" does not say \"%s\"",
+			  i, err, bad[i].says);
+		cr_expect(vpmm_config_check(&c, 64 * K, NULL, 0) == -EINVAL);
+	}
+	struct vpmm_config c;
+	char err[8] = "x";
+	vpmm_config_default(&c);
+	cr_expect_eq(vpmm_config_check(&c, 2 * M, err, sizeof err), 0, "%s", err);
+	cr_expect_eq(vpmm_config_check(&c, 0, err, sizeof err), -EINVAL, "no granularity");
+}
+
+struct seen {
+	char given[8][48], meant[8][48];
+	size_t n;
+};
+
+static void note_misspelled(const char *given, const char *meant, void *arg)
+{
+	struct seen *s = arg;
+	cr_assert_lt(s->n, 8);
+	snprintf(s->given[s->n], sizeof s->given[0], "%s", given);
+	snprintf(s->meant[s->n], sizeof s->meant[0], "%s", meant);
+	s->n++;
+}
+
+/* Names one slip from an option are reported with the option; the options
+ * themselves, other programs' VPMM_ names and everything else are not. */
+Test(table, misspelled_names_are_reported_with_the_option_meant)
+{
+	char *env[] = {"VPMM_PAGESIZE=1G", "VPMM_DISABLED=1", "vpmm_disable=1",
+		       "VPMM_HANDEL_SIZE=8M", "VPMM_PAGE_SIZE=2M", "VPMM_LIB=/x/libvpmm.so",
+		       "VPMM_STRESS_SEED=3", "VPMM_REPLAY=/bin/true", "PATH=/bin", "VPMM_",
+		       "VPMM_LOG", NULL};
+	struct seen s = {0};
+	cr_assert_eq(vpmm_options_misspelled(env, note_misspelled, &s), 4);
+	const char *want[4][2] = {{"VPMM_PAGESIZE", "VPMM_PAGE_SIZE"},
+				  {"VPMM_DISABLED", "VPMM_DISABLE"},
+				  {"vpmm_disable", "VPMM_DISABLE"},
+				  {"VPMM_HANDEL_SIZE", "VPMM_HANDLE_SIZE"}};
+	for (size_t i = 0; i < 4; i++) {
+		cr_expect_str_eq(s.given[i], want[i][0]);
+		cr_expect_str_eq(s.meant[i], want[i][1]);
+	}
+	cr_assert_eq(vpmm_options_misspelled(NULL, note_misspelled, &s), 0);
 }

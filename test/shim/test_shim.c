@@ -308,6 +308,9 @@ Test(shim_options, bad_values, .timeout = 60)
 		{"VPMM_LOG=loud", "VPMM_LOG"},
 		{"VPMM_DISABLE=maybe", "VPMM_DISABLE"},
 		{"VPMM_VA_SIZE=-1", "VPMM_VA_SIZE"},
+		{"VPMM_VA_SIZE=64K", "VPMM_VA_SIZE=\"64K\": must be at least 1G"},
+		{"VPMM_GROWTH_SPLIT=4294967296", "VPMM_GROWTH_SPLIT"},
+		{"VPMM_SOCKET= ", "VPMM_SOCKET"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		const char *const env[] = {bad[i][0], "SHIMTEST_EXPECT=real", NULL};
@@ -328,6 +331,50 @@ Test(shim_options, log_info, .timeout = 30)
 	EXPECT_OK();
 	cr_expect_eq(count_lines_with("vpmm: active", NULL), 1, "%s", R.out);
 	cr_expect_eq(count_lines_with("vpmm: device 0: pool created", NULL), 1, "%s", R.out);
+}
+
+/* Values known to be bad only with the driver's granularity (64K here):
+ * the device's pool is not made, its allocations pass through, and the one
+ * line says which variable is at fault. */
+Test(shim_options, a_bad_combination_names_the_variable, .timeout = 60)
+{
+	static const char *const bad[][2] = {
+		{"VPMM_PAGE_SIZE=32K", "no pool (VPMM_PAGE_SIZE=32K is not a multiple of the "
+				       "driver's granularity 64K)"},
+		{"VPMM_HANDLE_SIZE=96K", "no pool (VPMM_HANDLE_SIZE=96K is not a whole number"},
+		{"VPMM_GRAIN=256", "no pool (VPMM_GRAIN=256: expected a power of two from 512"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		const char *const env[] = {bad[i][0], "SHIMTEST_EXPECT=real", NULL};
+		run(RT_PROG, "basic", true, env);
+		EXPECT_OK();
+		cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s:\n%s", bad[i][0], R.out);
+		cr_expect_eq(count_lines_with("vpmm: warning: device 0:", bad[i][1]), 1, "%s:\n%s",
+			     bad[i][0], R.out);
+	}
+}
+
+/* A VPMM_ name one slip from an option: a warning naming the option meant,
+ * and the program runs on the defaults. Other programs' VPMM_ names are
+ * left alone. */
+Test(shim_options, a_misspelled_name_is_pointed_out, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_PAGESIZE=1G", "VPMM_LIB=x", NULL};
+	run(RT_PROG, "basic", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: warning: VPMM_PAGESIZE is not a libvpmm variable",
+				      "VPMM_PAGE_SIZE?"), 1, "%s", R.out);
+}
+
+/* Out of memory under VPMM_LIMIT: the line says the limit. */
+Test(shim_options, the_limit_is_in_the_out_of_memory_line, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_LIMIT=2M", NULL};
+	run(RT_PROG, "oom", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm: error: device 0: out of memory", "VPMM_LIMIT 2097152"),
+		     2, "%s", R.out);
 }
 
 /* VPMM_PAGE_SIZE reaches the pool: sizes round to it. */
