@@ -250,9 +250,9 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 		if (e->r->kind != R_LIVE)
 			continue;
 		if (e->r->small) {
-			/* small_free claims the block afresh */
-			vpmm_small_unpark(p, e->r->small, e->r, e->ptr);
-			vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch);
+			/* Still claimed: a racing double free cannot take it
+			 * between an unpark and a new claim. */
+			vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch, true);
 		} else {
 			vpmm_pool_give_locked(p, e->r, s, e->epoch); /* stays claimed */
 		}

@@ -2330,7 +2330,7 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	if (!r->small && !vpmm_claim(r, __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE)))
 		goto out;
 	if (r->small) {
-		rc = vpmm_small_free_locked(p, r, ptr, s, 0);
+		rc = vpmm_small_free_locked(p, r, ptr, s, 0, false);
 	} else {
 		vpmm_pool_give_locked(p, r, s, 0);
 		rc = 0;

@@ -353,8 +353,10 @@ int vpmm_small_init(vpmm_pool *p);
 void vpmm_small_fini(vpmm_pool *p);
 int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 			     CUdeviceptr *out);
+/* `claimed`: the caller holds the block's park bit (a cache's entry);
+ * else the free claims it, and fails if another free has. */
 int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
-			   struct stream *s, uint64_t epoch);
+			   struct stream *s, uint64_t epoch, bool claimed);
 int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size);
 size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log);

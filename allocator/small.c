@@ -207,23 +207,34 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	struct small_slab *sl = s->spare[cls];
 	struct region *r;
 	int rc;
-	if (sl)
+	if (sl) {
+		/* A stopped lock-free free may still read it: its class and
+		 * sizes stay as they are, and its bitmaps are clear already
+		 * (it was released empty). */
 		s->spare[cls] = sl->next;
-	else if (!(sl = aligned_alloc(64, bytes)))
-		return -ENOMEM;
-	memset(sl, 0, bytes);
+	} else {
+		if (!(sl = aligned_alloc(64, bytes)))
+			return -ENOMEM;
+		memset(sl, 0, bytes);
+		sl->cls = cls;
+		sl->nblocks = (uint32_t)nblocks;
+		sl->words = (uint32_t)words;
+	}
 	/* The region comes claimed, and stays so: its blocks are claimed
 	 * one by one. */
 	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], NULL, 0, &r);
 	if (rc) {
-		free(sl);
+		sl->next = s->spare[cls]; /* never freed while the pool lives */
+		s->spare[cls] = sl;
 		return rc;
 	}
 	sl->r = r;
 	sl->owner = owner;
-	sl->cls = cls;
-	sl->nblocks = sl->nfree = (uint32_t)nblocks;
-	sl->words = (uint32_t)words;
+	sl->nfree = (uint32_t)nblocks;
+	sl->hint = 0;
+	sl->listed = false;
+	sl->deferred = NULL;
+	sl->prev = sl->next = NULL;
 	__atomic_store_n(&r->small, sl, __ATOMIC_RELEASE);
 	vpmm_pmap_publish(p, r, true); /* now every page leads to the slab */
 	s->slabs++;
@@ -289,7 +300,7 @@ static void maybe_release(vpmm_pool *p, struct small_slab *sl)
 }
 
 int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
-			   struct stream *s, uint64_t epoch)
+			   struct stream *s, uint64_t epoch, bool claimed)
 {
 	struct small_slab *sl = r->small;
 	size_t bs = st_of(p)->block[sl->cls];
@@ -300,7 +311,7 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		return -EINVAL; /* not handed out */
 	/* Claimed, not just looked at: a lock-free park of the same block
 	 * may be under way, and only one of the two may win. */
-	if (__atomic_fetch_or(&parked_map(sl)[b / 64], bit, __ATOMIC_ACQ_REL) & bit)
+	if (!claimed && (__atomic_fetch_or(&parked_map(sl)[b / 64], bit, __ATOMIC_ACQ_REL) & bit))
 		return -EINVAL; /* freed already */
 	/* Reuse by the owner is safe at once if the free is in its own stream
 	 * order, or if the caller synchronized (s == NULL). */
@@ -479,6 +490,18 @@ size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
 		if (log)
 			fprintf(log, "vpmm check: %zu slabs found, %zu counted\n", slabs, s->slabs);
 	}
+	/* A spare's next slab starts from its bitmaps as they are. */
+	for (unsigned c = 0; c < s->nclasses; c++)
+		for (const struct small_slab *sl = s->spare[c]; sl; sl = sl->next) {
+			uint64_t any = 0;
+			for (uint32_t w = 0; w < 2 * sl->words; w++)
+				any |= __atomic_load_n(&sl->used[w], __ATOMIC_ACQUIRE);
+			if (any || sl->cls != c) {
+				bad++;
+				if (log)
+					fprintf(log, "vpmm check: spare slab of class %u not clear\n", c);
+			}
+		}
 	return bad;
 }
 

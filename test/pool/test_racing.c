@@ -223,6 +223,10 @@ Test(racing, a_stopped_free_outlives_its_slab)
 	cr_assert_eq(vpmm_pool_free(t.pool, p, s1), 0);
 	CUdeviceptr all = PT_MALLOC(&t, 6, s1);
 	cr_assert_eq(pt_stats(&t).live, 6 * t.page, "the slab was not given back");
+	/* A new slab of the class fails at the limit: its struct (the old
+	 * one's) must stay, not be freed (review). */
+	CUdeviceptr none = 0;
+	cr_assert_eq(vpmm_pool_malloc(t.pool, 512, s1, &none), -ENOMEM);
 	cr_assert_eq(race_finish(&r), -EINVAL);
 	PT_CHECK(&t);
 	PT_FREE(&t, all, s1);
