@@ -326,10 +326,6 @@ int vpmm_trace_open(const char *path)
 		rc = -EBUSY; /* a forked child would truncate its parent's trace */
 		goto out;
 	}
-	/* The file the trace writes now, truncated by the open below: closed
-	 * first, else its last events would land after the new header. */
-	if (fd >= 0 && strcmp(abs_path, path_abs) == 0)
-		close_locked();
 	/* Not blocking: a FIFO without a reader would hold the caller (the
 	 * socket's server thread) in open() for ever. */
 	int f = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
@@ -337,14 +333,23 @@ int vpmm_trace_open(const char *path)
 		rc = errno == ENXIO ? -EINVAL : -errno; /* a FIFO or socket */
 		goto out;
 	}
-	struct stat st;
-	if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode) || ftruncate(f, 0) != 0 ||
-	    fcntl(f, F_SETFL, 0) != 0) {
+	struct stat st, now;
+	if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
 		rc = -EINVAL;
 		close(f);
 		goto out;
 	}
-	close_locked(); /* only now: a bad path leaves the running trace alone */
+	/* The file the trace writes now, by whatever name: closed before the
+	 * truncation, else its last events would land past the new header. A
+	 * bad path returned above and left the running trace alone. */
+	if (fd >= 0 && fstat(fd, &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
+		close_locked();
+	if (ftruncate(f, 0) != 0 || fcntl(f, F_SETFL, 0) != 0) {
+		rc = -errno;
+		close(f);
+		goto out;
+	}
+	close_locked();
 	/* No producer is inside (enabled is false, inflight drained). */
 	for (uint32_t i = 0; i < RING_SLOTS; i++)
 		atomic_store_explicit(&ring[i].seq, i, memory_order_relaxed);

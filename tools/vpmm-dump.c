@@ -476,6 +476,10 @@ static int find_socket(long pid, char *out, size_t n, char *err, size_t errlen)
 			if (k > 0) {
 				cwd[k] = '\0';
 				int m = snprintf(cand[nc], PATH_MAX, "%s/%s", cwd, val);
+				/* Past a socket address's 108 bytes, through the
+				 * process's own link to its directory. */
+				if (m >= (int)sizeof(((struct sockaddr_un *)0)->sun_path))
+					m = snprintf(cand[nc], PATH_MAX, "%s/%s", link, val);
 				if (m > 0 && m < PATH_MAX)
 					nc++;
 			}
