@@ -13,6 +13,7 @@
  * any stream may take it without waiting.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1818,7 +1819,15 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	    DRV(p, VPMM_OP_CTX_CURRENT, ctx_current, &p->ctx) != CUDA_SUCCESS)
 		rc = -EIO;
 	if (!rc && cfg->background) {
+		/* Every signal blocked: the program's signals are for its own
+		 * threads (one that sigwait()s for SIGTERM, say), and this
+		 * thread, created from whichever thread allocated first, would
+		 * otherwise take them with their default action. */
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
 		rc = -pthread_create(&p->reclaimer, NULL, reclaimer_main, p);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		p->reclaimer_running = !rc;
 	}
 	if (rc) {

@@ -2,6 +2,7 @@
  * until the event queued with it completes; then a reclaim (explicit, or at
  * the start of the next malloc) unmaps it and it becomes a hole. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -440,5 +441,28 @@ Test(zombie, a_zombie_deferred_half_way)
 	release_the_caller(&t, &h, th);
 	cr_assert(wait_for(&t, zombies_at_most, 0), "the rest stayed a zombie");
 	PT_CHECK(&t);
+	pt_close(&t);
+}
+
+/* The pool's thread takes none of the program's signals: created from
+ * whichever thread allocated first, it would otherwise inherit a mask
+ * without the signals the program later blocks to sigwait() for them, and
+ * the kernel would hand it a SIGTERM with its default action (review). */
+Test(zombie, the_background_thread_takes_no_signal)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .background = true};
+	pt_open(&t, &su);
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR1);
+	cr_assert_eq(pthread_sigmask(SIG_BLOCK, &set, NULL), 0);
+	cr_assert_eq(kill(getpid(), SIGUSR1), 0);
+	/* Time for a thread that does not block it to take it (and die of
+	 * it): taken at once, the signal would go to this thread's wait. */
+	struct timespec pause = {0, 300 * 1000 * 1000}, wait = {2, 0};
+	nanosleep(&pause, NULL);
+	cr_assert_eq(sigtimedwait(&set, NULL, &wait), SIGUSR1,
+		     "SIGUSR1 did not stay pending for the thread that blocked it");
 	pt_close(&t);
 }
