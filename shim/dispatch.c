@@ -591,11 +591,27 @@ void vpmm_stream_destroying(CUstream s)
 	    !vpmm_active())
 		return;
 	atomic_fetch_add_explicit(&stream_gen, 1, memory_order_release);
+	/* The stream's last event is recorded in its own context, the current
+	 * one as a rule. A thread with none (cuStreamDestroy needs none) gets
+	 * the pool's: without it the record failed, and the frees pending on
+	 * the stream could never be known complete. */
+	CUcontext cur = NULL;
+	bool none = vpmm_real.ctx_get_current(&cur) != CUDA_SUCCESS || !cur;
 	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
 	for (int i = 0; i < n; i++) {
 		vpmm_pool *p = existing_pool(i);
-		if (p)
-			vpmm_pool_stream_gone(p, s);
+		bool pushed = false;
+		if (!p)
+			continue;
+		if (none)
+			vpmm_push_pool_ctx(i, &pushed);
+		int e = vpmm_pool_stream_gone(p, s);
+		vpmm_pop_ctx(pushed);
+		if (e)
+			vpmm_log(VPMM_LOG_WARN,
+				 "device %d: a destroyed stream's last event failed (CUresult %d): "
+				 "what it freed since its last event stays out of use",
+				 i, (int)vpmm_pool_last_result(p));
 	}
 }
 

@@ -3,6 +3,8 @@
  * as the static runtime, CuPy and PyTorch do), plain dlsym of entry points,
  * and direct calls to libcuda's exports (it is linked with the fake
  * libcuda.so.1). `drv_prog SCENARIO`; see shimtest.h. */
+#include <pthread.h>
+
 #include "shimtest.h"
 
 typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
@@ -332,6 +334,54 @@ static void own(void)
 	}
 }
 
+/* A stream with a free pending on it, destroyed from a thread that has no
+ * current context (cuStreamDestroy needs none): its last event is recorded
+ * in the pool's context, and the memory it freed serves later requests of
+ * every kind. Before, the record failed and every later allocation on the
+ * device failed with CUDA_ERROR_INVALID_CONTEXT (review). */
+static CUstream doomed;
+static CUresult destroyed = CUDA_ERROR_UNKNOWN;
+
+static void *destroy_doomed(void *arg)
+{
+	CUcontext none = (CUcontext)1;
+	(void)arg;
+	CHECK_EQ(cuCtxGetCurrent(&none), 0);
+	CHECK(none == NULL);
+	destroyed = cuStreamDestroy(doomed);
+	return NULL;
+}
+
+static void destroy_elsewhere(void)
+{
+	CUcontext ctx;
+	CUdeviceptr p, q, x[4];
+	pthread_t t;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(ctx), 0);
+	controls_init();
+	CHECK_EQ(cuStreamCreate(&doomed, 0), 0);
+	CHECK_EQ(cuMemAllocAsync(&p, 4 * P, doomed), 0);
+	CHECK_EQ(cuMemFreeAsync(p, doomed), 0);
+	CHECK_EQ(pthread_create(&t, NULL, destroy_doomed, NULL), 0);
+	CHECK_EQ(pthread_join(t, NULL), 0);
+	CHECK_EQ(destroyed, 0);
+	CHECK_EQ(cuCtxSynchronize(), 0);
+	const size_t sizes[4] = {P, 4 * P, 16 * P, 64 * P};
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ(cuMemAlloc(&x[i], sizes[i]), 0);
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ(cuMemFree(x[i]), 0);
+	CUstream s2;
+	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
+	CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s2), 0);
+	CHECK_EQ(cuMemFreeAsync(q, s2), 0);
+	CHECK_EQ(cuStreamDestroy(s2), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -342,6 +392,7 @@ int main(int argc, char **argv)
 		{"dlsym", dlsym_path},
 		{"linked", linked},
 		{"own", own},
+		{"destroy_elsewhere", destroy_elsewhere},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

@@ -181,6 +181,7 @@ Test(shim_rt, exit_teardown, .timeout = 30)
 DRV_SCENARIO(gpa)
 DRV_SCENARIO(dlsym)
 DRV_SCENARIO(linked)
+DRV_SCENARIO(destroy_elsewhere)
 
 /* The program's own handles pass through, and the shim says so once. */
 Test(shim_drv, own_pool, .timeout = 30)
@@ -263,11 +264,21 @@ Test(shim_ipc, peer_pool, .timeout = 30)
 
 /* ---- the pluggable allocator ------------------------------------------------------------ */
 
+/* The only lines: the two for devices that do not exist. */
+#define EXPECT_BAD_DEVICES_ONLY()                                             \
+	do {                                                                  \
+		cr_expect_eq(count_lines_with("vpmm:", NULL), 2, "%s", R.out); \
+		cr_expect_eq(count_lines_with("vpmm: error: vpmm_torch_malloc(65536, device 7)", \
+					      "CUresult"), 1, "%s", R.out);   \
+		cr_expect_eq(count_lines_with("vpmm: error: vpmm_torch_malloc(65536, device -1)", \
+					      "CUresult"), 1, "%s", R.out);   \
+	} while (0)
+
 Test(shim_torch, pluggable, .timeout = 30)
 {
 	run(TORCH_PROG, NULL, false, NULL);
 	EXPECT_OK();
-	EXPECT_QUIET();
+	EXPECT_BAD_DEVICES_ONLY();
 }
 
 Test(shim_torch, pluggable_disabled, .timeout = 30)
@@ -275,7 +286,7 @@ Test(shim_torch, pluggable_disabled, .timeout = 30)
 	const char *const env[] = {"VPMM_DISABLE=1", "SHIMTEST_EXPECT=real", NULL};
 	run(TORCH_PROG, NULL, false, env);
 	EXPECT_OK();
-	EXPECT_QUIET();
+	EXPECT_BAD_DEVICES_ONLY();
 }
 
 /* ---- options ---------------------------------------------------------------------------------- */
