@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -283,8 +284,17 @@ static int close_locked(void)
 	if (fd < 0)
 		return 0;
 	atomic_store(&enabled, false);
-	while (atomic_load(&inflight) > 0)
-		sched_yield(); /* a producer between its check and its publication */
+	/* A producer between its check and its publication. Bounded: exit()
+	 * from a signal handler that interrupted one on this very thread
+	 * would wait for ever; its event, and those after it, are lost. */
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (atomic_load(&inflight) > 0) {
+		sched_yield();
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (t.tv_sec - t0.tv_sec >= 2)
+			break;
+	}
 	if (writer_running) {
 		pthread_mutex_lock(&wake_lock);
 		writer_stop = true;
@@ -305,6 +315,31 @@ static int close_locked(void)
 	return rc;
 }
 
+/* `path` with each %p replaced by the process id, so that processes that
+ * share a VPMM_TRACE (torchrun's workers) write a file each; %% is a %. */
+static int with_pid(const char *path, char *buf, size_t n)
+{
+	size_t o = 0;
+	for (const char *c = path; *c; c++) {
+		int k;
+		if (c[0] == '%' && c[1] == 'p') {
+			k = snprintf(buf + o, n - o, "%ld", (long)getpid());
+			c++;
+		} else if (c[0] == '%' && c[1] == '%') {
+			k = snprintf(buf + o, n - o, "%%");
+			c++;
+		} else {
+			k = snprintf(buf + o, n - o, "%c", *c);
+		}
+		if (k < 0 || (size_t)k >= n - o)
+			return -1;
+		o += (size_t)k;
+	}
+	if (o == 0 && n)
+		buf[0] = '\0';
+	return 0;
+}
+
 int vpmm_trace_open(const char *path)
 {
 	static const char header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
@@ -320,7 +355,12 @@ int vpmm_trace_open(const char *path)
 			goto out;
 		}
 	}
-	char abs_path[PATH_MAX];
+	char named[PATH_MAX], abs_path[PATH_MAX];
+	if (with_pid(path, named, sizeof(named)) != 0) {
+		rc = -ENAMETOOLONG;
+		goto out;
+	}
+	path = named;
 	absolute(path, abs_path, sizeof(abs_path));
 	if (parent_path[0] && strcmp(abs_path, parent_path) == 0) {
 		rc = -EBUSY; /* a forked child would truncate its parent's trace */
@@ -344,6 +384,13 @@ int vpmm_trace_open(const char *path)
 	 * bad path returned above and left the running trace alone. */
 	if (fd >= 0 && fstat(fd, &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
 		close_locked();
+	/* Another process writes it (a worker started with the same
+	 * VPMM_TRACE): truncating would wipe its trace and interleave ours. */
+	if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		close(f);
+		goto out;
+	}
 	if (ftruncate(f, 0) != 0 || fcntl(f, F_SETFL, 0) != 0) {
 		rc = -errno;
 		close(f);
@@ -389,6 +436,9 @@ out:
 
 const char *vpmm_trace_strerror(int rc)
 {
+	if (rc == -EBUSY)
+		return "another process traces to this file (%p in the name makes one "
+		       "file per process)";
 	return rc == -EINVAL ? "not a regular file" : strerror(-rc);
 }
 

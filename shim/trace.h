@@ -33,9 +33,10 @@ enum vpmm_trace_action {
 	VPMM_TRACE_ALLOCATE_FAILURE,
 };
 
-/* Starts writing to `path` (truncated), closing a trace already open.
- * 0, or a negative errno, and then a trace already open goes on: -EBUSY in
- * a forked child for the file its parent traces to, -EINVAL for anything
+/* Starts writing to `path` (truncated; %p in it is the process id),
+ * closing a trace already open. 0, or a negative errno, and then a trace
+ * already open goes on: -EBUSY for a file another process traces to (a
+ * forked or spawned worker with the same VPMM_TRACE), -EINVAL for anything
  * but a regular file (a FIFO would stall the program on its reader). */
 int vpmm_trace_open(const char *path);
 /* vpmm_trace_open()'s error in words. */

@@ -1638,16 +1638,23 @@ Test(dump, a_forked_child_does_not_truncate_the_parents_trace)
 #endif
 	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
-	char path[128], other[128];
+	char path[128], other[128], link[128], each[128], mine[128];
 	snprintf(path, sizeof(path), "%s/parent.csv", dir);
 	snprintf(other, sizeof(other), "%s/child.csv", dir);
+	snprintf(link, sizeof(link), "%s/link.csv", dir);
+	snprintf(each, sizeof(each), "%s/t-%%p.csv", dir);
+	cr_assert_eq(symlink(path, link), 0);
 	cr_assert_eq(vpmm_trace_open(path), 0);
 	vpmm_trace_event(VPMM_TRACE_ALLOCATE, 0x10000, 100, 0);
 	pid_t c = fork();
 	if (c == 0) {
-		/* not tracing; the parent's file refused; another one is fine */
+		/* Not tracing; the parent's file refused, by its name or
+		 * another (the name a spawned worker would not know: the file
+		 * lock tells); another file is fine, and so is %p. */
 		int ok = !vpmm_trace_on() && vpmm_trace_open(path) == -EBUSY &&
-			 vpmm_trace_open(other) == 0;
+			 vpmm_trace_open(link) == -EBUSY && vpmm_trace_open(each) == 0;
+		vpmm_trace_event(VPMM_TRACE_FREE, 0x30000, 1, 0);
+		ok = ok && vpmm_trace_open(other) == 0;
 		vpmm_trace_event(VPMM_TRACE_FREE, 0x20000, 1, 0);
 		ok = ok && vpmm_trace_close() == 0;
 		_exit(ok ? 0 : 1);
@@ -1659,6 +1666,8 @@ Test(dump, a_forked_child_does_not_truncate_the_parents_trace)
 	cr_assert_eq(vpmm_trace_close(), 0);
 	cr_assert_eq(count_lines(path), 3, "the parent's trace: header + its 2 events only");
 	cr_assert_eq(count_lines(other), 2, "the child's trace: header + its event");
+	snprintf(mine, sizeof(mine), "%s/t-%ld.csv", dir, (long)c);
+	cr_assert_eq(count_lines(mine), 2, "%%p: the child's trace under its pid");
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	cr_assert_eq(system(cmd), 0);
