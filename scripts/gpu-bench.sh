@@ -61,7 +61,7 @@ build_libvpmm() {
 	[[ -f shim/libvpmm.map ]] && map=(-Wl,--version-script=shim/libvpmm.map)
 	# shellcheck disable=SC2086
 	if gcc "${CFLAGS[@]}" -I"$ROOT/shim" -DVPMM_VERSION="\"bench\"" -shared \
-		-o "$B/libvpmm.so" $shim_src $core_src "${map[@]}" -Wl,-Bsymbolic \
+		-o "$B/libvpmm.so" $shim_src $core_src "${map[@]}" -Wl,-Bsymbolic -Wl,-z,nodelete \
 		-ldl -lpthread >>"$SETUP" 2>&1; then
 		if nm -D "$B/libvpmm.so" | grep -q ' T vpmm_torch_malloc$'; then
 			echo "$B/libvpmm.so"

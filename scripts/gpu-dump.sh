@@ -17,7 +17,7 @@ check() { if "$@"; then echo "ok      $*"; else echo "FAILED  $*"; fail=1; fi; }
 
 gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 	-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
-	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -lpthread -ldl \
+	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete -lpthread -ldl \
 	-o "$W/libvpmm.so" || exit 1
 gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
 	"$ROOT/tools/vpmm-dump.c" "$ROOT/tools/json.c" "$ROOT/tools/pickle.c" $(src allocator) \

@@ -58,7 +58,7 @@ DUMP=$W/vpmm-dump
 (
 	gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
-		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic \
+		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete \
 		-lpthread -ldl -o "$LIB"
 ) >"$OUT/build-lib.log" 2>&1 &
 (

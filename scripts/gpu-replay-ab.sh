@@ -29,7 +29,7 @@ build() { # TREE OUTPUT: the shim of TREE, the source list of this tree's meson 
 	# shellcheck disable=SC2086
 	gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 		-I"$tree/allocator" -I"$tree/shim" -I"$CUDA/include" $list \
-		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic \
+		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete \
 		-lpthread -ldl -o "$2"
 }
 build "$OLD" "$W/old/libvpmm.so" || { echo "building $OLD failed"; exit 1; }

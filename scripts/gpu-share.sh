@@ -57,7 +57,7 @@ build() {
 	gcc -O2 -g -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" \
 		$(sources allocator) $(sources shim) \
-		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,defs \
+		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete -Wl,-z,defs \
 		-lpthread -ldl -o "$W/libvpmm.so" &&
 		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/share" "$ROOT/test/gpu/share.cu"
 }

@@ -101,6 +101,18 @@ int main(void)
 	CHECK_EQ(cudaMalloc(&plain, P), 0);
 	CHECK_EQ(cudaFree(plain), 0);
 	CHECK_EQ(fake_calls("cuMemAlloc_v2"), 1);
+
+	/* A device that does not exist: NULL, and a line that says why
+	 * (test_shim counts it), the pool's or the driver's answer. */
+	CHECK(!tmalloc((long)P, 7, st));
+	CHECK(!tmalloc((long)P, -1, st));
+
+	/* dlclose() leaves the library mapped (-z nodelete): the pool's and
+	 * the socket's threads still run its code, and wake within a second. */
+	CHECK_EQ(dlclose(lib), 0);
+	CHECK(dlopen(SHIMTEST_LIBVPMM, RTLD_NOW | RTLD_NOLOAD));
+	struct timespec nap = {1, 200 * 1000 * 1000};
+	nanosleep(&nap, NULL);
 	printf("ok torch\n");
 	return 0;
 }
