@@ -85,7 +85,8 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	  "$XDG_RUNTIME_DIR/vpmm/PID.sock, else /tmp/vpmm-UID/PID.sock)")      \
 	X(TRACE, "VPMM_TRACE", G_PROCESS, T_STRING, NULL, "(none)",            \
 	  "file to write every allocation and free to, in RMM's CSV log "      \
-	  "format (for vpmm-replay); a regular file, not a FIFO")              \
+	  "format (for vpmm-replay); a regular file, %p in its name the "      \
+	  "process id (one file per process)")                                 \
 	X(RELEASE_THRESHOLD, "VPMM_RELEASE_THRESHOLD", G_PROCESS, T_SIZE,      \
 	  NULL, "(keep all)",                                                  \
 	  "free bytes kept mapped; free pages beyond it are released to the "  \
