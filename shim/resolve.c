@@ -288,8 +288,6 @@ static const char *const rt_names[VPMM_RT_COUNT] = {
 	[VPMM_RT_MEM_GET_INFO] = "cudaMemGetInfo",
 };
 
-static _Atomic(void *) rt_cache[VPMM_RT_COUNT];
-
 /* Whether p lies in this library (our own hook, found again). */
 static bool ours(void *p)
 {
@@ -298,26 +296,85 @@ static bool ours(void *p)
 	       a.dli_fbase == b.dli_fbase;
 }
 
-void *vpmm_real_runtime(enum vpmm_rt fn, void *caller)
+/* The real runtime functions, by the scope they were found in: the global
+ * one (base NULL), or a caller's own (an RTLD_LOCAL libcudart, as Python
+ * loads PyTorch's), keyed by the calling object. An object can be unloaded
+ * and another mapped at its address, with another runtime: an entry holds
+ * only while no object was unloaded since it was filled (dlpi_subs). The
+ * lock covers the table only, never a call into the loader. */
+#define RT_SCOPES 8
+static struct rt_scope {
+	void *base;
+	unsigned long long unloads;
+	bool used;
+	unsigned looked; /* bit per function: fn[] holds the answer, NULL too */
+	void *fn[VPMM_RT_COUNT];
+} rt_scopes[RT_SCOPES];
+static unsigned rt_next;
+static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER;
+_Static_assert(VPMM_RT_COUNT <= 32, "rt_scope.looked has a bit per function");
+
+static int unloads_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
-	void *p = atomic_load_explicit(&rt_cache[fn], memory_order_acquire);
-	if (p)
+	if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+		*(unsigned long long *)arg = info->dlpi_subs;
+	return 1; /* the first object tells: the counts are the process's */
+}
+
+/* Objects unloaded so far in the process. */
+static unsigned long long unloads(void)
+{
+	unsigned long long n = 0;
+	dl_iterate_phdr(unloads_cb, &n);
+	return n;
+}
+
+/* The entry of `base`, made afresh if missing or out of date. rt_lock held. */
+static struct rt_scope *rt_scope_of(void *base, unsigned long long now)
+{
+	struct rt_scope *e = NULL;
+	for (unsigned i = 0; i < RT_SCOPES && !e; i++)
+		if (rt_scopes[i].used && rt_scopes[i].base == base)
+			e = &rt_scopes[i];
+	if (!e)
+		e = &rt_scopes[rt_next++ % RT_SCOPES];
+	if (!e->used || e->base != base || e->unloads != now)
+		*e = (struct rt_scope){.base = base, .unloads = now, .used = true};
+	return e;
+}
+
+/* fn of the scope at `base`, looked up in `handle` once per entry. */
+static void *rt_in_scope(void *base, void *handle, enum vpmm_rt fn, unsigned long long now)
+{
+	void *p;
+	pthread_mutex_lock(&rt_lock);
+	struct rt_scope *e = rt_scope_of(base, now);
+	bool done = e->looked >> fn & 1;
+	p = e->fn[fn];
+	pthread_mutex_unlock(&rt_lock);
+	if (done)
 		return p;
-	vpmm_resolve_dlsym();
-	p = vpmm_real_dlsym_fn(RTLD_NEXT, rt_names[fn]);
-	if ((!p || ours(p)) && caller) {
-		Dl_info info;
-		struct link_map *lm = NULL;
-		p = NULL;
-		/* A link map is a dlsym handle in glibc: the lookup then runs
-		 * over the caller's own scope, its RTLD_LOCAL dependencies
-		 * included. */
-		if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
-			p = vpmm_real_dlsym_fn(lm, rt_names[fn]);
-	}
+	p = vpmm_real_dlsym_fn(handle, rt_names[fn]);
 	if (p && ours(p))
 		p = NULL;
-	if (p)
-		atomic_store_explicit(&rt_cache[fn], p, memory_order_release);
+	pthread_mutex_lock(&rt_lock);
+	e = rt_scope_of(base, now);
+	e->fn[fn] = p;
+	e->looked |= 1u << fn;
+	pthread_mutex_unlock(&rt_lock);
+	return p;
+}
+
+void *vpmm_real_runtime(enum vpmm_rt fn, void *caller)
+{
+	Dl_info info;
+	struct link_map *lm = NULL;
+	unsigned long long now = unloads();
+	vpmm_resolve_dlsym();
+	void *p = rt_in_scope(NULL, RTLD_NEXT, fn, now);
+	/* A link map is a dlsym handle in glibc: the lookup then runs over the
+	 * caller's own scope, its RTLD_LOCAL dependencies included. */
+	if (!p && caller && dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
+		p = rt_in_scope(info.dli_fbase, lm, fn, now);
 	return p;
 }

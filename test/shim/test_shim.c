@@ -151,6 +151,18 @@ Test(shim_rt, oom, .timeout = 30)
 	EXPECT_OK();
 }
 
+/* A runtime in an extension's own scope, unloaded, then another: calls
+ * reach the runtime of the scope that calls (the shim crashed, jumping into
+ * the first one's unmapped code). */
+Test(shim_rt, a_runtime_unloaded_and_another_loaded, .timeout = 30)
+{
+	run(UNLOADED_PROG, NULL, true, NULL);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "ok unloaded"), "%s", R.out);
+	run(UNLOADED_PROG, NULL, false, NULL);
+	EXPECT_OK();
+}
+
 /* Frees after the runtime tore its context down at exit: accepted quietly. */
 Test(shim_rt, exit_teardown, .timeout = 30)
 {
