@@ -544,6 +544,12 @@ void *vpmm_torch_malloc(ssize_t size, int device, cudaStream_t stream)
 		return NULL;
 	if (!vpmm_do_malloc(&p, (size_t)size, stream, VPMM_VIA_TORCH, device, NULL, &r))
 		r = vpmm_torch_real(&p, (size_t)size, device, stream);
+	/* The pool's own out-of-memory line is already out; anything else
+	 * (a device that does not exist, no driver) says so here, since
+	 * PyTorch sees only NULL. */
+	if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY)
+		vpmm_log(VPMM_LOG_ERROR, "vpmm_torch_malloc(%zd, device %d): CUresult %d", size,
+			 device, (int)r);
 	return r == CUDA_SUCCESS ? (void *)(uintptr_t)p : NULL;
 }
 
