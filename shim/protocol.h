@@ -2,7 +2,7 @@
  * (shim/server.c) and vpmm-dump (tools/vpmm-dump.c), and where sockets live.
  * Header only: both sides include it, nothing here allocates or blocks.
  *
- * Framing: a request is one line of printable ASCII ending in '\n', at most
+ * Framing: a request is one line of printable ASCII or UTF-8 ending in '\n', at most
  * VPMM_REQUEST_MAX bytes with the newline:
  *
  *     vpmm <version> <request> [<argument>]\n        e.g. "vpmm 1 map\n"
@@ -25,8 +25,25 @@
 #ifndef VPMM_PROTOCOL_H
 #define VPMM_PROTOCOL_H
 
+#include <stddef.h>
 #include <stdio.h>
 #include <sys/types.h>
+
+/* The length of the well-formed UTF-8 sequence at s (2 to 4 bytes), or 0:
+ * paths are bytes, and both sides pass UTF-8 through as it is and escape
+ * what JSON cannot carry. s is NUL-terminated; reads stop at the NUL. */
+static inline size_t vpmm_utf8_len(const unsigned char *s)
+{
+	size_t n = s[0] >= 0xf5 ? 0 : s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	/* overlong three- and four-byte forms, surrogates, past U+10FFFF */
+	if ((n == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (n == 3 && s[0] == 0xed && s[1] >= 0xa0) ||
+	    (n == 4 && s[0] == 0xf0 && s[1] < 0x90) || (n == 4 && s[0] == 0xf4 && s[1] >= 0x90))
+		return 0;
+	return n;
+}
 
 #define VPMM_PROTOCOL 1
 #define VPMM_REQUEST_MAX 4096

@@ -74,22 +74,6 @@ static void sb_printf(struct sbuf *b, const char *fmt, ...)
 	}
 }
 
-/* The length of the well-formed UTF-8 sequence at s (2 to 4 bytes), or 0. */
-static size_t utf8_len(const unsigned char *s)
-{
-	size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
-	if (s[0] >= 0xf5)
-		return 0;
-	for (size_t i = 1; i < n; i++)
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-	/* overlong or surrogate three-byte forms, past U+10FFFF */
-	if ((n == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (n == 3 && s[0] == 0xed && s[1] >= 0xa0) ||
-	    (n == 4 && s[0] == 0xf0 && s[1] < 0x90) || (n == 4 && s[0] == 0xf4 && s[1] >= 0x90))
-		return 0;
-	return n;
-}
-
 /* A JSON string. Paths are bytes: UTF-8 goes as it is, so that a client
  * gets the path back; control bytes, and bytes that are not UTF-8 (which
  * JSON cannot carry), are escaped as \u00XX. */
@@ -98,7 +82,7 @@ static void sb_str(struct sbuf *b, const char *s)
 	sb_printf(b, "\"");
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
-		size_t n = c >= 0x80 ? utf8_len((const unsigned char *)s) : 0;
+		size_t n = c >= 0x80 ? vpmm_utf8_len((const unsigned char *)s) : 0;
 		if (c == '"' || c == '\\')
 			sb_printf(b, "\\%c", c);
 		else if (n) {
@@ -512,7 +496,7 @@ static void serve_line(struct server *s, struct client *c, char *line, size_t le
 		line[--len] = '\0';
 	for (size_t i = 0; i < len; i++) {
 		unsigned char ch = (unsigned char)line[i];
-		size_t n = ch >= 0x80 ? utf8_len((const unsigned char *)line + i) : 0;
+		size_t n = ch >= 0x80 ? vpmm_utf8_len((const unsigned char *)line + i) : 0;
 		if (n) { /* a path in UTF-8 */
 			i += n - 1;
 			continue;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "json.h"
+#include "protocol.h" /* vpmm_utf8_len */
 
 struct parser {
 	const char *p, *end;
@@ -147,6 +148,10 @@ static int parse_string(struct parser *ps, char **out)
 					cp = 0xfffd;
 			} else if (cp >= 0xd800 && cp < 0xe000) {
 				cp = 0xfffd;
+			}
+			if (cp == 0) { /* it would end the string where it stands */
+				free(s);
+				return fail(ps, "\\u0000 in a string");
 			}
 			o += utf8(o, cp);
 			break;
@@ -377,17 +382,24 @@ bool json_bool(const struct json *v, bool *out)
 	return true;
 }
 
+/* UTF-8 as it is; a byte that is not part of it (a file or process name
+ * need not be UTF-8, and JSON must be) as \u00XX, its Latin-1 reading. */
 void json_write_string(FILE *f, const char *s)
 {
 	fputc('"', f);
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
+		size_t n = c >= 0x80 ? vpmm_utf8_len((const unsigned char *)s) : 0;
+		if (c == '"' || c == '\\') {
 			fprintf(f, "\\%c", c);
-		else if (c < 0x20 || c == 0x7f)
+		} else if (n) {
+			fwrite(s, 1, n, f);
+			s += n - 1;
+		} else if (c < 0x20 || c >= 0x7f) {
 			fprintf(f, "\\u%04x", c);
-		else
+		} else {
 			fputc(c, f);
+		}
 	}
 	fputc('"', f);
 }

@@ -100,15 +100,25 @@ static void usage(FILE *f)
 		TRACE_MAX_DEFAULT);
 }
 
+/* Control characters become '?': names and strings come from other
+ * processes (as root, any user's), and must not drive the terminal. */
+static void printable(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = '?';
+}
+
 static void errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void errf(const char *fmt, ...)
 {
+	char msg[1024];
 	va_list ap;
-	fprintf(stderr, "%s: ", prog);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	printable(msg);
+	fprintf(stderr, "%s: %s\n", prog, msg);
 }
 
 /* ---- sizes ------------------------------------------------------------------ */
@@ -372,7 +382,24 @@ static void command_of(long pid, char *buf, size_t n)
 	if (fgets(buf, (int)n, f))
 		buf[strcspn(buf, "\n")] = '\0';
 	fclose(f);
+	printable(buf);
 }
+
+/* Every string and key of a reply made printable, for text output. */
+static void printable_json(struct json *v)
+{
+	if (v->type == JSON_STRING && v->text)
+		printable(v->text);
+	for (size_t i = 0; (v->type == JSON_ARRAY || v->type == JSON_OBJECT) && i < v->n; i++) {
+		if (v->type == JSON_OBJECT && v->keys[i])
+			printable(v->keys[i]);
+		printable_json(&v->items[i]);
+	}
+}
+
+/* Text output: replies are made printable as they arrive (--json and the
+ * snapshot keep them exact; their writers escape). */
+static bool text_output;
 
 static bool process_exists(long pid)
 {
@@ -662,12 +689,17 @@ static int list_processes(bool json)
 				json_write_string(stdout, err);
 			}
 			printf("}");
-		} else if (st == EXIT_OK) {
-			printf("%-8ld %-16s %12s %12s %5zu  %s\n", pid, comm, human(a, sizeof(a), mapped),
-			       human(b, sizeof(b), live), npools, list[i].path);
 		} else {
-			printf("%-8ld %-16s %12s %12s %5s  %s: %s\n", pid, comm, "-", "-", "-",
-			       list[i].path, status);
+			char shown[PATH_MAX];
+			snprintf(shown, sizeof(shown), "%s", list[i].path);
+			printable(shown); /* a name another user chose */
+			if (st == EXIT_OK)
+				printf("%-8ld %-16s %12s %12s %5zu  %s\n", pid, comm,
+				       human(a, sizeof(a), mapped), human(b, sizeof(b), live), npools,
+				       shown);
+			else
+				printf("%-8ld %-16s %12s %12s %5s  %s: %s\n", pid, comm, "-", "-", "-",
+				       shown, status);
 		}
 	}
 	if (json)
@@ -723,6 +755,11 @@ static int fetch(const char *socket, long want_pid, struct target *t, char *err,
 	json_i64(json_get(&t->map, "pid"), &pid);
 	t->pid = (long)pid;
 	command_of(t->pid, t->comm, sizeof(t->comm));
+	if (text_output) {
+		printable_json(&t->map);
+		printable_json(&t->config);
+		printable(t->socket);
+	}
 	return EXIT_OK;
 }
 
@@ -976,9 +1013,13 @@ static void show_map(const struct target *t, bool color)
 				ncells = (uint64_t)cols * 16;
 			if (ncells == 0)
 				ncells = 1;
-			uint64_t cell = (used + ncells - 1) / ncells;
-			cell = (cell + page - 1) / page * page;
-			ncells = (used + cell - 1) / cell;
+			uint64_t cell = used / ncells + (used % ncells != 0);
+			/* Whole pages; a page past any chunk (a bad reply) would
+			 * wrap to 0: one cell then. */
+			cell = cell % page ? cell + (page - cell % page) : cell;
+			if (cell < used / ncells)
+				cell = used;
+			ncells = used / cell + (used % cell != 0);
 			printf("\ndevice %" PRId64 " chunk %" PRIu64 " 0x%016" PRIx64
 			       ": %s used of %s, one cell = %s\n", dev, idx, cva,
 			       human(a, sizeof(a), used), exact(b, sizeof(b), csize),
@@ -1138,17 +1179,28 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 		snprintf(err, errlen, "out of memory");
 		return EXIT_FAIL;
 	}
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t len;
+	/* A trace line is under 128 bytes; one past this is not a trace
+	 * line, and is skipped without being held (a /dev/zero, a 1 GB line). */
+	char line[512];
 	bool header = true;
-	while ((len = getline(&line, &cap, f)) > 0) {
+	while (fgets(line, sizeof(line), f)) {
+		size_t len = strlen(line);
+		if (interrupted)
+			break;
+		if (len == sizeof(line) - 1 && line[len - 1] != '\n') {
+			int c;
+			while ((c = getc(f)) != EOF && c != '\n' && !interrupted)
+				;
+			tr->skipped++;
+			header = false;
+			continue;
+		}
 		if (header) {
 			header = false;
 			if (strncmp(line, "Thread,Time,Action,Pointer,Size,Stream", 38) == 0)
 				continue;
 		}
-		if (line[len - 1] != '\n')
+		if (!len || line[len - 1] != '\n')
 			break; /* being written right now */
 		struct tev ev;
 		if (!parse_trace_line(line, &ev)) {
@@ -1162,8 +1214,14 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 			tr->start = (tr->start + 1) % tr->max;
 		}
 	}
-	free(line);
+	int e = ferror(f) ? errno : 0;
 	fclose(f);
+	if (e || interrupted) {
+		snprintf(err, errlen, "%s: %s", path, e ? strerror(e) : "interrupted");
+		free(tr->ev);
+		tr->ev = NULL;
+		return EXIT_FAIL;
+	}
 	return EXIT_OK;
 }
 
@@ -1381,8 +1439,8 @@ static bool parse_count(const char *s, uint64_t *out)
 	char *end;
 	errno = 0;
 	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s || *end || s[0] == '-')
-		return false;
+	if (errno || end == s || *end || !(s[0] >= '0' && s[0] <= '9'))
+		return false; /* strtoull takes spaces and a sign first */
 	*out = v;
 	return true;
 }
@@ -1404,7 +1462,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	bool json = false, map = false, trim = false;
-	const char *keep = NULL;
+	size_t keep = 0;
 	double watch = 0;
 	uint64_t count = 0, trace_max = TRACE_MAX_DEFAULT;
 	const char *torch = NULL, *csv = NULL, *socket_path = NULL;
@@ -1467,16 +1525,23 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
+			if (fflush(stdout) != 0 || ferror(stdout)) {
+				errf("writing the output: %s", strerror(errno ? errno : EIO));
+				return EXIT_FAIL;
+			}
 			return EXIT_OK;
 		default:
-			if (optopt)
+			/* optopt holds a long option's code (not a letter) when
+			 * its value is missing or unwanted: name it as given. */
+			if (optopt > 0 && optopt < 128 && optopt != 'h')
 				errf("option -%c: unknown, or it needs a value (see --help)", optopt);
 			else
-				errf("%s: unknown option, or it needs a value (see --help)",
-				     argv[optind - 1]);
+				errf("%s: unknown option, or a value missing or not wanted "
+				     "(see --help)", argv[optind - 1]);
 			return EXIT_USAGE;
 		}
 	}
+	text_output = !json && !torch;
 	long pid = 0;
 	if (optind < argc && !(trim && socket_path)) {
 		char *end;
@@ -1489,12 +1554,11 @@ int main(int argc, char **argv)
 		optind++;
 	}
 	if (trim && optind < argc) { /* --trim PID [BYTES]: the bytes to keep */
-		size_t k;
-		if (vpmm_parse_size(argv[optind], &k) != 0) {
+		if (vpmm_parse_size(argv[optind], &keep) != 0) {
 			errf("--trim keeps BYTES such as 512M, not \"%s\"", argv[optind]);
 			return EXIT_USAGE;
 		}
-		keep = argv[optind++];
+		optind++;
 	}
 	if (optind < argc) {
 		errf("one process at a time (extra argument \"%s\")", argv[optind]);
@@ -1570,13 +1634,19 @@ int main(int argc, char **argv)
 		char req[64];
 		struct json reply;
 		uint64_t released = 0;
-		snprintf(req, sizeof(req), "trim %s", keep ? keep : "0");
+		/* The bytes as parsed: the text could be longer than a request
+		 * (leading zeros), and would be cut. */
+		snprintf(req, sizeof(req), "trim %zu", keep);
 		int rc = ask(path, req, &reply, err, sizeof(err));
 		if (rc != EXIT_OK)
 			return failed(rc, pid, err);
 		json_u64(json_get(&reply, "released"), &released);
 		printf("released %" PRIu64 " bytes\n", released);
 		json_free(&reply);
+		if (fflush(stdout) != 0 || ferror(stdout)) {
+			errf("writing the output: %s", strerror(errno));
+			return EXIT_FAIL;
+		}
 		return EXIT_OK;
 	}
 	for (uint64_t i = 0;; i++) {

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "driver_host.h"
+#include "json.h"
 #include "options.h"
 #include "vpmm.h"
 
@@ -421,20 +422,58 @@ static bool blank(const char *s)
 	return true;
 }
 
+/* Whether everything written to stdout got there (/dev/full, a closed
+ * descriptor); says why when not. */
+static bool stdout_ok(void)
+{
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return true;
+	fprintf(stderr, "vpmm-replay: writing the output: %s\n", strerror(errno ? errno : EIO));
+	return false;
+}
+
+/* A log line is under 200 bytes: this bounds what one line may take
+ * (/dev/zero, a sparse file) before it is refused. */
+#define LINE_MAX_BYTES 4096
+
+/* One line into buf (NUL-terminated, with its newline): its length, -1 at
+ * the end, or -2 for a line past LINE_MAX_BYTES (buf holds its start). */
+static ssize_t read_line(FILE *in, char *buf)
+{
+	size_t n = 0;
+	int c;
+	while ((c = getc_unlocked(in)) != EOF) {
+		if (n == LINE_MAX_BYTES - 1) {
+			buf[n] = '\0';
+			return -2;
+		}
+		buf[n++] = (char)c;
+		if (c == '\n')
+			break;
+	}
+	buf[n] = '\0';
+	return n || c != EOF ? (ssize_t)n : -1;
+}
+
 /* 0, or EXIT_INPUT after reporting. */
 static int parse_log(FILE *in, struct log *lg)
 {
 	struct parser st = { .log = lg }, *ps = &st;
-	char *buf = NULL;
-	size_t cap = 0;
+	static char buf[LINE_MAX_BYTES];
 	ssize_t len;
 	bool header = false;
 	int rc = 0;
 
 	lg->nstreams = 1;
-	while ((len = getline(&buf, &cap, in)) >= 0) {
+	while ((len = read_line(in, buf)) != -1) {
 		char *line = buf;
 		ps->line++;
+		if (len == -2) {
+			fprintf(stderr, "%s:%lu: a line longer than %d bytes: not an allocation log\n",
+				lg->name, ps->line, LINE_MAX_BYTES - 1);
+			rc = EXIT_INPUT;
+			break;
+		}
 		if ((size_t)len != strlen(buf)) {
 			fprintf(stderr, "%s:%lu: a NUL byte in the line\n", lg->name,
 				ps->line);
@@ -487,7 +526,6 @@ static int parse_log(FILE *in, struct log *lg)
 	if (ps->warnings > MAX_WARNINGS)
 		fprintf(stderr, "%s: %u more warnings not shown\n", lg->name,
 			ps->warnings - MAX_WARNINGS);
-	free(buf);
 	map_free(&ps->live);
 	map_free(&ps->streams);
 	return rc;
@@ -581,20 +619,6 @@ static const char *human(uint64_t b, char *buf, size_t n)
 	return buf;
 }
 
-static void json_string(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			fprintf(f, "\\%c", c);
-		else if (c < 0x20)
-			fprintf(f, "\\u%04x", c);
-		else
-			fputc(c, f);
-	}
-	fputc('"', f);
-}
 
 /* Distinct streams the log used. */
 static size_t streams_used(const struct log *lg)
@@ -612,7 +636,7 @@ static void print_json(FILE *f, const struct log *lg, const struct result *r,
 {
 	const struct vpmm_stats *s = &r->stats;
 	fprintf(f, "{\"log\": ");
-	json_string(f, lg->name);
+	json_write_string(f, lg->name);
 	fprintf(f, ", \"ops\": %" PRIu64 ", \"allocs\": %" PRIu64
 		   ", \"frees\": %" PRIu64 ", \"failures\": %" PRIu64
 		   ", \"log_failures\": %" PRIu64 ", \"unknown_frees\": %" PRIu64
@@ -859,7 +883,9 @@ int main(int argc, char **argv)
 			break;
 		case O_JSON: json = true; break;
 		case O_CHECK: check = true; break;
-		case 'h': usage(stdout); return 0;
+		case 'h':
+			usage(stdout);
+			return stdout_ok() ? 0 : 1;
 		default: ok = false; break;
 		}
 		if (!ok) {
@@ -946,5 +972,7 @@ out:
 	free(lg.stream_values);
 	free(lg.ops);
 	free(lg.allocs);
+	if (!stdout_ok() && !rc)
+		rc = 1; /* a report that did not reach its reader */
 	return rc;
 }

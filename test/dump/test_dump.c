@@ -934,6 +934,105 @@ Test(dump, gone_stale_and_old_protocol_are_clear_failures)
 	cr_assert_eq(system(cmd), 0);
 }
 
+/* A server that answers each request of one connection with the next of
+ * `replies`, and keeps the requests it got. */
+struct fake_seq {
+	int fd;
+	const char *const *replies;
+	char got[4][256];
+};
+
+static void *fake_seq_server(void *arg)
+{
+	struct fake_seq *f = arg;
+	int c = accept(f->fd, NULL, NULL);
+	for (int i = 0; c >= 0 && f->replies[i] && i < 4; i++) {
+		char *line = read_line(c);
+		if (!line)
+			break;
+		snprintf(f->got[i], sizeof(f->got[i]), "%s", line);
+		free(line);
+		ssize_t w = send(c, f->replies[i], strlen(f->replies[i]), MSG_NOSIGNAL);
+		(void)w;
+	}
+	if (c >= 0)
+		close(c);
+	return NULL;
+}
+
+static void ask_fake(const char *path, const char *const *replies, char *const argv[],
+		     struct run *r, struct fake_seq *f)
+{
+	unlink(path);
+	*f = (struct fake_seq){.fd = listen_at(path), .replies = replies};
+	pthread_t t;
+	pthread_create(&t, NULL, fake_seq_server, f);
+	run(argv, r);
+	shutdown(f->fd, SHUT_RDWR);
+	pthread_join(t, NULL);
+	close(f->fd);
+}
+
+/* What a server sends is data, not trusted (review): a page size that
+ * wraps the map's cell arithmetic, control characters for the terminal, a
+ * --trim value longer than a request; and options with bad values. */
+Test(dump, hostile_replies_and_bad_values)
+{
+	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char path[128];
+	snprintf(path, sizeof(path), "%s/f.sock", dir);
+	struct fake_seq f;
+	struct run r;
+	const char *map =
+		"{\"protocol\":1,\"ok\":true,\"pid\":1,\"pools\":[{\"device\":0,"
+		"\"config\":{\"page_size\":18446744073709551615},\"stats\":{\"live\":1,"
+		"\"evil\\u001b[2J\":3},\"chunks\":[{\"index\":0,\"va\":0,\"size\":1048576}],"
+		"\"regions\":[{\"va\":0,\"size\":65536,\"kind\":\"live\\u001b]0;x\\u0007\","
+		"\"chunk\":0}]}]}\n";
+	const char *config = "{\"protocol\":1,\"ok\":true,\"socket\":\"s\"}\n";
+	const char *const replies[] = {map, config, NULL};
+	const char *modes[] = {"--map", NULL};
+	for (int i = 0; i < 2; i++) {
+		ask_fake(path, replies,
+			 i ? (char *[]){VPMM_DUMP, "--socket", path, NULL}
+			   : (char *[]){VPMM_DUMP, "--socket", path, (char *)modes[0], NULL},
+			 &r, &f);
+		cr_expect(r.status == 0 || r.status == 1, "%s: status %d (a signal?)",
+			  i ? "text" : "--map", r.status);
+		cr_expect_null(strchr(r.out, '\033'), "%s: an escape reached the terminal: %s",
+			       i ? "text" : "--map", r.out);
+		cr_expect_null(strchr(r.out, '\007'), "%s: a bell: %s", i ? "text" : "--map", r.out);
+		run_free(&r);
+	}
+
+	/* --trim sends the bytes it parsed, whatever their spelling */
+	char keep[80];
+	memset(keep, '0', 70);
+	snprintf(keep + 70, sizeof(keep) - 70, "1G");
+	const char *const trimmed[] = {"{\"protocol\":1,\"ok\":true,\"released\":0}\n", NULL};
+	ask_fake(path, trimmed, (char *[]){VPMM_DUMP, "--trim", "--socket", path, keep, NULL}, &r,
+		 &f);
+	cr_expect_eq(r.status, 0, "%s", r.err);
+	cr_expect_str_eq(f.got[0], "vpmm 1 trim 1073741824");
+	run_free(&r);
+
+	/* bad option values: a clear message, no stray bytes */
+	run((char *[]){VPMM_DUMP, "--count", " -1", "--watch", "1", "1", NULL}, &r);
+	cr_expect_eq(r.status, 2, "--count \" -1\": status %d", r.status);
+	run_free(&r);
+	run((char *[]){VPMM_DUMP, "--watch", NULL}, &r);
+	cr_expect_eq(r.status, 2);
+	cr_expect(strstr(r.err, "--watch: unknown option, or a value missing"), "%s", r.err);
+	for (const char *c = r.err; *c; c++)
+		cr_expect((unsigned char)*c >= 0x20 || *c == '\n', "a control byte in: %s", r.err);
+	run_free(&r);
+
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
 /* ---- hostile clients ------------------------------------------------------------ */
 
 #define FLOOD_REQUESTS 100000

@@ -558,6 +558,52 @@ Test(replay, malformed_lines_name_file_and_line)
 	}
 }
 
+/* Input that is not a log at all, output that cannot be written, a file
+ * name that is not UTF-8 (review): a clear error or valid JSON, never
+ * unbounded memory or a silent success. */
+Test(replay, endless_lines_lost_output_and_names_that_are_not_utf8)
+{
+	static char longlog[sizeof(HEADER) + 6000];
+	snprintf(longlog, sizeof(longlog), "%s1,t,allocate,0x1000,%05000d\n", HEADER, 7);
+	const char *log = write_file("long.csv", longlog);
+	struct run r = replay((const char *[]){ log, NULL }, NULL);
+	cr_expect_eq(r.status, 2, "exit %d", r.status);
+	cr_expect(strstr(r.err, ":2: a line longer than 4095 bytes"), "%s", r.err);
+	run_free(&r);
+	/* /dev/zero: one endless line; refused at once, not read whole. */
+	r = replay((const char *[]){ "/dev/zero", NULL }, NULL);
+	cr_expect_eq(r.status, 2, "exit %d", r.status);
+	cr_expect(strstr(r.err, "/dev/zero:1: a line longer"), "%s", r.err);
+	run_free(&r);
+
+	const char *spec = spec_log();
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "'%s' --page-size 1G '%s' > /dev/full 2>/dev/null",
+		 getenv("VPMM_REPLAY"), spec);
+	int st = system(cmd);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a report to /dev/full: status %d", st);
+	snprintf(cmd, sizeof(cmd), "'%s' --help > /dev/full 2>/dev/null", getenv("VPMM_REPLAY"));
+	st = system(cmd);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "--help to /dev/full: status %d", st);
+
+	FILE *in = fopen(spec, "r");
+	char text[4096];
+	size_t n = fread(text, 1, sizeof(text) - 1, in);
+	fclose(in);
+	text[n] = '\0';
+	const char *odd = write_file("odd-\xff\xfe-\xc3\xa9.csv", text);
+	r = replay((const char *[]){ "--page-size", "1G", "--json", odd, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	const char *json = write_file("odd.json", r.out);
+	run_free(&r);
+	const char *script = "import json, sys\n"
+			     "json.load(open(sys.argv[1], encoding='utf-8'))\n"
+			     "print('ok')\n";
+	r = run_prog(getenv("PYTHON3"), (const char *[]){ "-c", script, json, NULL }, NULL);
+	cr_expect_eq(r.status, 0, "not JSON in UTF-8: %s", r.err);
+	run_free(&r);
+}
+
 Test(replay, unreadable_file_and_bad_usage)
 {
 	char missing[300];
