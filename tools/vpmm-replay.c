@@ -936,9 +936,14 @@ int main(int argc, char **argv)
 	}
 	int prc = vpmm_pool_create(&cfg, drv, &pool);
 	if (prc) {
+		/* The variables' names; each has its option (--page-size for
+		 * VPMM_PAGE_SIZE, and so on). */
+		char why[256] = "";
+		if (prc == -EINVAL)
+			vpmm_config_check(&cfg, host.granularity, why, sizeof(why));
 		fprintf(stderr, "vpmm-replay: cannot create the pool: %s (page size "
 				"%zu, granularity %zu, pages %zu, va size %zu)\n",
-			strerror(-prc), cfg.page_size, host.granularity,
+			why[0] ? why : strerror(-prc), cfg.page_size, host.granularity,
 			cfg.initial_pages, cfg.va_size);
 		rc = 1;
 		goto out;
