@@ -22,8 +22,9 @@ gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
 gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
 	"$ROOT/tools/vpmm-dump.c" "$ROOT/tools/json.c" "$ROOT/tools/pickle.c" $(src allocator) \
 	-lpthread -ldl -o "$W/vpmm-dump" || exit 1
-gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/allocator" -I"$CUDA/include" \
-	"$ROOT/tools/vpmm-replay.c" $(src allocator) -lpthread -ldl -o "$W/vpmm-replay" || exit 1
+gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
+	"$ROOT/tools/vpmm-replay.c" "$ROOT/tools/json.c" $(src allocator) -lpthread -ldl \
+	-o "$W/vpmm-replay" || exit 1
 
 mkfifo "$W/go"
 VPMM_TRACE=$OUT/trace.csv PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$W/libvpmm.so \
