@@ -297,84 +297,142 @@ static bool ours(void *p)
 }
 
 /* The real runtime functions, by the scope they were found in: the global
- * one (base NULL), or a caller's own (an RTLD_LOCAL libcudart, as Python
- * loads PyTorch's), keyed by the calling object. An object can be unloaded
- * and another mapped at its address, with another runtime: an entry holds
- * only while no object was unloaded since it was filled (dlpi_subs). The
- * lock covers the table only, never a call into the loader. */
+ * one, or the calling object's own (an RTLD_LOCAL libcudart, loaded with an
+ * extension module). An object can be closed and another mapped where it
+ * was, with another runtime: each cached pointer is checked, on every use,
+ * to lie still in the object it was found in (its start and its name), and
+ * each scope is keyed by the calling object the same way. The checks use
+ * _dl_find_object, which takes no lock: the loader's locks would make a
+ * call wait behind another thread's dlopen (and its constructors) and
+ * could be held across a fork. A miss is not cached: a runtime loaded
+ * later is found. The lock covers the table only. */
 #define RT_SCOPES 8
+
+struct obj_id {
+	const void *start; /* NULL: the global scope */
+	uint64_t name;     /* a hash of the object's file name */
+};
+
 static struct rt_scope {
-	void *base;
-	unsigned long long unloads;
+	struct obj_id who;
 	bool used;
-	unsigned looked; /* bit per function: fn[] holds the answer, NULL too */
 	void *fn[VPMM_RT_COUNT];
+	struct obj_id in[VPMM_RT_COUNT]; /* the object fn[] lies in */
 } rt_scopes[RT_SCOPES];
 static unsigned rt_next;
 static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER;
-_Static_assert(VPMM_RT_COUNT <= 32, "rt_scope.looked has a bit per function");
+static pthread_once_t rt_once = PTHREAD_ONCE_INIT;
 
-static int unloads_cb(struct dl_phdr_info *info, size_t size, void *arg)
+/* A fork while another thread holds rt_lock would leave it held in the
+ * child; the table itself stays valid (the child maps the same objects). */
+static void rt_lock_reset(void)
 {
-	if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
-		*(unsigned long long *)arg = info->dlpi_subs;
-	return 1; /* the first object tells: the counts are the process's */
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	rt_lock = fresh;
 }
 
-/* Objects unloaded so far in the process. */
-static unsigned long long unloads(void)
+static void rt_install_atfork(void)
 {
-	unsigned long long n = 0;
-	dl_iterate_phdr(unloads_cb, &n);
-	return n;
+	pthread_atfork(NULL, NULL, rt_lock_reset);
 }
 
-/* The entry of `base`, made afresh if missing or out of date. rt_lock held. */
-static struct rt_scope *rt_scope_of(void *base, unsigned long long now)
+static uint64_t name_hash(const char *s)
 {
+	uint64_t h = 1469598103934665603ull;
+	for (; s && *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+/* The loaded object holding addr. */
+static bool obj_of(const void *addr, struct obj_id *id)
+{
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+	struct dl_find_object fo;
+	if (_dl_find_object((void *)(uintptr_t)addr, &fo) != 0)
+		return false;
+	id->start = fo.dlfo_map_start;
+	id->name = name_hash(fo.dlfo_link_map ? fo.dlfo_link_map->l_name : NULL);
+	return true;
+#else
+	Dl_info info; /* older glibc: the same, under the loader's lock */
+	if (!dladdr(addr, &info))
+		return false;
+	id->start = info.dli_fbase;
+	id->name = name_hash(info.dli_fname);
+	return true;
+#endif
+}
+
+static bool same_obj(const struct obj_id *a, const struct obj_id *b)
+{
+	return a->start == b->start && a->name == b->name;
+}
+
+/* fn cached for the scope `who`, still where it was found; else NULL. */
+static void *rt_cached(const struct obj_id *who, enum vpmm_rt fn)
+{
+	void *p = NULL;
+	struct obj_id in = {0}, now;
+	pthread_mutex_lock(&rt_lock);
+	for (unsigned i = 0; i < RT_SCOPES; i++)
+		if (rt_scopes[i].used && same_obj(&rt_scopes[i].who, who)) {
+			p = rt_scopes[i].fn[fn];
+			in = rt_scopes[i].in[fn];
+			break;
+		}
+	pthread_mutex_unlock(&rt_lock);
+	if (p && (!obj_of(p, &now) || !same_obj(&now, &in)))
+		p = NULL; /* its object is gone: look again */
+	return p;
+}
+
+static void rt_store(const struct obj_id *who, enum vpmm_rt fn, void *p)
+{
+	struct obj_id in;
+	if (!obj_of(p, &in))
+		return;
+	pthread_mutex_lock(&rt_lock);
 	struct rt_scope *e = NULL;
 	for (unsigned i = 0; i < RT_SCOPES && !e; i++)
-		if (rt_scopes[i].used && rt_scopes[i].base == base)
+		if (rt_scopes[i].used && same_obj(&rt_scopes[i].who, who))
 			e = &rt_scopes[i];
-	if (!e)
+	if (!e) {
 		e = &rt_scopes[rt_next++ % RT_SCOPES];
-	if (!e->used || e->base != base || e->unloads != now)
-		*e = (struct rt_scope){.base = base, .unloads = now, .used = true};
-	return e;
-}
-
-/* fn of the scope at `base`, looked up in `handle` once per entry. */
-static void *rt_in_scope(void *base, void *handle, enum vpmm_rt fn, unsigned long long now)
-{
-	void *p;
-	pthread_mutex_lock(&rt_lock);
-	struct rt_scope *e = rt_scope_of(base, now);
-	bool done = e->looked >> fn & 1;
-	p = e->fn[fn];
-	pthread_mutex_unlock(&rt_lock);
-	if (done)
-		return p;
-	p = vpmm_real_dlsym_fn(handle, rt_names[fn]);
-	if (p && ours(p))
-		p = NULL;
-	pthread_mutex_lock(&rt_lock);
-	e = rt_scope_of(base, now);
+		*e = (struct rt_scope){.who = *who, .used = true};
+	}
 	e->fn[fn] = p;
-	e->looked |= 1u << fn;
+	e->in[fn] = in;
 	pthread_mutex_unlock(&rt_lock);
-	return p;
 }
 
 void *vpmm_real_runtime(enum vpmm_rt fn, void *caller)
 {
-	Dl_info info;
-	struct link_map *lm = NULL;
-	unsigned long long now = unloads();
+	static const struct obj_id global = {NULL, 0};
+	struct obj_id who;
+	pthread_once(&rt_once, rt_install_atfork);
+	bool local = caller && obj_of(caller, &who);
+	void *p = rt_cached(&global, fn);
+	if (!p && local)
+		p = rt_cached(&who, fn);
+	if (p)
+		return p;
 	vpmm_resolve_dlsym();
-	void *p = rt_in_scope(NULL, RTLD_NEXT, fn, now);
+	p = vpmm_real_dlsym_fn(RTLD_NEXT, rt_names[fn]);
+	if (p && !ours(p)) {
+		rt_store(&global, fn, p);
+		return p;
+	}
 	/* A link map is a dlsym handle in glibc: the lookup then runs over the
 	 * caller's own scope, its RTLD_LOCAL dependencies included. */
-	if (!p && caller && dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
-		p = rt_in_scope(info.dli_fbase, lm, fn, now);
+	Dl_info info;
+	struct link_map *lm = NULL;
+	p = NULL;
+	if (local && dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) && lm)
+		p = vpmm_real_dlsym_fn(lm, rt_names[fn]);
+	if (p && ours(p))
+		p = NULL;
+	if (p)
+		rt_store(&who, fn, p);
 	return p;
 }

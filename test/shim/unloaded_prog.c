@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define OTHER_TOTAL 67890 /* rt_other.c */
+#define NOT_INITIALISED 3 /* cudaErrorInitializationError */
 
 #define CHECK(c)                                                              \
 	do {                                                                  \
@@ -32,11 +33,27 @@ static size_t total_via(const char *lib, void **h)
 	return total;
 }
 
+typedef int (*mem_info_t)(size_t *, size_t *);
+
+/* The program's own call: the hook when preloaded, else none. */
+static mem_info_t global_mem_info(void)
+{
+	void *s = dlsym(RTLD_DEFAULT, "cudaMemGetInfo");
+	mem_info_t f = NULL;
+	memcpy(&f, &s, sizeof f);
+	return f;
+}
+
 int main(void)
 {
 	void *a, *b;
-	CHECK(!dlsym(RTLD_DEFAULT, "cudaMemGetInfo") ||
-	      dlsym(RTLD_DEFAULT, "vpmm_shim_stats")); /* none global but ours */
+	size_t fr, total;
+	mem_info_t hook = global_mem_info();
+	CHECK(!hook || dlsym(RTLD_DEFAULT, "vpmm_shim_stats")); /* none global but ours */
+	/* No runtime anywhere yet: the shim's "not initialised", and not for
+	 * good. */
+	if (hook)
+		CHECK(hook(&fr, &total) == NOT_INITIALISED);
 	size_t first = total_via(EXT_A, &a);
 	CHECK(first > 0 && first != OTHER_TOTAL);
 	CHECK(dlclose(a) == 0);
@@ -44,6 +61,10 @@ int main(void)
 	size_t second = total_via(EXT_B, &b);
 	CHECK(second == OTHER_TOTAL);
 	CHECK(dlclose(b) == 0);
+	/* A runtime loaded globally later is found (a miss is not cached). */
+	CHECK(dlopen(FAKE_RT, RTLD_NOW | RTLD_GLOBAL));
+	if (hook) /* the stand-in's own answer (709 after its reload) */
+		CHECK(hook(&fr, &total) != NOT_INITIALISED);
 	printf("ok unloaded\n");
 	return 0;
 }
