@@ -1825,6 +1825,12 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		 * otherwise take them with their default action. */
 		sigset_t all, old;
 		sigfillset(&all);
+		/* Faults are the thread's own: blocked, they kill the process
+		 * without the program's crash handler. */
+		sigdelset(&all, SIGSEGV);
+		sigdelset(&all, SIGBUS);
+		sigdelset(&all, SIGFPE);
+		sigdelset(&all, SIGILL);
 		pthread_sigmask(SIG_SETMASK, &all, &old);
 		rc = -pthread_create(&p->reclaimer, NULL, reclaimer_main, p);
 		pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -292,7 +292,7 @@ static int close_locked(void)
 	while (atomic_load(&inflight) > 0) {
 		sched_yield();
 		clock_gettime(CLOCK_MONOTONIC, &t);
-		if (t.tv_sec - t0.tv_sec >= 2)
+		if ((t.tv_sec - t0.tv_sec) * 1000000000ll + (t.tv_nsec - t0.tv_nsec) >= 2000000000ll)
 			break;
 	}
 	if (writer_running) {
@@ -386,8 +386,8 @@ int vpmm_trace_open(const char *path)
 		close_locked();
 	/* Another process writes it (a worker started with the same
 	 * VPMM_TRACE): truncating would wipe its trace and interleave ours. */
-	if (flock(f, LOCK_EX | LOCK_NB) != 0) {
-		rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+	if (flock(f, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+		rc = -EBUSY; /* (a file system without locks: traced unguarded) */
 		close(f);
 		goto out;
 	}
