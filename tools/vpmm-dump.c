@@ -109,6 +109,10 @@ static void printable(char *s)
 			*s = '?';
 }
 
+/* Text output: replies are made printable as they arrive (--json and the
+ * snapshot keep them exact; their writers escape). */
+static bool text_output;
+
 static void errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void errf(const char *fmt, ...)
 {
@@ -382,7 +386,8 @@ static void command_of(long pid, char *buf, size_t n)
 	if (fgets(buf, (int)n, f))
 		buf[strcspn(buf, "\n")] = '\0';
 	fclose(f);
-	printable(buf);
+	if (text_output)
+		printable(buf); /* --json keeps it exact; its writer escapes */
 }
 
 /* Every string and key of a reply made printable, for text output. */
@@ -397,9 +402,7 @@ static void printable_json(struct json *v)
 	}
 }
 
-/* Text output: replies are made printable as they arrive (--json and the
- * snapshot keep them exact; their writers escape). */
-static bool text_output;
+
 
 static bool process_exists(long pid)
 {
@@ -1200,8 +1203,15 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 			if (strncmp(line, "Thread,Time,Action,Pointer,Size,Stream", 38) == 0)
 				continue;
 		}
-		if (!len || line[len - 1] != '\n')
-			break; /* being written right now */
+		if (!len || line[len - 1] != '\n') {
+			if (feof(f))
+				break; /* the last line, being written right now */
+			int c; /* a NUL byte inside: a malformed line */
+			while ((c = getc(f)) != EOF && c != '\n')
+				;
+			tr->skipped++;
+			continue;
+		}
 		struct tev ev;
 		if (!parse_trace_line(line, &ev)) {
 			tr->skipped++;

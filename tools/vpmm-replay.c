@@ -436,20 +436,23 @@ static bool stdout_ok(void)
  * (/dev/zero, a sparse file) before it is refused. */
 #define LINE_MAX_BYTES 4096
 
-/* One line into buf (NUL-terminated, with its newline): its length, -1 at
- * the end, or -2 for a line past LINE_MAX_BYTES (buf holds its start). */
+/* One line into buf (LINE_MAX_BYTES + 1 bytes: at most LINE_MAX_BYTES - 1
+ * of text, its newline, a NUL): its length, -1 at the end, or -2 for a
+ * longer line (buf holds its start). */
 static ssize_t read_line(FILE *in, char *buf)
 {
 	size_t n = 0;
 	int c;
 	while ((c = getc_unlocked(in)) != EOF) {
+		if (c == '\n') {
+			buf[n++] = '\n';
+			break;
+		}
 		if (n == LINE_MAX_BYTES - 1) {
 			buf[n] = '\0';
 			return -2;
 		}
 		buf[n++] = (char)c;
-		if (c == '\n')
-			break;
 	}
 	buf[n] = '\0';
 	return n || c != EOF ? (ssize_t)n : -1;
@@ -459,7 +462,7 @@ static ssize_t read_line(FILE *in, char *buf)
 static int parse_log(FILE *in, struct log *lg)
 {
 	struct parser st = { .log = lg }, *ps = &st;
-	static char buf[LINE_MAX_BYTES];
+	static char buf[LINE_MAX_BYTES + 1];
 	ssize_t len;
 	bool header = false;
 	int rc = 0;

@@ -570,6 +570,18 @@ Test(replay, endless_lines_lost_output_and_names_that_are_not_utf8)
 	cr_expect_eq(r.status, 2, "exit %d", r.status);
 	cr_expect(strstr(r.err, ":2: a line longer than 4095 bytes"), "%s", r.err);
 	run_free(&r);
+	/* The bound itself: 4095 bytes and the newline are a line, 4096 not. */
+	const char *head = "1,t,allocate,0x1000,";
+	const char *tail = ",0x0";
+	for (int extra = 0; extra < 2; extra++) {
+		int digits = 4095 + extra - (int)strlen(head) - (int)strlen(tail);
+		snprintf(longlog, sizeof(longlog), "%s%s%0*d%s\n", HEADER, head, digits, 7, tail);
+		log = write_file("edge.csv", longlog);
+		r = replay((const char *[]){ log, NULL }, NULL);
+		cr_expect_eq(r.status, extra ? 2 : 0, "a line of %d bytes: exit %d: %s",
+			     4095 + extra, r.status, r.err);
+		run_free(&r);
+	}
 	/* /dev/zero: one endless line; refused at once, not read whole. */
 	r = replay((const char *[]){ "/dev/zero", NULL }, NULL);
 	cr_expect_eq(r.status, 2, "exit %d", r.status);
