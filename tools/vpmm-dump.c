@@ -187,6 +187,11 @@ static int conn_open(const char *path, struct conn *c, char *err, size_t errlen)
 	}
 	strcpy(addr.sun_path, path);
 	snprintf(c->path, sizeof(c->path), "%s", path);
+	struct stat st; /* connect() calls any other file "refused": stale */
+	if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+		snprintf(err, errlen, "%s: not a socket", path);
+		return EXIT_FAIL;
+	}
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		snprintf(err, errlen, "socket: %s", strerror(errno));
@@ -330,9 +335,14 @@ static int conn_request(struct conn *c, const char *request, struct json *reply,
 	}
 	int64_t proto = -1;
 	bool ok = false;
-	json_i64(json_get(reply, "protocol"), &proto);
+	bool has_proto = json_i64(json_get(reply, "protocol"), &proto);
 	json_bool(json_get(reply, "ok"), &ok);
 	const char *e = json_str(json_get(reply, "error"));
+	if (!has_proto || proto < 1) { /* {} or the like: not a vpmm reply */
+		snprintf(err, errlen, "%s: malformed reply (no protocol version)", c->path);
+		status = EXIT_FAIL;
+		goto out;
+	}
 	if (proto != VPMM_PROTOCOL) {
 		snprintf(err, errlen,
 			 "%s: the process speaks vpmm protocol %" PRId64 ", this vpmm-dump speaks %d:"

@@ -1017,6 +1017,18 @@ Test(dump, hostile_replies_and_bad_values)
 	cr_expect_str_eq(f.got[0], "vpmm 1 trim 1073741824");
 	run_free(&r);
 
+	/* a reply with no protocol at all is malformed, not another version;
+	 * a path that is not a socket is not a stale one */
+	const char *const empty[] = {"{}\n", NULL};
+	ask_fake(path, empty, (char *[]){VPMM_DUMP, "--socket", path, NULL}, &r, &f);
+	cr_expect_eq(r.status, 1, "{}: status %d: %s", r.status, r.err);
+	cr_expect(strstr(r.err, "malformed reply"), "%s", r.err);
+	run_free(&r);
+	run((char *[]){VPMM_DUMP, "--socket", "/etc/passwd", NULL}, &r);
+	cr_expect_eq(r.status, 1, "a regular file: status %d", r.status);
+	cr_expect(strstr(r.err, "not a socket"), "%s", r.err);
+	run_free(&r);
+
 	/* bad option values: a clear message, no stray bytes */
 	run((char *[]){VPMM_DUMP, "--count", " -1", "--watch", "1", "1", NULL}, &r);
 	cr_expect_eq(r.status, 2, "--count \" -1\": status %d", r.status);
