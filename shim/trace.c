@@ -320,6 +320,7 @@ static int close_locked(void)
 static int with_pid(const char *path, char *buf, size_t n)
 {
 	size_t o = 0;
+	buf[0] = '\0';
 	for (const char *c = path; *c; c++) {
 		int k;
 		if (c[0] == '%' && c[1] == 'p') {
@@ -335,8 +336,6 @@ static int with_pid(const char *path, char *buf, size_t n)
 			return -1;
 		o += (size_t)k;
 	}
-	if (o == 0 && n)
-		buf[0] = '\0';
 	return 0;
 }
 

@@ -125,6 +125,16 @@ static void errf(const char *fmt, ...)
 	fprintf(stderr, "%s: %s\n", prog, msg);
 }
 
+/* Whether everything written to stdout got there (/dev/full, a closed
+ * descriptor): EXIT_OK, or EXIT_FAIL saying why. */
+static int output_status(void)
+{
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return EXIT_OK;
+	errf("writing the output: %s", strerror(errno ? errno : EIO));
+	return EXIT_FAIL;
+}
+
 /* ---- sizes ------------------------------------------------------------------ */
 
 /* "12.50 MiB" */
@@ -721,7 +731,7 @@ static int list_processes(bool json)
 		printf("no process with a vpmm socket (looked in %s%s%s%s)\n", dir2,
 		       dir2[0] ? " and " : "", dir, geteuid() == 0 ? ", /tmp/vpmm-*, /run/user/*/vpmm" : "");
 	free(list);
-	return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAIL;
+	return output_status();
 }
 
 /* ---- one process: fetching ---------------------------------------------------- */
@@ -1545,11 +1555,7 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
-			if (fflush(stdout) != 0 || ferror(stdout)) {
-				errf("writing the output: %s", strerror(errno ? errno : EIO));
-				return EXIT_FAIL;
-			}
-			return EXIT_OK;
+			return output_status();
 		default:
 			/* optopt holds a long option's code (not a letter) when
 			 * its value is missing or unwanted: name it as given. */
@@ -1663,11 +1669,7 @@ int main(int argc, char **argv)
 		json_u64(json_get(&reply, "released"), &released);
 		printf("released %" PRIu64 " bytes\n", released);
 		json_free(&reply);
-		if (fflush(stdout) != 0 || ferror(stdout)) {
-			errf("writing the output: %s", strerror(errno));
-			return EXIT_FAIL;
-		}
-		return EXIT_OK;
+		return output_status();
 	}
 	for (uint64_t i = 0;; i++) {
 		struct target t;
@@ -1690,10 +1692,8 @@ int main(int argc, char **argv)
 		else
 			show_text(&t);
 		target_free(&t);
-		if (fflush(stdout) != 0) {
-			errf("writing the output: %s", strerror(errno));
+		if (output_status() != EXIT_OK)
 			return EXIT_FAIL;
-		}
 		if (!watch || interrupted || (count && i + 1 >= count))
 			break;
 		struct timespec ts = { (time_t)watch, (long)((watch - (double)(time_t)watch) * 1e9) };

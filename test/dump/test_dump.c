@@ -808,12 +808,6 @@ Test(dump, protocol_errors_are_answered)
 	host_close(&h);
 }
 
-/* A server of another protocol version, for vpmm-dump's side. */
-struct fake {
-	int fd;
-	const char *reply;
-};
-
 /* `echo "vpmm 1 ping" | socat - UNIX-CONNECT:...`: the client shuts its
  * writing side down before it reads. Every complete line is answered, in
  * order, a last line without its newline is dropped, then the server
@@ -839,20 +833,6 @@ Test(dump, a_client_that_stops_writing_is_still_answered)
 	host_close(&h);
 }
 
-static void *fake_server(void *arg)
-{
-	struct fake *f = arg;
-	int c = accept(f->fd, NULL, NULL);
-	if (c >= 0) {
-		char *line = read_line(c);
-		free(line);
-		ssize_t w = send(c, f->reply, strlen(f->reply), MSG_NOSIGNAL);
-		(void)w;
-		close(c);
-	}
-	return NULL;
-}
-
 static int listen_at(const char *path)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
@@ -862,6 +842,45 @@ static int listen_at(const char *path)
 	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
 	cr_assert_eq(listen(fd, 4), 0);
 	return fd;
+}
+
+/* A server that answers each request of one connection with the next of
+ * `replies`, and keeps the requests it got. */
+struct fake_seq {
+	int fd;
+	const char *const *replies;
+	char got[4][256];
+};
+
+static void *fake_seq_server(void *arg)
+{
+	struct fake_seq *f = arg;
+	int c = accept(f->fd, NULL, NULL);
+	for (int i = 0; c >= 0 && f->replies[i] && i < 4; i++) {
+		char *line = read_line(c);
+		if (!line)
+			break;
+		snprintf(f->got[i], sizeof(f->got[i]), "%s", line);
+		free(line);
+		ssize_t w = send(c, f->replies[i], strlen(f->replies[i]), MSG_NOSIGNAL);
+		(void)w;
+	}
+	if (c >= 0)
+		close(c);
+	return NULL;
+}
+
+static void ask_fake(const char *path, const char *const *replies, char *const argv[],
+		     struct run *r, struct fake_seq *f)
+{
+	unlink(path);
+	*f = (struct fake_seq){.fd = listen_at(path), .replies = replies};
+	pthread_t t;
+	pthread_create(&t, NULL, fake_seq_server, f);
+	run(argv, r);
+	shutdown(f->fd, SHUT_RDWR);
+	pthread_join(t, NULL);
+	close(f->fd);
 }
 
 Test(dump, gone_stale_and_old_protocol_are_clear_failures)
@@ -906,25 +925,19 @@ Test(dump, gone_stale_and_old_protocol_are_clear_failures)
 	/* another protocol version */
 	char path[128];
 	snprintf(path, sizeof(path), "%s/new.sock", dir);
-	struct fake f = { listen_at(path),
-			  "{\"protocol\":2,\"ok\":false,\"error\":\"unsupported protocol version 1: "
-			  "this process speaks version 2\"}\n" };
-	pthread_t t;
-	pthread_create(&t, NULL, fake_server, &f);
-	run((char *[]){ VPMM_DUMP, "--socket", path, NULL }, &r);
-	pthread_join(t, NULL);
-	close(f.fd);
+	const char *const newer[] = {
+		"{\"protocol\":2,\"ok\":false,\"error\":\"unsupported protocol version 1: "
+		"this process speaks version 2\"}\n",
+		NULL};
+	struct fake_seq f;
+	ask_fake(path, newer, (char *[]){ VPMM_DUMP, "--socket", path, NULL }, &r, &f);
 	cr_assert_eq(r.status, 5, "old protocol: status %d (%s)", r.status, r.err);
 	cr_assert_not_null(strstr(r.err, "protocol 2"), "%s", r.err);
 	run_free(&r);
 
 	/* garbage instead of a reply */
-	unlink(path);
-	f = (struct fake){ listen_at(path), "this is not json\n" };
-	pthread_create(&t, NULL, fake_server, &f);
-	run((char *[]){ VPMM_DUMP, "--socket", path, NULL }, &r);
-	pthread_join(t, NULL);
-	close(f.fd);
+	const char *const garbage[] = {"this is not json\n", NULL};
+	ask_fake(path, garbage, (char *[]){ VPMM_DUMP, "--socket", path, NULL }, &r, &f);
 	cr_assert_eq(r.status, 1, "garbage reply: status %d", r.status);
 	cr_assert_not_null(strstr(r.err, "malformed reply"), "%s", r.err);
 	run_free(&r);
@@ -932,45 +945,6 @@ Test(dump, gone_stale_and_old_protocol_are_clear_failures)
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	cr_assert_eq(system(cmd), 0);
-}
-
-/* A server that answers each request of one connection with the next of
- * `replies`, and keeps the requests it got. */
-struct fake_seq {
-	int fd;
-	const char *const *replies;
-	char got[4][256];
-};
-
-static void *fake_seq_server(void *arg)
-{
-	struct fake_seq *f = arg;
-	int c = accept(f->fd, NULL, NULL);
-	for (int i = 0; c >= 0 && f->replies[i] && i < 4; i++) {
-		char *line = read_line(c);
-		if (!line)
-			break;
-		snprintf(f->got[i], sizeof(f->got[i]), "%s", line);
-		free(line);
-		ssize_t w = send(c, f->replies[i], strlen(f->replies[i]), MSG_NOSIGNAL);
-		(void)w;
-	}
-	if (c >= 0)
-		close(c);
-	return NULL;
-}
-
-static void ask_fake(const char *path, const char *const *replies, char *const argv[],
-		     struct run *r, struct fake_seq *f)
-{
-	unlink(path);
-	*f = (struct fake_seq){.fd = listen_at(path), .replies = replies};
-	pthread_t t;
-	pthread_create(&t, NULL, fake_seq_server, f);
-	run(argv, r);
-	shutdown(f->fd, SHUT_RDWR);
-	pthread_join(t, NULL);
-	close(f->fd);
 }
 
 /* What a server sends is data, not trusted (review): a page size that

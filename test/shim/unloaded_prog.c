@@ -4,21 +4,10 @@
  * runtime of the scope that calls, not the one that was unloaded (the
  * shim cached the first and jumped into freed code; review). Links no
  * CUDA runtime itself. `unloaded_prog` */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "shimtest.h"
 
 #define OTHER_TOTAL 67890 /* rt_other.c */
 #define NOT_INITIALISED 3 /* cudaErrorInitializationError */
-
-#define CHECK(c)                                                              \
-	do {                                                                  \
-		if (!(c)) {                                                   \
-			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); \
-			exit(1);                                              \
-		}                                                             \
-	} while (0)
 
 static size_t total_via(const char *lib, void **h)
 {
