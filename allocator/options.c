@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "options.h"
 #include "vpmm.h"
@@ -665,13 +666,10 @@ size_t vpmm_options_misspelled(char *const *env,
 		size_t n = eq ? (size_t)(eq - *env) : strlen(*env);
 		if (n < 5 || n >= sizeof(name))
 			continue;
+		if (strncasecmp(*env, "VPMM_", 5) != 0)
+			continue;
 		memcpy(name, *env, n);
 		name[n] = '\0';
-		char head[6];
-		memcpy(head, name, 5);
-		head[5] = '\0';
-		if (!str_ieq(head, "VPMM_"))
-			continue;
 		/* One slip: at two, VPMM_LIB (our scripts') read as VPMM_LOG. */
 		const char *best = NULL;
 		unsigned best_d = 2;
