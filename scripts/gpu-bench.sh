@@ -33,36 +33,16 @@ SETUP=$OUT/setup.log
 : >"$SETUP"
 say() { printf '==> %s\n' "$*" | tee -a "$SETUP"; }
 
-# The C sources a meson.build lists ('name.c' literals), so that this build
-# follows the real one; the directory's *.c when it lists none.
-meson_sources() {
-	local dir=$1 list
-	list=$(grep -o "'[A-Za-z0-9_./-]*\.c'" "$dir/meson.build" 2>/dev/null | tr -d "'" |
-		sed "s|^|$dir/|" | sort -u)
-	if [[ -z $list ]]; then
-		list=$(ls "$dir"/*.c 2>/dev/null)
-	fi
-	echo "$list"
-}
-
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+VPMM_BUILD_CFLAGS='-g -DVPMM_VERSION="bench"'
 CFLAGS=(-O2 -g -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden
 	-Wno-unused-parameter -I"$ROOT/allocator" -I"$CUDA_HOME/include")
 
-# libvpmm.so as shim/meson.build makes it: the shim's sources plus the
-# allocator's, the export map, -Bsymbolic. Prints the path, or nothing.
+# libvpmm.so as shim/meson.build makes it (scripts/gpu-build.sh). Prints the
+# path, or nothing.
 build_libvpmm() {
-	local shim_src core_src map=()
-	shim_src=$(meson_sources shim)
-	core_src=$(meson_sources allocator)
-	if [[ -z $shim_src ]]; then
-		say "libvpmm.so: no shim sources yet"
-		return 0
-	fi
-	[[ -f shim/libvpmm.map ]] && map=(-Wl,--version-script=shim/libvpmm.map)
-	# shellcheck disable=SC2086
-	if gcc "${CFLAGS[@]}" -I"$ROOT/shim" -DVPMM_VERSION="\"bench\"" -shared \
-		-o "$B/libvpmm.so" $shim_src $core_src "${map[@]}" -Wl,-Bsymbolic -Wl,-z,nodelete \
-		-ldl -lpthread >>"$SETUP" 2>&1; then
+	if vpmm_build_lib "$B/libvpmm.so" >>"$SETUP" 2>&1; then
 		if nm -D "$B/libvpmm.so" | grep -q ' T vpmm_torch_malloc$'; then
 			echo "$B/libvpmm.so"
 		else
@@ -75,7 +55,7 @@ build_libvpmm() {
 
 build_hotpath() {
 	local f objs=()
-	for f in $(meson_sources allocator); do
+	for f in $(vpmm_sources "$ROOT" allocator); do
 		gcc "${CFLAGS[@]}" -c "$f" -o "$B/obj/$(basename "$f" .c).o" >>"$SETUP" 2>&1 ||
 			{ say "hotpath: $f does not compile"; return 1; }
 		objs+=("$B/obj/$(basename "$f" .c).o")

@@ -63,11 +63,9 @@ fi
 if part hotpath; then
 	# The same program twice: the CUDA pool, then libvpmm under LD_PRELOAD.
 	lib=$W/libvpmm.so
-	src() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
-	if gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
-		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete \
-		-lpthread -ldl -o "$lib" >"$W/logs/hotpath-build.txt" 2>&1 &&
+	# shellcheck source=scripts/gpu-build.sh
+	. "$ROOT/scripts/gpu-build.sh"
+	if vpmm_build_lib "$lib" >"$W/logs/hotpath-build.txt" 2>&1 &&
 		nvcc -O2 -std=c++17 -o "$W/shim_hotpath" "$ROOT/bench/shim_hotpath.cu" \
 			>>"$W/logs/hotpath-build.txt" 2>&1; then
 		VPMM_SOCKET=off "$W/shim_hotpath" >"$W/logs/hotpath-plain.txt" 2>&1

@@ -7,24 +7,17 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu-dump}
-CUDA=${CUDA_HOME:-/usr/local/cuda}
 W=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-src() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
 fail=0
 check() { if "$@"; then echo "ok      $*"; else echo "FAILED  $*"; fail=1; fi; }
 
-gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-	-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
-	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete -lpthread -ldl \
-	-o "$W/libvpmm.so" || exit 1
-gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
-	"$ROOT/tools/vpmm-dump.c" "$ROOT/tools/json.c" "$ROOT/tools/pickle.c" $(src allocator) \
-	-lpthread -ldl -o "$W/vpmm-dump" || exit 1
-gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
-	"$ROOT/tools/vpmm-replay.c" "$ROOT/tools/json.c" $(src allocator) -lpthread -ldl \
-	-o "$W/vpmm-replay" || exit 1
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+vpmm_build_lib "$W/libvpmm.so" || exit 1
+vpmm_build_tool vpmm-dump "$W/vpmm-dump" || exit 1
+vpmm_build_tool vpmm-replay "$W/vpmm-replay" || exit 1
 
 mkfifo "$W/go"
 VPMM_TRACE=$OUT/trace.csv PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$W/libvpmm.so \

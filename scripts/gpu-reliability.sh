@@ -48,23 +48,12 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 note "gpu-reliability $(date -u +%FT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
 # ---- build (no meson: the sources the meson.build files list) -----------------------
-src() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
-dump_src() { # the sources of tools/meson.build's vpmm-dump executable
-	sed -n "/executable('vpmm-dump'/,/)/p" "$ROOT/tools/meson.build" |
-		grep -o "'[A-Za-z0-9_-]*\.c'" | tr -d "'" | sed "s|^|$ROOT/tools/|"
-}
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
 LIB=$W/libvpmm.so
 DUMP=$W/vpmm-dump
-(
-	gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
-		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete \
-		-lpthread -ldl -o "$LIB"
-) >"$OUT/build-lib.log" 2>&1 &
-(
-	gcc -O2 -std=gnu11 -D_GNU_SOURCE -I"$ROOT/shim" -I"$ROOT/allocator" -I"$CUDA/include" \
-		$(dump_src) $(src allocator) -lpthread -ldl -o "$DUMP"
-) >"$OUT/build-dump.log" 2>&1 &
+vpmm_build_lib "$LIB" >"$OUT/build-lib.log" 2>&1 &
+vpmm_build_tool vpmm-dump "$DUMP" >"$OUT/build-dump.log" 2>&1 &
 NVCC="nvcc -O2 -std=c++17 -arch=$ARCH"
 ($NVCC -o "$W/oom" "$ROOT/test/gpu/oom.cu") >"$OUT/build-oom.log" 2>&1 &
 ($NVCC -cudart shared -o "$W/oom-shared" "$ROOT/test/gpu/oom.cu") >"$OUT/build-oom-shared.log" 2>&1 &

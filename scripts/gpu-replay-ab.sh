@@ -20,20 +20,11 @@ ROUNDS=${ROUNDS:-6}
 WLS=${WLS:-llm_serving training_varlen moe scratch_streams}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-build() { # TREE OUTPUT: the shim of TREE, the source list of this tree's meson files
-	local tree=$1 list
-	list=$(for d in allocator shim; do
-		grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$d/meson.build" | tr -d "'" | sed "s|^|$tree/$d/|"
-	done)
-	mkdir -p "$(dirname "$2")"
-	# shellcheck disable=SC2086
-	gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-		-I"$tree/allocator" -I"$tree/shim" -I"$CUDA/include" $list \
-		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete \
-		-lpthread -ldl -o "$2"
-}
-build "$OLD" "$W/old/libvpmm.so" || { echo "building $OLD failed"; exit 1; }
-build "$ROOT" "$W/new/libvpmm.so" || { echo "building this tree failed"; exit 1; }
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+# Each tree's shim, from that tree's own meson.build source lists.
+vpmm_build_lib "$W/old/libvpmm.so" "$OLD" || { echo "building $OLD failed"; exit 1; }
+vpmm_build_lib "$W/new/libvpmm.so" "$ROOT" || { echo "building this tree failed"; exit 1; }
 python3 "$ROOT/bench/workloads.py" --out "$W/wl" >/dev/null || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 replay() { # ALLOC TRACE [LD_PRELOAD]: the RESULT json of one replay

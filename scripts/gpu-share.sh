@@ -52,13 +52,11 @@ step() { # NAME COMMAND...
 
 say "gpu-share: $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
 
-sources() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+VPMM_BUILD_CFLAGS=-g
 build() {
-	gcc -O2 -g -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" \
-		$(sources allocator) $(sources shim) \
-		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete -Wl,-z,defs \
-		-lpthread -ldl -o "$W/libvpmm.so" &&
+	vpmm_build_lib "$W/libvpmm.so" &&
 		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/share" "$ROOT/test/gpu/share.cu"
 }
 step build build

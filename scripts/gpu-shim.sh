@@ -64,17 +64,12 @@ step() {
 
 say "gpu-shim: $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
-# ---- build (no meson: one compiler line, the same flags meson uses) ----------
-# The sources are the ones allocator/meson.build and shim/meson.build list.
-sources() { # DIR
-	grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"
-}
+# ---- build (no meson: scripts/gpu-build.sh, the flags meson uses) --------------
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+VPMM_BUILD_CFLAGS=-g
 build() {
-	gcc -O2 -g -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-		-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" \
-		$(sources allocator) $(sources shim) \
-		-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic -Wl,-z,nodelete -Wl,-z,defs \
-		-lpthread -ldl -o "$W/libvpmm.so" &&
+	vpmm_build_lib "$W/libvpmm.so" &&
 		nvcc -O2 -arch="$ARCH" -o "$W/shim_cuda_static" "$ROOT/test/gpu/shim_cuda.cu" &&
 		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/shim_cuda_shared" "$ROOT/test/gpu/shim_cuda.cu"
 }

@@ -46,11 +46,9 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-src() { grep -o "'[A-Za-z0-9_]*\.c'" "$ROOT/$1/meson.build" | tr -d "'" | sed "s|^|$ROOT/$1/|"; }
-gcc -O2 -std=gnu11 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-	-I"$ROOT/allocator" -I"$ROOT/shim" -I"$CUDA/include" $(src allocator) $(src shim) \
-	-Wl,--version-script="$ROOT/shim/libvpmm.map" -Wl,-Bsymbolic \
-	-lpthread -ldl -o "$W/libvpmm.so" || exit 1
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+vpmm_build_lib "$W/libvpmm.so" || exit 1
 case " $MODES " in *" pluggable-async "*|*" pluggable-cache"*)
 	"$CUDA/bin/nvcc" -O2 -shared -Xcompiler -fPIC -cudart shared \
 		-o "$W/libtorch_async.so" "$ROOT/test/gpu/torch_async_alloc.cu" || exit 1 ;;

@@ -1,0 +1,67 @@
+# shellcheck shell=bash
+# gpu-build.sh — sourced, not run, by the gpu-*.sh scripts: builds libvpmm.so
+# and the command-line tools on the device machine, which has gcc and nvcc but
+# no meson. One place, so that every GPU script tests the library meson would
+# build: the source lists are read from the meson.build files, and the link
+# flags are shim/meson.build's (a script that built its own copy once lacked
+# -z nodelete).
+#
+#   vpmm_sources TREE DIR          the .c files DIR/meson.build lists, as paths
+#   vpmm_build_lib OUT [TREE]      libvpmm.so at OUT
+#   vpmm_build_tool NAME OUT [TREE]  tools/NAME (vpmm-dump, vpmm-replay) at OUT
+#
+# TREE defaults to the checkout the sourcing script sits in. Extra compiler
+# flags (-g, -DVPMM_VERSION=...) come from VPMM_BUILD_CFLAGS. Each returns
+# the compiler's status; the compiler's output goes to stderr.
+
+VPMM_BUILD_TREE=${VPMM_BUILD_TREE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+VPMM_BUILD_CUDA=${CUDA_HOME:-${CUDA:-/usr/local/cuda}}
+
+vpmm_sources() {
+	local tree=$1 dir=$2
+	# The allocator's and the shim's meson.build each name one list of .c
+	# files; tools/meson.build names one per executable (vpmm_tool_sources).
+	grep -o "'[A-Za-z0-9_./-]*\.c'" "$tree/$dir/meson.build" | tr -d "'" |
+		sed "s|^|$tree/$dir/|" | awk '!seen[$0]++'
+}
+
+# The sources of one executable('NAME', [...]) in tools/meson.build.
+vpmm_tool_sources() {
+	local tree=$1 name=$2
+	sed -n "/executable('$name'/,/)/p" "$tree/tools/meson.build" |
+		grep -o "'[A-Za-z0-9_./-]*\.c'" | tr -d "'" | sed "s|^|$tree/tools/|"
+}
+
+# VPMM_BUILD_CFLAGS is split into words on purpose: it holds several flags.
+# shellcheck disable=SC2086
+vpmm_build_cflags() {
+	local tree=$1
+	# The project's own arguments (meson.build): gnu11, hidden visibility,
+	# _GNU_SOURCE; -O2 as debugoptimized.
+	echo -O2 -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
+		-I"$tree/allocator" -I"$tree/shim" -I"$VPMM_BUILD_CUDA/include" \
+		${VPMM_BUILD_CFLAGS:-}
+}
+
+vpmm_build_lib() {
+	local out=$1 tree=${2:-$VPMM_BUILD_TREE}
+	mkdir -p "$(dirname "$out")"
+	# shellcheck disable=SC2046
+	gcc $(vpmm_build_cflags "$tree") -fPIC -shared \
+		$(vpmm_sources "$tree" allocator) $(vpmm_sources "$tree" shim) \
+		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic \
+		-Wl,-z,defs -Wl,-z,nodelete -lpthread -ldl -o "$out"
+}
+
+vpmm_build_tool() {
+	local name=$1 out=$2 tree=${3:-$VPMM_BUILD_TREE} src
+	src=$(vpmm_tool_sources "$tree" "$name")
+	if [[ -z $src ]]; then
+		echo "gpu-build.sh: tools/meson.build has no executable '$name'" >&2
+		return 1
+	fi
+	mkdir -p "$(dirname "$out")"
+	# shellcheck disable=SC2046,SC2086
+	gcc $(vpmm_build_cflags "$tree") $src $(vpmm_sources "$tree" allocator) \
+		-lpthread -ldl -o "$out"
+}
