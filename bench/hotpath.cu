@@ -454,6 +454,12 @@ static void bench_growth(void)
 
 /* ---- 3. defragmentation ---------------------------------------------------------- */
 
+/* The pool's defragmentation and the driver doing the same work are timed in
+ * pairs, one pair a round, and the order inside a pair alternates from round
+ * to round: the driver's own cost per handle moved by up to 1.6x between runs
+ * on these hosts (docs/performance.md), so a ratio of two medians taken at
+ * different moments spread over 0.88-1.26 for unchanged pool code. The ratio
+ * reported is the median of the rounds' own ratios, with their range. */
 static void bench_defrag(cudaStream_t s)
 {
 	const size_t counts[] = {64, 512};
@@ -461,20 +467,29 @@ static void bench_defrag(cudaStream_t s)
 	printf("\n== defrag: one malloc remapping N free 2 MiB handles (stream-ordered), "
 	       "medians per handle ==\n");
 	for (size_t n : counts) {
-		int reps = (n >= 512 ? 4 : 8) / reps_scale;
-		if (reps < 2)
-			reps = 2;
+		int reps = (n >= 512 ? 8 : 12) / reps_scale;
+		if (reps < 3)
+			reps = 3;
 		std::vector<double> df, next, rawv, raw2, unm, bg_next, bg_gone;
+		std::vector<double> r_fresh, r_second; /* each round's own ratio */
 		uint64_t bg_left = 0;
 		double bg_by_thread = 0;
 		size_t remapped = 0, created = 0;
-		for (int rep = 0; rep <= reps; rep++) {
+		std::vector<CUdeviceptr> a(2 * n);
+
+		/* 2N pages, each its own allocation; free the even ones: N free
+		 * pages, none adjacent to another, the last page live. Then one
+		 * malloc of N pages, timed; then the next malloc. */
+		struct pool_round {
+			uint64_t defrag_ns, next_ns;
+			double reclaimed;
+			size_t remapped, created;
+		};
+		auto pool_part = [&]() {
+			pool_round r{};
 			vpmm_pool *p = pool_new(0);
 			if (vpmm_pool_page_size(p) != page)
 				printf("  (pool page is %zu, not 2 MiB)\n", vpmm_pool_page_size(p));
-			/* 2N pages, each its own allocation; free the even ones: N
-			 * free pages, none adjacent to another, the last page live. */
-			std::vector<CUdeviceptr> a(2 * n);
 			for (size_t i = 0; i < 2 * n; i++)
 				VP(vpmm_pool_malloc(p, page, (CUstream)s, &a[i]));
 			for (size_t i = 0; i < 2 * n; i += 2)
@@ -485,8 +500,8 @@ static void bench_defrag(cudaStream_t s)
 			VP(vpmm_pool_malloc(p, n * page, (CUstream)s, &big));
 			uint64_t t1 = now_ns();
 			struct vpmm_stats m = pool_stats(p);
-			remapped = m.pages_remapped - b.pages_remapped;
-			created = m.handles_created - b.handles_created;
+			r.remapped = m.pages_remapped - b.pages_remapped;
+			r.created = m.handles_created - b.handles_created;
 			/* The old addresses are zombies until the stream passes the
 			 * frees; then the next malloc may unmap them. */
 			CK(cudaStreamSynchronize(s));
@@ -495,10 +510,17 @@ static void bench_defrag(cudaStream_t s)
 			uint64_t t3 = now_ns();
 			struct vpmm_stats z = pool_stats(p);
 			vpmm_pool_destroy(p);
+			r.defrag_ns = t1 - t0;
+			r.next_ns = t3 - t2;
+			r.reclaimed = (double)(z.zombies_reclaimed - m.zombies_reclaimed);
+			return r;
+		};
 
-			/* The same with the pool's own thread unmapping zombies (the
-			 * shim's setting): the next malloc should not pay for it. */
-			p = pool_new(0, -1, true);
+		/* The same with the pool's own thread unmapping zombies (the
+		 * shim's setting): the next malloc should not pay for it. */
+		auto bg_part = [&](bool keep) {
+			vpmm_pool *p = pool_new(0, -1, true);
+			CUdeviceptr big, after;
 			for (size_t i = 0; i < 2 * n; i++)
 				VP(vpmm_pool_malloc(p, page, (CUstream)s, &a[i]));
 			for (size_t i = 0; i < 2 * n; i += 2)
@@ -517,10 +539,22 @@ static void bench_defrag(cudaStream_t s)
 			}
 			uint64_t b4 = now_ns();
 			vpmm_pool_destroy(p);
+			if (keep) {
+				bg_next.push_back((double)(b3 - b2) / (double)n);
+				bg_gone.push_back((double)(b4 - b2) / 1e3);
+				bg_left = bz.zombies;
+				bg_by_thread = (double)(bz.zombies_reclaimed - bm.zombies_reclaimed);
+			}
+		};
 
-			/* The driver alone, in the state the pool's defragmentation
-			 * starts from: 2N handles of a page mapped side by side, and
-			 * the same two operations timed on top of them. */
+		/* The driver alone, in the state the pool's defragmentation starts
+		 * from: 2N handles of a page mapped side by side, and the same two
+		 * operations timed on top of them. */
+		struct raw_round {
+			uint64_t fresh_ns, second_ns, unmap_ns;
+		};
+		auto raw_part = [&]() {
+			raw_round r{};
 			std::vector<CUmemGenericAllocationHandle> h(3 * n);
 			for (size_t i = 0; i < 3 * n; i++)
 				raw_create(page, &h[i]);
@@ -541,16 +575,16 @@ static void bench_defrag(cudaStream_t s)
 				return now_ns() - t;
 			};
 			/* n handles never mapped before */
-			uint64_t fresh_ns = map_all(&va, 2 * n, 1);
+			r.fresh_ns = map_all(&va, 2 * n, 1);
 			/* the even ones of the held range, mapped already, at a
 			 * second address: what a defragmentation does (the old
 			 * address stays mapped until its zombie is unmapped) */
-			uint64_t second_ns = map_all(&va2, 0, 2);
+			r.second_ns = map_all(&va2, 0, 2);
 			/* and the zombie's unmap: the old address of those handles */
-			uint64_t t5b = now_ns();
+			uint64_t t5 = now_ns();
 			for (size_t i = 0; i < 2 * n; i += 2)
 				CU(raw.MemUnmap(held + i * page, page));
-			uint64_t t6 = now_ns();
+			r.unmap_ns = now_ns() - t5;
 			for (size_t i = 1; i < 2 * n; i += 2)
 				CU(raw.MemUnmap(held + i * page, page));
 			CU(raw.MemUnmap(va, n * page));
@@ -560,34 +594,63 @@ static void bench_defrag(cudaStream_t s)
 			CU(raw.MemAddressFree(held, 2 * n * page));
 			CU(raw.MemAddressFree(va, n * page));
 			CU(raw.MemAddressFree(va2, n * page));
+			return r;
+		};
+
+		for (int rep = 0; rep <= reps; rep++) {
+			pool_round pr;
+			raw_round rr;
+			/* round 0 warms up and is dropped */
+			if (rep % 2 == 0) {
+				pr = pool_part();
+				rr = raw_part();
+			} else {
+				rr = raw_part();
+				pr = pool_part();
+			}
+			bg_part(rep > 0);
 			if (rep == 0)
 				continue;
-			bg_next.push_back((double)(b3 - b2) / (double)n);
-			bg_gone.push_back((double)(b4 - b2) / 1e3);
-			bg_left = bz.zombies;
-			bg_by_thread = (double)(bz.zombies_reclaimed - bm.zombies_reclaimed);
-			df.push_back((double)(t1 - t0) / (double)n);
-			rawv.push_back((double)fresh_ns / (double)n);
-			raw2.push_back((double)second_ns / (double)n);
-			unm.push_back((double)(t6 - t5b) / (double)n);
-			double reclaimed = (double)(z.zombies_reclaimed - m.zombies_reclaimed);
-			next.push_back(reclaimed > 0 ? (double)(t3 - t2) / (double)n : 0);
+			remapped = pr.remapped;
+			created = pr.created;
+			double per = (double)pr.defrag_ns / (double)n;
+			df.push_back(per);
+			rawv.push_back((double)rr.fresh_ns / (double)n);
+			raw2.push_back((double)rr.second_ns / (double)n);
+			r_fresh.push_back(per / ((double)rr.fresh_ns / (double)n));
+			r_second.push_back(per / ((double)rr.second_ns / (double)n));
+			unm.push_back((double)rr.unmap_ns / (double)n);
+			next.push_back(pr.reclaimed > 0 ? (double)pr.next_ns / (double)n : 0);
 			if (rep == reps)
 				printf("  N=%zu: %zu pages remapped, %zu handles created, "
 				       "%.0f zombie ranges unmapped by the next malloc\n",
-				       n, remapped, created, reclaimed);
+				       n, remapped, created, pr.reclaimed);
 		}
+		auto lo = [](const std::vector<double> &v) {
+			return *std::min_element(v.begin(), v.end());
+		};
+		auto hi = [](const std::vector<double> &v) {
+			return *std::max_element(v.begin(), v.end());
+		};
 		std::string k = std::to_string(n);
 		printf("N=%4zu  vpmm defrag %6.1f us/handle | driver map+access %6.1f us/handle | "
-		       "ratio %.2f | next malloc (unmaps zombies) %6.1f us/handle, raw unmap %6.1f "
-		       "us/handle\n",
-		       n, median(df) / 1e3, median(rawv) / 1e3, median(df) / median(rawv),
-		       median(next) / 1e3, median(unm) / 1e3);
+		       "ratio %.2f (paired rounds, %d: median; %.2f-%.2f) | next malloc (unmaps "
+		       "zombies) %6.1f us/handle, raw unmap %6.1f us/handle\n",
+		       n, median(df) / 1e3, median(rawv) / 1e3, median(r_fresh), reps,
+		       lo(r_fresh), hi(r_fresh), median(next) / 1e3, median(unm) / 1e3);
 		metric("defrag_" + k + "_vpmm_us_per_handle", median(df) / 1e3);
 		metric("defrag_" + k + "_raw_us_per_handle", median(rawv) / 1e3);
+		metric("defrag_" + k + "_ratio", median(r_fresh));
+		metric("defrag_" + k + "_ratio_min", lo(r_fresh));
+		metric("defrag_" + k + "_ratio_max", hi(r_fresh));
 		printf("N=%4zu  driver mapping the same handles at a second address %6.1f us/handle | "
-		       "ratio %.2f\n", n, median(raw2) / 1e3, median(df) / median(raw2));
+		       "ratio %.2f (%.2f-%.2f)\n", n, median(raw2) / 1e3, median(r_second),
+		       lo(r_second), hi(r_second));
 		metric("defrag_" + k + "_raw_second_us_per_handle", median(raw2) / 1e3);
+		metric("defrag_" + k + "_ratio_second", median(r_second));
+		metric("defrag_" + k + "_ratio_second_min", lo(r_second));
+		metric("defrag_" + k + "_ratio_second_max", hi(r_second));
+		metric("defrag_" + k + "_rounds", (double)reps);
 		metric("defrag_" + k + "_remapped", (double)remapped);
 		metric("defrag_" + k + "_created", (double)created);
 		metric("defrag_" + k + "_next_malloc_us_per_handle", median(next) / 1e3);
