@@ -197,9 +197,7 @@ static bool is_digit(int c)
 	return c >= '0' && c <= '9';
 }
 
-/* Decimal digits only; -EINVAL on anything else, -ERANGE past UINT64_MAX.
- * *end receives the first non-digit. */
-static int parse_digits(const char *s, uint64_t *out, const char **end)
+int vpmm_parse_digits(const char *s, uint64_t *out, const char **end)
 {
 	uint64_t v = 0;
 	bool range = false;
@@ -227,7 +225,7 @@ int vpmm_parse_size(const char *s, size_t *out)
 
 	if (!s)
 		return -EINVAL;
-	int rc = parse_digits(s, &v, &p);
+	int rc = vpmm_parse_digits(s, &v, &p);
 	if (rc == -EINVAL)
 		return rc;
 	switch (lower(*p)) {
@@ -258,7 +256,7 @@ static int parse_count(const char *s, uint64_t *out)
 {
 	const char *end;
 	uint64_t v;
-	int rc = parse_digits(s, &v, &end);
+	int rc = vpmm_parse_digits(s, &v, &end);
 	if (rc == -EINVAL || *end)
 		return -EINVAL;
 	if (rc)

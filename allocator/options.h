@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "vpmm.h"
@@ -49,6 +50,14 @@ int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_
 
 /* "error", "warn", "info", "debug". */
 const char *vpmm_log_level_name(enum vpmm_log_level level);
+
+/* The one strict decimal reader of the project (options, the socket's IPC
+ * requests, vpmm-dump's arguments): one or more digits, no sign, no spaces,
+ * no base prefix. strtoull() takes all three and wraps silently. 0 with *out
+ * set; -EINVAL when s does not start with a digit; -ERANGE past UINT64_MAX
+ * (*out then unspecified). *end receives the first non-digit either way but
+ * for -EINVAL; the caller decides what may follow. */
+int vpmm_parse_digits(const char *s, uint64_t *out, const char **end);
 
 /* One entry of the options table, for documentation and --help. */
 struct vpmm_option_info {

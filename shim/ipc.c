@@ -403,14 +403,8 @@ static bool numbers(const char *s, uint64_t *v, int want)
 	for (int i = 0; i < want; i++) {
 		if (i && *s++ != ' ')
 			return false;
-		if (*s < '0' || *s > '9')
+		if (vpmm_parse_digits(s, &v[i], &s) != 0)
 			return false;
-		for (v[i] = 0; *s >= '0' && *s <= '9'; s++) {
-			unsigned d = (unsigned)(*s - '0');
-			if (v[i] > (UINT64_MAX - d) / 10)
-				return false;
-			v[i] = v[i] * 10 + d;
-		}
 	}
 	return *s == '\0';
 }

@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include "options.h" /* vpmm_parse_digits */
 #include "vpmm.h" /* vpmm_parse_size */
 #include <stdbool.h>
 #include <stdint.h>
@@ -1466,11 +1467,10 @@ enum { O_JSON = 256, O_MAP, O_WATCH, O_COUNT, O_TORCH, O_TRACE_CSV, O_TRACE_MAX,
 
 static bool parse_count(const char *s, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s || *end || !(s[0] >= '0' && s[0] <= '9'))
-		return false; /* strtoull takes spaces and a sign first */
+	const char *end;
+	uint64_t v;
+	if (vpmm_parse_digits(s, &v, &end) != 0 || *end)
+		return false;
 	*out = v;
 	return true;
 }
