@@ -1,7 +1,8 @@
 // vmm_costs.cu — what one handle operation costs the driver, and whether any
 // way of calling it costs less: per-handle vs one call over a range, a fresh
 // VA vs a VA that was mapped before, a second address for handles already
-// mapped, handle size, and the GPU busy with a kernel.
+// mapped, handle size, the GPU busy with a kernel, and how many handles the
+// context holds mapped already (the pool's replays hold thousands).
 //
 // The pool's replay time is made of these operations (docs/design.md,
 // "What peak <= 1.01 costs in driver time"); this program decides whether
@@ -127,6 +128,47 @@ static void sizes(size_t sz, const char *tag)
 	CU(cuMemAddressFree(c, sz * N));
 }
 
+// The 64-handle operations again, with `crowd` handles of `crowd_sz` already
+// mapped (and granted) in the context: is a handle operation's cost constant,
+// or does it grow with what the context holds? Same bytes in fewer, larger
+// handles tells the number of mappings from the bytes mapped.
+static void crowded(size_t g, size_t crowd, size_t crowd_sz, const char *tag)
+{
+	char name[96];
+	std::vector<CUmemGenericAllocationHandle> held(crowd), h(N);
+	CUdeviceptr base = 0, va;
+	if (crowd) {
+		make(held, crowd_sz);
+		CU(cuMemAddressReserve(&base, crowd * crowd_sz, 0, 0, 0));
+		for (size_t i = 0; i < crowd; i++)
+			CU(cuMemMap(base + i * crowd_sz, crowd_sz, 0, held[i], 0));
+		CU(cuMemSetAccess(base, crowd * crowd_sz, &access, 1));
+	}
+	CU(cuMemAddressReserve(&va, g * N, 0, 0, 0));
+	double t0 = now_us();
+	make(h, g);
+	snprintf(name, sizeof name, "crowd %s: create", tag);
+	report(name, now_us() - t0, N);
+	double m, s;
+	map_all(va, h, g, true, &m, &s);
+	snprintf(name, sizeof name, "crowd %s: map+access each", tag);
+	report(name, s, N);
+	snprintf(name, sizeof name, "crowd %s: unmap each", tag);
+	report(name, unmap_all(va, g, N, true), N);
+	t0 = now_us();
+	for (auto x : h)
+		CU(cuMemRelease(x));
+	snprintf(name, sizeof name, "crowd %s: release", tag);
+	report(name, now_us() - t0, N);
+	CU(cuMemAddressFree(va, g * N));
+	if (crowd) {
+		CU(cuMemUnmap(base, crowd * crowd_sz));
+		for (auto x : held)
+			CU(cuMemRelease(x));
+		CU(cuMemAddressFree(base, crowd * crowd_sz));
+	}
+}
+
 int main(void)
 {
 	CUdevice dev;
@@ -150,6 +192,13 @@ int main(void)
 		sizes(g, name);
 		sizes(16 * g, "32M");
 	}
+	// Up to 16 GiB held, as in the replays (llm_serving, training_varlen).
+	for (size_t k : {0, 1024, 4096, 8192}) {
+		snprintf(name, sizeof name, "%zu x %zuM", k, g >> 20);
+		crowded(g, k, g, name);
+	}
+	snprintf(name, sizeof name, "%d x %zuM", 512, (16 * g) >> 20);
+	crowded(g, 512, 16 * g, name);
 	// cudaMalloc for comparison, 2 MiB.
 	double t0 = now_us();
 	std::vector<void *> p(N);
