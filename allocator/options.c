@@ -593,16 +593,24 @@ static const char *size_text(size_t v, char *buf, size_t n)
 		return -EINVAL;                                               \
 	} while (0)
 
+void vpmm_config_units(const struct vpmm_config *cfg, size_t gran, struct vpmm_units *u)
+{
+	u->page = cfg->page_size ? cfg->page_size : gran;
+	u->handle = cfg->handle_size ? cfg->handle_size : u->page;
+	u->grain = cfg->grain && cfg->grain < u->page ? cfg->grain : u->page;
+}
+
 int vpmm_config_check(const struct vpmm_config *cfg, size_t gran, char *err, size_t errlen)
 {
 	char a[32], b[32];
+	struct vpmm_units u;
 	if (!gran)
 		CHECK_FAIL("the driver reports no allocation granularity");
-	size_t page = cfg->page_size ? cfg->page_size : gran;
+	vpmm_config_units(cfg, gran, &u);
+	size_t page = u.page, handle = u.handle, grain = u.grain;
 	if (page % gran)
 		CHECK_FAIL("VPMM_PAGE_SIZE=%s is not a multiple of the driver's granularity %s",
 			   size_text(page, a, sizeof a), size_text(gran, b, sizeof b));
-	size_t handle = cfg->handle_size ? cfg->handle_size : page;
 	if (handle % page)
 		CHECK_FAIL("VPMM_HANDLE_SIZE=%s is not a whole number of pages of %s "
 			   "(VPMM_PAGE_SIZE, else the driver's granularity)",
@@ -610,7 +618,6 @@ int vpmm_config_check(const struct vpmm_config *cfg, size_t gran, char *err, siz
 	if (!cfg->va_size || cfg->va_size > SIZE_MAX - page)
 		CHECK_FAIL("VPMM_VA_SIZE=%s: expected 1G to 16E, less a page",
 			   size_text(cfg->va_size, a, sizeof a));
-	size_t grain = cfg->grain && cfg->grain < page ? cfg->grain : page;
 	if (grain < 512 || (grain & (grain - 1)) || page % grain)
 		CHECK_FAIL("VPMM_GRAIN=%s: expected a power of two from 512 that divides the "
 			   "page of %s (or 0: whole pages)",

@@ -59,6 +59,16 @@ const char *vpmm_log_level_name(enum vpmm_log_level level);
  * for -EINVAL; the caller decides what may follow. */
 int vpmm_parse_digits(const char *s, uint64_t *out, const char **end);
 
+/* What a vpmm_config's page, handle and grain sizes are on a driver of
+ * granularity `gran`, its zeros (the defaults) resolved. One place, so that
+ * vpmm_config_check() judges the sizes the pool will use. */
+struct vpmm_units {
+	size_t page;   /* VPMM_PAGE_SIZE, else the granularity */
+	size_t handle; /* VPMM_HANDLE_SIZE, else one page */
+	size_t grain;  /* VPMM_GRAIN below the page, else the page */
+};
+void vpmm_config_units(const struct vpmm_config *cfg, size_t gran, struct vpmm_units *u);
+
 /* One entry of the options table, for documentation and --help. */
 struct vpmm_option_info {
 	const char *name;  /* "VPMM_PAGE_SIZE" */

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "options.h"
 #include "pool_internal.h"
 
 #define DRV(p, op, fn, ...)                                                   \
@@ -1768,13 +1769,14 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	rc = vpmm_config_check(cfg, gran, NULL, 0);
 	if (rc)
 		goto fail;
-	p->page = cfg->page_size ? cfg->page_size : gran;
-	if (!p->cfg.handle_size)
-		p->cfg.handle_size = p->page;
+	struct vpmm_units units;
+	vpmm_config_units(cfg, gran, &units);
+	p->page = units.page;
+	p->grain = units.grain;
+	p->cfg.page_size = units.page;
+	p->cfg.handle_size = units.handle;
+	p->cfg.grain = units.grain;
 	p->cfg.va_size = whole_pages(p, p->cfg.va_size);
-	p->cfg.page_size = p->page;
-	p->grain = p->cfg.grain && p->cfg.grain < p->page ? p->cfg.grain : p->page;
-	p->cfg.grain = p->grain;
 	p->st.page_size = p->page;
 	if (p->cfg.front_entries > VPMM_FRONT_MAX)
 		p->cfg.front_entries = VPMM_FRONT_MAX;
