@@ -35,6 +35,23 @@ static void report(const char *what, double us, int n)
 	fflush(stdout);
 }
 
+// "cost TAG WHAT": one case of one handle size.
+static void reportf(const char *tag, const char *what, double us)
+{
+	char name[96];
+	snprintf(name, sizeof name, "%s %s", tag, what);
+	report(name, us, N);
+}
+
+// Releases every handle of h; returns the µs it took.
+static double release_all(std::vector<CUmemGenericAllocationHandle> &h)
+{
+	double t0 = now_us();
+	for (auto x : h)
+		CU(cuMemRelease(x));
+	return now_us() - t0;
+}
+
 // Maps h at va, one handle after another; access per handle or once.
 static void map_all(CUdeviceptr va, std::vector<CUmemGenericAllocationHandle> &h,
 		    size_t sz, bool per_handle, double *map_us, double *acc_us)
@@ -73,12 +90,10 @@ __global__ void spin(long long cycles)
 
 static void sizes(size_t sz, const char *tag)
 {
-	char name[96];
 	std::vector<CUmemGenericAllocationHandle> h(N);
 	double t0 = now_us();
 	make(h, sz);
-	snprintf(name, sizeof name, "%s create", tag);
-	report(name, now_us() - t0, N);
+	reportf(tag, "create", now_us() - t0);
 
 	CUdeviceptr a, b, c;
 	CU(cuMemAddressReserve(&a, sz * N, 0, 0, 0));
@@ -87,42 +102,30 @@ static void sizes(size_t sz, const char *tag)
 	double m, s;
 
 	map_all(a, h, sz, false, &m, &s);
-	snprintf(name, sizeof name, "%s map, fresh VA", tag);
-	report(name, m, N);
-	snprintf(name, sizeof name, "%s access, one call over range", tag);
-	report(name, s, N);
+	reportf(tag, "map, fresh VA", m);
+	reportf(tag, "access, one call over range", s);
 
 	map_all(b, h, sz, true, &m, &s);
-	snprintf(name, sizeof name, "%s map+access each, 2nd address", tag);
-	report(name, s, N);
+	reportf(tag, "map+access each, 2nd address", s);
 
-	snprintf(name, sizeof name, "%s unmap, one call over range", tag);
-	report(name, unmap_all(a, sz, N, false), N);
+	reportf(tag, "unmap, one call over range", unmap_all(a, sz, N, false));
 
 	map_all(a, h, sz, true, &m, &s);
-	snprintf(name, sizeof name, "%s map+access each, reused VA", tag);
-	report(name, s, N);
-	snprintf(name, sizeof name, "%s unmap each", tag);
-	report(name, unmap_all(a, sz, N, true), N);
+	reportf(tag, "map+access each, reused VA", s);
+	reportf(tag, "unmap each", unmap_all(a, sz, N, true));
 
 	// The same with a kernel running on the device the whole time.
 	CUstream st;
 	CU(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
 	spin<<<1, 1, 0, (cudaStream_t)st>>>(2000000000LL);
 	map_all(c, h, sz, true, &m, &s);
-	snprintf(name, sizeof name, "%s map+access each, GPU busy", tag);
-	report(name, s, N);
-	snprintf(name, sizeof name, "%s unmap each, GPU busy", tag);
-	report(name, unmap_all(c, sz, N, true), N);
+	reportf(tag, "map+access each, GPU busy", s);
+	reportf(tag, "unmap each, GPU busy", unmap_all(c, sz, N, true));
 	CU(cuStreamSynchronize(st));
 	CU(cuStreamDestroy(st));
 
 	unmap_all(b, sz, N, false);
-	t0 = now_us();
-	for (auto x : h)
-		CU(cuMemRelease(x));
-	snprintf(name, sizeof name, "%s release", tag);
-	report(name, now_us() - t0, N);
+	reportf(tag, "release", release_all(h));
 	CU(cuMemAddressFree(a, sz * N));
 	CU(cuMemAddressFree(b, sz * N));
 	CU(cuMemAddressFree(c, sz * N));
@@ -134,7 +137,6 @@ static void sizes(size_t sz, const char *tag)
 // handles tells the number of mappings from the bytes mapped.
 static void crowded(size_t g, size_t crowd, size_t crowd_sz, const char *tag)
 {
-	char name[96];
 	std::vector<CUmemGenericAllocationHandle> held(crowd), h(N);
 	CUdeviceptr base = 0, va;
 	if (crowd) {
@@ -147,24 +149,16 @@ static void crowded(size_t g, size_t crowd, size_t crowd_sz, const char *tag)
 	CU(cuMemAddressReserve(&va, g * N, 0, 0, 0));
 	double t0 = now_us();
 	make(h, g);
-	snprintf(name, sizeof name, "crowd %s: create", tag);
-	report(name, now_us() - t0, N);
+	reportf(tag, "create", now_us() - t0);
 	double m, s;
 	map_all(va, h, g, true, &m, &s);
-	snprintf(name, sizeof name, "crowd %s: map+access each", tag);
-	report(name, s, N);
-	snprintf(name, sizeof name, "crowd %s: unmap each", tag);
-	report(name, unmap_all(va, g, N, true), N);
-	t0 = now_us();
-	for (auto x : h)
-		CU(cuMemRelease(x));
-	snprintf(name, sizeof name, "crowd %s: release", tag);
-	report(name, now_us() - t0, N);
+	reportf(tag, "map+access each", s);
+	reportf(tag, "unmap each", unmap_all(va, g, N, true));
+	reportf(tag, "release", release_all(h));
 	CU(cuMemAddressFree(va, g * N));
 	if (crowd) {
 		CU(cuMemUnmap(base, crowd * crowd_sz));
-		for (auto x : held)
-			CU(cuMemRelease(x));
+		release_all(held);
 		CU(cuMemAddressFree(base, crowd * crowd_sz));
 	}
 }
@@ -194,10 +188,10 @@ int main(void)
 	}
 	// Up to 16 GiB held, as in the replays (llm_serving, training_varlen).
 	for (size_t k : {0, 1024, 4096, 8192}) {
-		snprintf(name, sizeof name, "%zu x %zuM", k, g >> 20);
+		snprintf(name, sizeof name, "crowd %zu x %zuM:", k, g >> 20);
 		crowded(g, k, g, name);
 	}
-	snprintf(name, sizeof name, "%d x %zuM", 512, (16 * g) >> 20);
+	snprintf(name, sizeof name, "crowd %d x %zuM:", 512, (16 * g) >> 20);
 	crowded(g, 512, 16 * g, name);
 	// cudaMalloc for comparison, 2 MiB.
 	double t0 = now_us();
