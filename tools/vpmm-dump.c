@@ -1188,6 +1188,28 @@ static bool parse_trace_line(char *line, struct tev *ev)
 	return hex_field(f[3], &ev->ptr) && hex_field(f[5], &ev->stream);
 }
 
+/* One line of f into line (n bytes, NUL-terminated): its length, NUL bytes
+ * and the newline counted, or -1 at the end. fgets cannot tell a line
+ * holding a NUL byte from a short one: strlen stops at the NUL, and the
+ * newline is already read. A line longer than n - 1 bytes is read to its
+ * end without being held, and *cut set. */
+static ssize_t trace_line(FILE *f, char *line, size_t n, bool *cut)
+{
+	size_t len = 0;
+	int c = EOF;
+	*cut = false;
+	while (!interrupted && (c = getc_unlocked(f)) != EOF) {
+		if (len < n - 1)
+			line[len++] = (char)c;
+		else
+			*cut = true;
+		if (c == '\n')
+			break;
+	}
+	line[len] = '\0';
+	return len || c != EOF ? (ssize_t)len : -1;
+}
+
 static int read_trace(const char *path, size_t max, struct trace *tr, char *err, size_t errlen)
 {
 	memset(tr, 0, sizeof(*tr));
@@ -1206,15 +1228,13 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 	/* A trace line is under 128 bytes; one past this is not a trace
 	 * line, and is skipped without being held (a /dev/zero, a 1 GB line). */
 	char line[512];
-	bool header = true;
-	while (fgets(line, sizeof(line), f)) {
-		size_t len = strlen(line);
+	bool header = true, cut;
+	ssize_t got;
+	while ((got = trace_line(f, line, sizeof(line), &cut)) >= 0) {
+		size_t len = (size_t)got;
 		if (interrupted)
 			break;
-		if (len == sizeof(line) - 1 && line[len - 1] != '\n') {
-			int c;
-			while ((c = getc(f)) != EOF && c != '\n' && !interrupted)
-				;
+		if (cut) {
 			tr->skipped++;
 			header = false;
 			continue;
@@ -1224,12 +1244,9 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 			if (strncmp(line, "Thread,Time,Action,Pointer,Size,Stream", 38) == 0)
 				continue;
 		}
-		if (!len || line[len - 1] != '\n') {
-			if (feof(f))
-				break; /* the last line, being written right now */
-			int c; /* a NUL byte inside: a malformed line */
-			while ((c = getc(f)) != EOF && c != '\n')
-				;
+		if (!len || line[len - 1] != '\n')
+			break; /* the last line, being written right now */
+		if (strlen(line) != len) { /* a NUL byte inside: a malformed line */
 			tr->skipped++;
 			continue;
 		}

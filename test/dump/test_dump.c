@@ -1019,6 +1019,152 @@ Test(dump, hostile_replies_and_bad_values)
 	cr_assert_eq(system(cmd), 0);
 }
 
+/* A map reply of one pool, one chunk and one live page: enough for
+ * --torch-snapshot, whose trace then comes from --trace-csv alone. */
+static const char one_page_map[] =
+	"{\"protocol\":1,\"ok\":true,\"pid\":1,\"pools\":[{\"device\":0,"
+	"\"config\":{\"page_size\":65536},\"stats\":{\"live\":65536,\"mapped\":65536},"
+	"\"chunks\":[{\"index\":0,\"va\":0,\"size\":1048576}],"
+	"\"regions\":[{\"va\":0,\"size\":65536,\"kind\":\"live\",\"chunk\":0}]}]}\n";
+
+/* The number in "..., N trace events" of vpmm-dump's --torch-snapshot line,
+ * or -1 if that line is missing. */
+static long trace_events_said(const char *err)
+{
+	const char *p = strstr(err, " trace events");
+	if (!p)
+		return -1;
+	while (p > err && p[-1] >= '0' && p[-1] <= '9')
+		p--;
+	return strtol(p, NULL, 10);
+}
+
+/* A NUL byte makes a line malformed even when the bytes before it parse:
+ * fgets and strlen would see a short valid line there. The line is
+ * skipped and counted, and the lines around it are all kept (its newline
+ * is not taken for the end of a longer line, eating the next one). */
+Test(dump, trace_csv_lines_with_nul_bytes_are_skipped)
+{
+	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char path[128], csv[128], snap[128];
+	snprintf(path, sizeof(path), "%s/f.sock", dir);
+	snprintf(csv, sizeof(csv), "%s/trace.csv", dir);
+	snprintf(snap, sizeof(snap), "%s/snap.pickle", dir);
+	static const char text[] =
+		"Thread,Time,Action,Pointer,Size,Stream\n"
+		"1,00:00:01.000001,allocate,0x10000,65536,0x0\n"
+		"1,00:00:01.000002,allocate,0x20000,65536,0x0\0tail\n"
+		"1,00:00:01.000003,free,0x10000,65536,0x0\n"
+		"1,00:00:01.000004,allocate,0x30000,4096,0x0\n";
+	FILE *f = fopen(csv, "wb");
+	cr_assert_not_null(f);
+	cr_assert_eq(fwrite(text, 1, sizeof(text) - 1, f), sizeof(text) - 1);
+	/* Around it, the other lines the reader bounds: one too long to be a
+	 * trace line (skipped too), and a last line still being written (no
+	 * newline yet: neither an event nor malformed). */
+	fprintf(f, "1,00:00:01.000005,allocate,0x40000,%0600d,0x0\n", 7);
+	fputs("1,00:00:01.000006,allocate,0x50000,4096,0x0\n", f);
+	fputs("1,00:00:01.000007,allocate,0x60000,4096,0x", f);
+	cr_assert_eq(fclose(f), 0);
+
+	const char *const replies[] = {one_page_map, "{\"protocol\":1,\"ok\":true}\n", NULL};
+	struct fake_seq fs;
+	struct run r;
+	ask_fake(path, replies,
+		 (char *[]){VPMM_DUMP, "--socket", path, "--torch-snapshot", snap, "--trace-csv",
+			    csv, NULL},
+		 &r, &fs);
+	cr_expect_eq(r.status, 0, "status %d: %s", r.status, r.err);
+	cr_expect_eq(trace_events_said(r.err), 4, "not the 4 valid events: %s", r.err);
+	cr_expect(strstr(r.err, ": 2 malformed trace lines skipped"), "%s", r.err);
+	if (have_file(PYTHON3)) {
+		/* three allocations and a free (requested, completed): 5 entries */
+		run_free(&r);
+		run((char *[]){PYTHON3, TEST_DIR "/check_snapshot.py", snap, "65536", "65536", "5",
+			       NULL},
+		    &r);
+		cr_expect_eq(r.status, 0, "check_snapshot.py: %s%s", r.out, r.err);
+	}
+	run_free(&r);
+
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* --json is for programs: names come out exactly as the process gave them
+ * (escaped, not altered); text is for a terminal: no control byte of a
+ * name reaches it, while UTF-8 (a user's file names) is still shown. The
+ * names: the command (/proc/PID/comm), the socket path, the reply's strings
+ * and keys. */
+Test(dump, json_keeps_names_exact_and_text_makes_them_printable)
+{
+	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char path[128];
+	snprintf(path, sizeof(path), "%s/s\001\xc3\xa9.sock", dir);
+	/* The reply's pid is ours: its comm is what vpmm-dump reads. */
+	static const char comm[] = "vd\001\033\xc3\xa9x";
+	char old_comm[16] = "";
+	cr_assert_eq(prctl(PR_GET_NAME, old_comm), 0);
+	cr_assert_eq(prctl(PR_SET_NAME, comm), 0);
+	char map[1024];
+	snprintf(map, sizeof(map),
+		 "{\"protocol\":1,\"ok\":true,\"pid\":%ld,\"pools\":[{\"device\":0,"
+		 "\"config\":{\"page_size\":65536},\"stats\":{\"live\":0,"
+		 "\"evil\\u0001\xc3\xa9\":3},\"chunks\":[],\"regions\":[]}]}\n",
+		 (long)getpid());
+	const char *config = "{\"protocol\":1,\"ok\":true,\"trace\":\"/t/\\u001b]0;x\\u0007"
+			     "\xc3\xa9.csv\"}\n";
+	const char *const replies[] = {map, config, NULL};
+	struct fake_seq fs;
+	struct run r;
+
+	ask_fake(path, replies, (char *[]){VPMM_DUMP, "--socket", path, "--json", NULL}, &r, &fs);
+	cr_expect_eq(r.status, 0, "--json: status %d: %s", r.status, r.err);
+	size_t len = strlen(r.out);
+	cr_expect(len && r.out[len - 1] == '\n', "--json: not one line: %s", r.out);
+	for (size_t i = 0; i + 1 < len; i++)
+		cr_expect((unsigned char)r.out[i] >= 0x20 && r.out[i] != 0x7f,
+			  "--json: a raw control byte 0x%02x at %zu (not escaped)",
+			  (unsigned char)r.out[i], i);
+	struct json doc;
+	char perr[128];
+	cr_assert_eq(json_parse(r.out, len ? len - 1 : 0, &doc, perr, sizeof(perr)), 0,
+		     "--json: not JSON (%s): %s", perr, r.out);
+	const char *got = json_str(json_get(&doc, "command"));
+	cr_expect(got && !strcmp(got, comm), "--json: command altered: %s", r.out);
+	got = json_str(json_get(&doc, "socket"));
+	cr_expect(got && !strcmp(got, path), "--json: socket altered: %s", r.out);
+	got = json_str(json_get(json_get(&doc, "process"), "trace"));
+	cr_expect(got && !strcmp(got, "/t/\033]0;x\007\xc3\xa9.csv"), "--json: trace altered: %s",
+		  r.out);
+	const struct json *pools = json_get(&doc, "pools");
+	cr_assert(pools && pools->type == JSON_ARRAY && pools->n == 1, "%s", r.out);
+	const struct json *stats = json_get(&pools->items[0], "stats");
+	cr_expect(json_get(stats, "evil\001\xc3\xa9") != NULL, "--json: stats key altered: %s",
+		  r.out);
+	json_free(&doc);
+	run_free(&r);
+
+	ask_fake(path, replies, (char *[]){VPMM_DUMP, "--socket", path, NULL}, &r, &fs);
+	cr_expect_eq(r.status, 0, "text: status %d: %s", r.status, r.err);
+	for (const char *c = r.out; *c; c++)
+		cr_expect(((unsigned char)*c >= 0x20 && *c != 0x7f) || *c == '\n',
+			  "text: a control byte 0x%02x at %td: %s", (unsigned char)*c, c - r.out,
+			  r.out);
+	cr_expect(strstr(r.out, "\xc3\xa9.sock"), "text: the socket's UTF-8 name is lost: %s",
+		  r.out);
+	cr_expect(strstr(r.out, "\xc3\xa9x"), "text: the command's UTF-8 is lost: %s", r.out);
+	run_free(&r);
+
+	cr_assert_eq(prctl(PR_SET_NAME, old_comm), 0);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
 /* ---- hostile clients ------------------------------------------------------------ */
 
 #define FLOOD_REQUESTS 100000
