@@ -242,6 +242,42 @@ Test(replay, config_defaults_come_from_the_environment)
 	run_free(&r);
 }
 
+/* Settings that read well alone but make no pool (against the simulated
+ * device's 2M granularity, or each other): exit 1 before any replay, and
+ * the message names the variable at fault with its value, whether it came
+ * from the command line or the environment. */
+Test(replay, a_pool_the_settings_cannot_make_names_the_setting)
+{
+	const char *log = spec_log();
+	static const struct {
+		const char *arg[3], *env, *says;
+	} bad[] = {
+		{{"--page-size", "3M", NULL}, NULL,
+		 "VPMM_PAGE_SIZE=3M is not a multiple of the driver's granularity 2M"},
+		{{"--granularity", "1G", NULL}, "VPMM_PAGE_SIZE=512M",
+		 "VPMM_PAGE_SIZE=512M is not a multiple of the driver's granularity 1G"},
+		{{NULL}, "VPMM_HANDLE_SIZE=3M", "VPMM_HANDLE_SIZE=3M is not a whole number of pages"},
+		{{"--grain", "256", NULL}, NULL, "VPMM_GRAIN=256: expected a power of two from 512"},
+		{{NULL}, "VPMM_GRAIN=256", "VPMM_GRAIN=256: expected a power of two from 512"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *args[5];
+		size_t n = 0;
+		for (size_t k = 0; k < 2 && bad[i].arg[k]; k++)
+			args[n++] = bad[i].arg[k];
+		args[n++] = log;
+		args[n] = NULL;
+		struct run r = replay(args, (const char *[]){bad[i].env, NULL});
+		cr_expect_eq(r.status, 1, "case %zu: exit %d: %s", i, r.status, r.err);
+		cr_expect(strstr(r.err, "vpmm-replay: cannot create the pool: "), "case %zu: %s", i,
+			  r.err);
+		cr_expect(strstr(r.err, bad[i].says), "case %zu: \"%s\" does not say \"%s\"", i, r.err,
+			  bad[i].says);
+		cr_expect_str_empty(r.out, "case %zu: a report without a pool", i);
+		run_free(&r);
+	}
+}
+
 Test(replay, text_output)
 {
 	const char *log = spec_log();
