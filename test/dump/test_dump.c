@@ -991,13 +991,20 @@ Test(dump, hostile_replies_and_bad_values)
 	cr_expect_str_eq(f.got[0], "vpmm 1 trim 1073741824");
 	run_free(&r);
 
-	/* a reply with no protocol at all is malformed, not another version;
-	 * a path that is not a socket is not a stale one */
-	const char *const empty[] = {"{}\n", NULL};
-	ask_fake(path, empty, (char *[]){VPMM_DUMP, "--socket", path, NULL}, &r, &f);
-	cr_expect_eq(r.status, 1, "{}: status %d: %s", r.status, r.err);
-	cr_expect(strstr(r.err, "malformed reply"), "%s", r.err);
-	run_free(&r);
+	/* a reply with no protocol at all is malformed, not another version,
+	 * and so is one whose protocol is no version (0, a string): only a
+	 * real version asks for another vpmm-dump; a path that is not a
+	 * socket is not a stale one */
+	static const char *const no_version[] = {"{}\n", "{\"protocol\":0,\"ok\":true}\n",
+						 "{\"protocol\":\"1\",\"ok\":true}\n"};
+	for (size_t i = 0; i < sizeof(no_version) / sizeof(no_version[0]); i++) {
+		const char *const reply[] = {no_version[i], NULL};
+		ask_fake(path, reply, (char *[]){VPMM_DUMP, "--socket", path, NULL}, &r, &f);
+		cr_expect_eq(r.status, 1, "%s: status %d: %s", no_version[i], r.status, r.err);
+		cr_expect(strstr(r.err, "malformed reply (no protocol version)"), "%s: %s",
+			  no_version[i], r.err);
+		run_free(&r);
+	}
 	run((char *[]){VPMM_DUMP, "--socket", "/etc/passwd", NULL}, &r);
 	cr_expect_eq(r.status, 1, "a regular file: status %d", r.status);
 	cr_expect(strstr(r.err, "not a socket"), "%s", r.err);
