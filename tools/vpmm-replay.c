@@ -735,7 +735,8 @@ static void usage(FILE *f)
 "Stream 0 is the default stream, 0xffffffffffffffff means no stream order\n"
 "(cudaMalloc/cudaFree in a VPMM_TRACE), every other value is a stream of its own.\n"
 "\n"
-"Pool options (defaults: the VPMM_* variables, else the library's defaults):\n"
+"Pool options (defaults: the VPMM_* variables, else the library's defaults;\n"
+"each stands for its variable and is checked by the same rules):\n"
 "  --page-size SIZE      page size (default: the granularity)\n"
 "  --va-size SIZE        VA reserved per chunk (default 8T)\n"
 "  --pages N             pages mapped at creation (default 0)\n"
@@ -797,6 +798,74 @@ static bool count_arg(const char *opt, const char *s, uint64_t *out)
 	return false;
 }
 
+/* The pool options, by the VPMM_* variable each one stands for. Their values
+ * are read through the options table, as the environment's are, so that
+ * --page-size 3M and VPMM_PAGE_SIZE=3M are judged alike (they were not: the
+ * option took a page that is no power of two, and a VA of 1K). */
+static const struct {
+	int opt;
+	const char *var;
+} pool_opts[] = {
+	{ O_PAGE_SIZE, "VPMM_PAGE_SIZE" },
+	{ O_VA_SIZE, "VPMM_VA_SIZE" },
+	{ O_PAGES, "VPMM_PAGES" },
+	{ O_HANDLE_SIZE, "VPMM_HANDLE_SIZE" },
+	{ O_GRAIN, "VPMM_GRAIN" },
+	{ O_SMALL_MAX, "VPMM_SMALL_MAX" },
+	{ O_LIMIT, "VPMM_LIMIT" },
+	{ O_DEFRAG, "VPMM_DEFRAG" },
+	{ O_EVENT_INTERVAL, "VPMM_EVENT_INTERVAL_US" },
+	{ O_FRONT, "VPMM_FRONT_ENTRIES" },
+};
+#define NPOOL_OPTS (sizeof(pool_opts) / sizeof(pool_opts[0]))
+static const char *pool_given[NPOOL_OPTS]; /* the option's text, or NULL */
+
+static const char *pool_getenv(const char *name)
+{
+	for (size_t i = 0; i < NPOOL_OPTS; i++) {
+		if (strcmp(name, pool_opts[i].var) != 0)
+			continue;
+		if (pool_given[i])
+			return pool_given[i];
+		/* One thread replays: the per-stream caches only add the lag
+		 * of their flush to cross-stream reuse, so the replay measures
+		 * the pool itself unless --front asks for them. */
+		if (pool_opts[i].opt == O_FRONT)
+			return "0";
+	}
+	return getenv(name);
+}
+
+/* Stores a pool option's value; false for an empty one, which the
+ * environment would take for "the default". */
+static bool pool_arg(int opt, const char *name, const char *value)
+{
+	for (size_t i = 0; i < NPOOL_OPTS; i++)
+		if (pool_opts[i].opt == opt) {
+			if (!*value) {
+				fprintf(stderr, "vpmm-replay: --%s: an empty value\n", name);
+				return false;
+			}
+			pool_given[i] = value;
+			return true;
+		}
+	return false;
+}
+
+/* The option a message about `var` came from, for the reader's sake. */
+static const char *option_of(const char *msg, const struct option *longopts)
+{
+	for (size_t i = 0; i < NPOOL_OPTS; i++) {
+		size_t n = strlen(pool_opts[i].var);
+		if (!pool_given[i] || strncmp(msg, pool_opts[i].var, n) != 0 || msg[n] != '=')
+			continue;
+		for (size_t k = 0; longopts[k].name; k++)
+			if (longopts[k].val == pool_opts[i].opt)
+				return longopts[k].name;
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -822,18 +891,11 @@ int main(int argc, char **argv)
 	struct vpmm_host_options host = { .granularity = 2u << 20,
 					  .capacity = (size_t)1 << 50,
 					  .unbacked = true };
-	uint64_t complete_every = 1, n;
+	uint64_t complete_every = 1;
 	bool json = false, check = false;
 	char err[256];
 	int c;
 
-	if (vpmm_config_from_env(&cfg, NULL, err, sizeof(err))) {
-		fprintf(stderr, "vpmm-replay: %s\n", err);
-		return EXIT_INPUT;
-	}
-	/* One thread replays: the per-stream caches only add the lag of their
-	 * flush to cross-stream reuse, so the replay measures the pool itself. */
-	cfg.front_entries = 0;
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
 		const char *name = NULL;
 		for (size_t i = 0; longopts[i].name; i++)
@@ -843,47 +905,21 @@ int main(int argc, char **argv)
 		snprintf(opt, sizeof(opt), "--%s", name ? name : "?");
 		bool ok = true;
 		switch (c) {
-		case O_PAGE_SIZE: ok = size_arg(opt, optarg, &cfg.page_size); break;
-		case O_VA_SIZE: ok = size_arg(opt, optarg, &cfg.va_size); break;
-		case O_HANDLE_SIZE: ok = size_arg(opt, optarg, &cfg.handle_size); break;
-		case O_GRAIN: ok = size_arg(opt, optarg, &cfg.grain); break;
-		case O_SMALL_MAX: ok = size_arg(opt, optarg, &cfg.small_max); break;
-		case O_LIMIT: ok = size_arg(opt, optarg, &cfg.limit); break;
+		case O_PAGE_SIZE:
+		case O_VA_SIZE:
+		case O_PAGES:
+		case O_HANDLE_SIZE:
+		case O_GRAIN:
+		case O_SMALL_MAX:
+		case O_LIMIT:
+		case O_DEFRAG:
+		case O_EVENT_INTERVAL:
+		case O_FRONT:
+			ok = pool_arg(c, name, optarg);
+			break;
 		case O_GRANULARITY: ok = size_arg(opt, optarg, &host.granularity); break;
 		case O_CAPACITY: ok = size_arg(opt, optarg, &host.capacity); break;
-		case O_PAGES:
-			ok = count_arg(opt, optarg, &n) && n <= SIZE_MAX;
-			cfg.initial_pages = ok ? (size_t)n : 0;
-			break;
-		case O_EVENT_INTERVAL:
-			ok = count_arg(opt, optarg, &n);
-			if (ok && n > UINT64_MAX / 1000) {
-				fprintf(stderr, "vpmm-replay: %s: too large\n", opt);
-				ok = false;
-			}
-			cfg.event_interval_ns = ok ? n * 1000 : 0;
-			break;
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
-		case O_FRONT:
-			ok = count_arg(opt, optarg, &n);
-			if (ok && n > VPMM_FRONT_ENTRIES_MAX) {
-				fprintf(stderr, "vpmm-replay: %s: at most %u\n", opt,
-					VPMM_FRONT_ENTRIES_MAX);
-				ok = false;
-			}
-			cfg.front_entries = ok ? (unsigned)n : 0;
-			break;
-		case O_DEFRAG:
-			if (strcmp(optarg, "lacking") == 0) {
-				cfg.defrag = VPMM_DEFRAG_LACKING;
-			} else if (strcmp(optarg, "all") == 0) {
-				cfg.defrag = VPMM_DEFRAG_ALL;
-			} else {
-				fprintf(stderr, "vpmm-replay: --defrag \"%s\": expected "
-						"lacking or all\n", optarg);
-				ok = false;
-			}
-			break;
 		case O_JSON: json = true; break;
 		case O_CHECK: check = true; break;
 		case 'h':
@@ -902,8 +938,10 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return EXIT_INPUT;
 	}
-	if (cfg.va_size == 0) {
-		fprintf(stderr, "vpmm-replay: --va-size must be greater than 0\n");
+	if (vpmm_config_from_env(&cfg, pool_getenv, err, sizeof(err))) {
+		const char *o = option_of(err, longopts);
+		fprintf(stderr, "vpmm-replay: %s%s%s%s\n", o ? "--" : "", o ? o : "", o ? ": " : "",
+			err);
 		return EXIT_INPUT;
 	}
 

@@ -252,8 +252,8 @@ Test(replay, a_pool_the_settings_cannot_make_names_the_setting)
 	static const struct {
 		const char *arg[3], *env, *says;
 	} bad[] = {
-		{{"--page-size", "3M", NULL}, NULL,
-		 "VPMM_PAGE_SIZE=3M is not a multiple of the driver's granularity 2M"},
+		{{"--page-size", "1M", NULL}, NULL,
+		 "VPMM_PAGE_SIZE=1M is not a multiple of the driver's granularity 2M"},
 		{{"--granularity", "1G", NULL}, "VPMM_PAGE_SIZE=512M",
 		 "VPMM_PAGE_SIZE=512M is not a multiple of the driver's granularity 1G"},
 		{{NULL}, "VPMM_HANDLE_SIZE=3M", "VPMM_HANDLE_SIZE=3M is not a whole number of pages"},
@@ -276,6 +276,59 @@ Test(replay, a_pool_the_settings_cannot_make_names_the_setting)
 		cr_expect_str_empty(r.out, "case %zu: a report without a pool", i);
 		run_free(&r);
 	}
+}
+
+/* An option and its variable are one setting: the same value is refused the
+ * same way, as bad usage, whichever way it came (the options once took a
+ * page of 3M and a VA of 1K that the variables refuse). */
+Test(replay, an_option_is_judged_as_its_variable)
+{
+	const char *log = spec_log();
+	static const struct {
+		const char *opt, *var, *value, *says;
+	} bad[] = {
+		{"--page-size", "VPMM_PAGE_SIZE", "3M", "must be a power of two"},
+		{"--va-size", "VPMM_VA_SIZE", "1K", "must be at least 1G"},
+		{"--defrag", "VPMM_DEFRAG", "some", "expected one of: lacking, all"},
+		{"--pages", "VPMM_PAGES", "-1", "VPMM_PAGES=\"-1\""},
+		{"--event-interval-us", "VPMM_EVENT_INTERVAL_US", "18446744073709552", "too large"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char env[96];
+		snprintf(env, sizeof(env), "%s=%s", bad[i].var, bad[i].value);
+		struct run by_env = replay((const char *[]){ log, NULL }, (const char *[]){ env, NULL });
+		struct run by_opt = replay((const char *[]){ bad[i].opt, bad[i].value, log, NULL }, NULL);
+		cr_expect_eq(by_env.status, 2, "%s: exit %d: %s", env, by_env.status, by_env.err);
+		cr_expect_eq(by_opt.status, 2, "%s %s: exit %d: %s", bad[i].opt, bad[i].value,
+			     by_opt.status, by_opt.err);
+		cr_expect(strstr(by_env.err, bad[i].says), "%s: \"%s\" does not say \"%s\"", env,
+			  by_env.err, bad[i].says);
+		cr_expect(strstr(by_opt.err, bad[i].says) && strstr(by_opt.err, bad[i].opt),
+			  "%s %s: \"%s\" does not name the option and say \"%s\"", bad[i].opt,
+			  bad[i].value, by_opt.err, bad[i].says);
+		cr_expect_str_empty(by_opt.out, "%s: a report for a refused setting", bad[i].opt);
+		run_free(&by_env);
+		run_free(&by_opt);
+	}
+	/* The replay measures the pool without the per-stream caches unless
+	 * --front asks for them: VPMM_FRONT_ENTRIES is not read, the option
+	 * is judged by its rule. */
+	struct run f = replay((const char *[]){ "--front", "300", log, NULL }, NULL);
+	cr_expect_eq(f.status, 2, "--front 300: exit %d: %s", f.status, f.err);
+	cr_expect(strstr(f.err, "--front: VPMM_FRONT_ENTRIES=\"300\": must be at most 256"), "%s",
+		  f.err);
+	run_free(&f);
+	f = replay((const char *[]){ log, NULL }, (const char *[]){ "VPMM_FRONT_ENTRIES=300", NULL });
+	cr_expect_eq(f.status, 0, "VPMM_FRONT_ENTRIES=300 read: exit %d: %s", f.status, f.err);
+	run_free(&f);
+
+	/* The option stands in for its variable: a bad value of the variable
+	 * it replaces is never read. */
+	struct run r = replay((const char *[]){ "--page-size", "1G", "--json", log, NULL },
+			      (const char *[]){ "VPMM_PAGE_SIZE=3M", NULL });
+	cr_expect_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "page_size"), GiB, "%s", r.out);
+	run_free(&r);
 }
 
 Test(replay, text_output)
