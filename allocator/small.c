@@ -6,7 +6,8 @@
  * a block freed on that stream is reused at once in stream order. A block
  * freed on another stream waits, as a "deferred" block, for an event of that
  * stream before it is reused. An empty slab goes back to the pool on its
- * stream, keeping one per class and stream to avoid churn.
+ * stream, but for one per class, pool-wide, kept to avoid churn (see
+ * keep_or_release).
  *
  * Classes: multiples of 512 B up to 4 KiB, then four steps per doubling, up
  * to the pool's grain; a slab spans enough grains to hold at least 8 blocks. Everything here runs
@@ -60,6 +61,11 @@ struct small_state {
 	 * freed while the pool lives, since a lock-free free may still hold
 	 * one it read from its region (front.c). Chained by `next`. */
 	struct small_slab *spare[MAX_CLASSES];
+	/* The one slab of each class allowed to stay empty: NULL or a live
+	 * slab of that class, which may have blocks out again since (its
+	 * owner took one). Every slab of the class with no block out (none
+	 * handed out, parked or deferred) is this one: vpmm_pool_check(). */
+	struct small_slab *kept[MAX_CLASSES];
 	size_t slabs;
 	size_t deferred; /* blocks waiting for another stream's work */
 };
@@ -245,6 +251,8 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 static void slab_release(vpmm_pool *p, struct small_slab *sl)
 {
 	struct small_slab **head = partial_list(p, sl->owner, sl->cls);
+	if (st_of(p)->kept[sl->cls] == sl)
+		st_of(p)->kept[sl->cls] = NULL;
 	if (sl->listed && head)
 		list_del(head, sl);
 	st_of(p)->slabs--;
@@ -286,17 +294,46 @@ int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 	return 0;
 }
 
-/* An empty slab is returned unless it is the only one with room left in its
- * list: a workload hovering around one block must not take and give a page
- * on every call. */
-static void maybe_release(vpmm_pool *p, struct small_slab *sl)
+static bool slab_empty(const struct small_slab *sl)
 {
-	if (sl->nfree != sl->nblocks || sl->deferred)
-		return;
+	return sl->nfree == sl->nblocks && !sl->deferred;
+}
+
+/* An empty slab is kept only if it is the only one with room left in its
+ * list, so that a workload hovering around one block does not take and
+ * give a slab on every call, and only one such slab per class is kept in
+ * the whole pool. Kept per stream, the empty slabs added up: a program
+ * with many streams held one per class and stream (64 streams each using
+ * every class once: 240 MiB mapped at peak against 3.75 MiB for one
+ * stream; test_small.c), and only the last resort before out-of-memory
+ * gave them back. A slab given back becomes free memory pending on its
+ * stream, which the pool's stream order lets any stream reuse, so none is
+ * handed from stream to stream here.
+ *
+ * `newest`: sl was emptied just now by a free on its list; it replaces a
+ * kept slab of another stream that is still empty, and that one goes back:
+ * the stream that freed last is the likelier to allocate the class again,
+ * and the older slab's work is the likelier to have completed, so that its
+ * memory settles for any stream sooner. A sweep keeps the kept one. An
+ * empty slab of a destroyed stream is never kept: it can have no malloc
+ * again. */
+static void keep_or_release(vpmm_pool *p, struct small_slab *sl, bool newest)
+{
+	struct small_state *s = st_of(p);
+	struct small_slab *kept = s->kept[sl->cls];
 	struct small_slab **head = partial_list(p, sl->owner, sl->cls);
-	if (head && *head == sl && !sl->next)
+	bool alone = head && *head == sl && !sl->next;
+	bool dead = sl->owner && sl->owner->dead;
+	bool other = kept && kept != sl && slab_empty(kept);
+	if (!slab_empty(sl))
 		return;
-	slab_release(p, sl);
+	if (!alone || dead || (other && !newest)) {
+		slab_release(p, sl);
+		return;
+	}
+	if (other)
+		slab_release(p, kept); /* another list's: sl's is untouched */
+	s->kept[sl->cls] = sl;
 }
 
 int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
@@ -339,14 +376,14 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		if (head)
 			list_add(head, sl);
 	}
-	maybe_release(p, sl);
+	keep_or_release(p, sl, true);
 	return 0;
 }
 
 /* Visit every listed slab: blocks deferred to a stream whose work completed
  * become free; empty slabs go back. `all` (the last resort before an
  * allocation fails): wait for deferred blocks and return every empty slab;
- * else keep the last of each list. Returns how many went back. */
+ * else keep one per class (keep_or_release). Returns how many went back. */
 static size_t sweep_list(vpmm_pool *p, struct small_slab **head, bool all)
 {
 	size_t n = 0;
@@ -354,17 +391,14 @@ static size_t sweep_list(vpmm_pool *p, struct small_slab **head, bool all)
 		next = sl->next;
 		if (sl->deferred)
 			drain_deferred(p, sl, all);
-		if (!all) {
-			if (sl->nfree == sl->nblocks && !sl->deferred && (sl != *head || sl->next)) {
-				slab_release(p, sl);
-				n++;
-			}
+		if (!slab_empty(sl))
 			continue;
-		}
-		if (sl->nfree == sl->nblocks && !sl->deferred) {
+		size_t before = st_of(p)->slabs;
+		if (all)
 			slab_release(p, sl);
-			n++;
-		}
+		else
+			keep_or_release(p, sl, false); /* releases sl or nothing */
+		n += before - st_of(p)->slabs;
 	}
 	return n;
 }
@@ -464,9 +498,11 @@ int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
 {
 	struct small_state *s = st_of(p);
-	size_t bad = 0, slabs = 0;
+	size_t bad = 0, slabs = 0, kept = 0, kept_found = 0;
 	if (!s)
 		return 0;
+	for (unsigned c = 0; c < s->nclasses; c++)
+		kept += s->kept[c] != NULL;
 	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n; n = vpmm_tree_next(n)) {
 		const struct region *r = vpmm_container_of(n, struct region, by_va);
 		const struct small_slab *sl = r->small;
@@ -484,6 +520,20 @@ size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
 				fprintf(log, "vpmm check: slab at %#llx inconsistent\n",
 					(unsigned long long)r->va);
 		}
+		if (sl->cls < s->nclasses && s->kept[sl->cls] == sl) {
+			kept_found++;
+		} else if (!set && !sl->deferred) {
+			bad++; /* empty slabs would add up over streams */
+			if (log)
+				fprintf(log, "vpmm check: empty slab at %#llx kept beside "
+					"the class's kept one\n", (unsigned long long)r->va);
+		}
+	}
+	if (kept_found != kept) {
+		bad++;
+		if (log)
+			fprintf(log, "vpmm check: %zu kept empty slabs named, %zu of them live\n",
+				kept, kept_found);
 	}
 	if (slabs != s->slabs) {
 		bad++;

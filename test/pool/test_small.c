@@ -191,3 +191,73 @@ Test(small, classes_cover_everything_under_a_page)
 	sfree(big, 0);
 	pt_close(&t);
 }
+
+/* One small block of every class on each of `nstreams` streams, freed on
+ * its stream; `complete`: each stream's work then completes, as a program's
+ * streams do sooner or later. Returns the pool's peak of mapped bytes. */
+static uint64_t peak_mapped_over_streams(unsigned nstreams, unsigned front, bool complete)
+{
+	struct pt u;
+	struct pt_setup su = {.small_max = SIZE_MAX, .va_pages = 16384,
+			      .front_entries = front};
+	pt_open(&u, &su);
+	for (unsigned i = 0; i < nstreams; i++) {
+		CUstream s = vpmm_host_stream_create(u.drv);
+		CUdeviceptr blk[128];
+		unsigned n = 0;
+		for (size_t want = 1; want < u.page && n < 128;) {
+			size_t size = 0;
+			cr_assert_eq(vpmm_pool_malloc(u.pool, want, s, &blk[n]), 0);
+			cr_assert_eq(vpmm_pool_find(u.pool, blk[n], NULL, &size), 0);
+			n++;
+			want = size + 1; /* the next class */
+		}
+		PT_CHECK(&u);
+		for (unsigned k = 0; k < n; k++)
+			cr_assert_eq(vpmm_pool_free(u.pool, blk[k], s), 0);
+		PT_CHECK(&u);
+		if (complete)
+			vpmm_host_stream_complete(u.drv, s);
+	}
+	uint64_t peak = pt_stats(&u).mapped_peak;
+	vpmm_host_complete_all(u.drv);
+	pt_close(&u);
+	return peak;
+}
+
+/* The empty slab kept per class (so that a workload hovering around one
+ * block does not take and give a slab at every call) must not add up over
+ * streams: kept per class and stream, 64 streams mapped 64 times one
+ * stream's slabs at peak. Two sets at most: the kept one and the one in use
+ * while the next stream takes its blocks. */
+static void assert_streams_do_not_add_up(unsigned front, bool complete)
+{
+	uint64_t one = peak_mapped_over_streams(1, front, complete);
+	uint64_t four = peak_mapped_over_streams(4, front, complete);
+	uint64_t many = peak_mapped_over_streams(64, front, complete);
+	cr_log_info("front %u, complete %d: peak mapped %lu (1 stream), %lu (4), %lu (64)",
+		    front, complete, (unsigned long)one, (unsigned long)four,
+		    (unsigned long)many);
+	cr_assert_leq(four, 2 * one, "4 streams: %lu bytes mapped at peak, one stream %lu",
+		      (unsigned long)four, (unsigned long)one);
+	cr_assert_leq(many, 2 * one, "64 streams: %lu bytes mapped at peak, one stream %lu",
+		      (unsigned long)many, (unsigned long)one);
+}
+
+Test(small, empty_slabs_do_not_add_up_over_streams)
+{
+	pt_close(&t);
+	assert_streams_do_not_add_up(0, true);
+}
+
+Test(small, empty_slabs_do_not_add_up_over_streams_pending)
+{
+	pt_close(&t);
+	assert_streams_do_not_add_up(0, false);
+}
+
+Test(small, empty_slabs_do_not_add_up_over_streams_cached)
+{
+	pt_close(&t);
+	assert_streams_do_not_add_up(16, false);
+}
