@@ -224,6 +224,16 @@ static void event_unref(vpmm_pool *p, struct event *ev)
 	}
 }
 
+/* Unlinks ev from p->events (it is being destroyed). */
+static void event_forget(vpmm_pool *p, struct event *ev)
+{
+	for (struct event **e = &p->events; *e; e = &(*e)->all_next)
+		if (*e == ev) {
+			*e = ev->all_next;
+			return;
+		}
+}
+
 /* Record an event on s that closes its open epoch. */
 static int close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 {
@@ -1692,10 +1702,15 @@ static void *reclaimer_main(void *arg)
 {
 	vpmm_pool *p = arg;
 	/* Driver calls need the pool's context current on this thread too. */
-	p->drv->ctx_bind(p->drv, p->ctx);
+	CUcontext bound = p->ctx;
+	p->drv->ctx_bind(p->drv, bound);
 	pthread_mutex_lock(&p->lock);
 	while (!p->stopping) {
 		bool gave_way = false;
+		if (p->ctx != bound) { /* vpmm_pool_drop_events moved the pool */
+			bound = p->ctx;
+			p->drv->ctx_bind(p->drv, bound);
+		}
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
 			reclaim_zombies(p, false, &gave_way);
 		if (vpmm_small_deferred(p))
@@ -2446,6 +2461,25 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false, NULL);
 	pthread_mutex_unlock(&p->lock);
 	return n;
+}
+
+void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	while (p->event_cache) {
+		struct event *ev = p->event_cache;
+		p->event_cache = ev->next;
+		event_forget(p, ev);
+		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+		free(ev);
+	}
+	if (rebind && rebind != p->ctx) {
+		p->ctx = rebind;
+		pthread_cond_signal(&p->reclaim_cond);
+	}
+	pthread_mutex_unlock(&p->lock);
 }
 
 int vpmm_pool_poll(vpmm_pool *p, bool before_sync)

@@ -119,6 +119,12 @@ int vpmm_pool_stream_gone(vpmm_pool *pool, CUstream stream);
  * reusable by all and merges with its free neighbours. Returns how many
  * free regions settled, or a negative errno. */
 int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
+/* The context the pool's events were made in is about to end (the program
+ * destroys or resets it; call it current, after its work completed and
+ * vpmm_pool_poll settled what that work held): the recycled events are
+ * destroyed while the driver still knows them. `rebind`, if not NULL, is
+ * the context the pool lives in from now on (its background thread's). */
+void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */
 long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);

@@ -360,6 +360,7 @@ static CUstream pool_stream(CUstream s, enum vpmm_via via)
 
 struct ctx_scope {
 	bool pushed;
+	CUcontext stream_ctx; /* an explicit stream's context, once entered */
 };
 
 /* Makes the context of `s` current for the call (pushing it if another one
@@ -385,6 +386,7 @@ static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 	unsigned long gen = atomic_load_explicit(&stream_gen, memory_order_acquire);
 
 	sc->pushed = false;
+	sc->stream_ctx = NULL;
 	if (stream && tls_enter.valid && tls_enter.s == s && tls_enter.gen == gen) {
 		r = vpmm_real.ctx_get_current(&cur);
 		if (r != CUDA_SUCCESS)
@@ -396,6 +398,7 @@ static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 			sc->pushed = true;
 		}
 		*device = tls_enter.dev;
+		sc->stream_ctx = tls_enter.ctx;
 		return CUDA_SUCCESS;
 	}
 	if (stream) {
@@ -416,6 +419,7 @@ static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 	if (r != CUDA_SUCCESS)
 		goto fail;
 	*device = (int)dev;
+	sc->stream_ctx = sctx;
 	if (stream && sctx) {
 		tls_enter.s = s;
 		tls_enter.ctx = sctx;
@@ -472,6 +476,20 @@ static CUresult enter_device(int dev, struct ctx_scope *sc)
 	if (r == CUDA_SUCCESS)
 		sc->pushed = true;
 	return r;
+}
+
+/* Whether the entered stream belongs to another context than the one the
+ * pool of `dev` lives in: another device's stream freeing this device's
+ * memory, or a stream of a context the program made (cuCtxCreate). The
+ * pool records its events on every stream it knows from its own context,
+ * and the driver refuses an event recorded on another context's stream,
+ * so such a stream must never become one of the pool's: its calls are
+ * served as synchronous ones, as for the per-thread default stream
+ * (allocations take settled memory, frees synchronise the stream first). */
+static bool foreign_stream(const struct ctx_scope *sc, int dev)
+{
+	CUcontext pc = atomic_load_explicit(&st.dev[dev].ctx, memory_order_relaxed);
+	return sc->stream_ctx && pc && sc->stream_ctx != pc;
 }
 
 static void leave(struct ctx_scope *sc)
@@ -568,6 +586,8 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 	pool = pool_for(dev);
 	if (!pool)
 		goto pass;
+	if (ps != VPMM_NO_STREAM && foreign_stream(&sc, dev))
+		ps = VPMM_NO_STREAM;
 	e = vpmm_pool_malloc(pool, size, ps, out);
 	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
 			 size, ps == VPMM_NO_STREAM ? NULL : ps);
@@ -711,6 +731,10 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		if (capturing(ps) == 1)
 			goto refuse;
 		r = CUDA_SUCCESS;
+		if (via != VPMM_VIA_TORCH && foreign_stream(&sc, (int)(dp - st.dev))) {
+			r = vpmm_real.stream_synchronize(ps);
+			ps = VPMM_NO_STREAM;
+		}
 	}
 	switch (r) {
 	case CUDA_SUCCESS:
@@ -852,6 +876,56 @@ void vpmm_peer_enabled(CUcontext peer)
 	/* A pool made meanwhile granted it already; a second grant is a no-op. */
 	if (p)
 		grant_peer(p, (int)owner, (int)me);
+}
+
+/* Before the program destroys `ctx` or resets the primary context of
+ * `device` (ctx NULL). Its streams and events die with it; the pool's
+ * memory does not (cuMemCreate memory outlives contexts) and the device
+ * goes on. So, while the context still exists, each pool living in it:
+ * closes its streams' open epochs, synchronises the context (the real call
+ * ends that work anyway) and settles what completed, so that nothing waits
+ * on an event that will never answer; then drops its recycled events, which
+ * the driver is about to destroy. Without this, the pool went on recording
+ * on the dead streams and with the dead events, and every later allocation
+ * that needed them failed; and a synchronous free synchronised the dead
+ * context only, not the work of the context the device went on in.
+ * A pool whose context the program destroyed lives on in the device's
+ * primary context (the one the runtime binds); a reset primary context
+ * keeps its handle. */
+void vpmm_context_ending(CUcontext ctx, int device)
+{
+	if (vpmm_tls_inside || !vpmm_active())
+		return;
+	if (!ctx) {
+		if (!existing_pool(device))
+			return;
+		ctx = primary_of(device);
+		if (!ctx)
+			return;
+	}
+	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	for (int i = 0; i < n; i++) {
+		vpmm_pool *p = existing_pool(i);
+		CUcontext cur = NULL, popped, next = NULL;
+		bool pushed = false;
+		if (!p || atomic_load(&st.dev[i].ctx) != ctx)
+			continue;
+		if (vpmm_real.ctx_get_current(&cur) != CUDA_SUCCESS || cur != ctx) {
+			if (vpmm_real.ctx_push(ctx) != CUDA_SUCCESS)
+				continue; /* already gone: nothing of it to settle */
+			pushed = true;
+		}
+		vpmm_pool_poll(p, true);
+		if (vpmm_real.ctx_synchronize() == CUDA_SUCCESS)
+			vpmm_pool_poll(p, false);
+		if (device < 0)
+			next = primary_of(i);
+		vpmm_pool_drop_events(p, next);
+		if (pushed)
+			vpmm_real.ctx_pop(&popped);
+		if (next)
+			atomic_store(&st.dev[i].ctx, next);
+	}
 }
 
 /* A program that makes its own handles (JAX's XLA for every buffer,

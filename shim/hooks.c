@@ -235,6 +235,8 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) VPMM_EXPORT;
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) VPMM_EXPORT;
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags) VPMM_EXPORT;
+CUresult cuCtxDestroy_v2(CUcontext ctx) VPMM_EXPORT;
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) VPMM_EXPORT;
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
@@ -456,6 +458,24 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 	return r;
 }
 
+/* A context's streams and events die with it, the pool's memory does not
+ * (cuMemCreate memory outlives contexts): the pools living in it must hear
+ * of it before the real call (cudaDeviceReset reaches the reset through
+ * cuGetProcAddress). */
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	vpmm_count(VPMM_HOOK_cuCtxDestroy_v2);
+	vpmm_context_ending(ctx, -1);
+	REAL(ctx_destroy, ctx);
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	vpmm_count(VPMM_HOOK_cuDevicePrimaryCtxReset_v2);
+	vpmm_context_ending(NULL, (int)dev);
+	REAL(primary_reset, dev);
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------------------- */
 
 /* The runtime asks for "cuGetProcAddress" through cuGetProcAddress itself
@@ -525,6 +545,8 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_IPC_CLOSE] = (vpmm_fnptr)cuIpcCloseMemHandle,
 	[VPMM_W_PEER_ENABLE] = (vpmm_fnptr)cuCtxEnablePeerAccess,
 	[VPMM_W_MEM_CREATE] = (vpmm_fnptr)cuMemCreate,
+	[VPMM_W_CTX_DESTROY] = (vpmm_fnptr)cuCtxDestroy_v2,
+	[VPMM_W_PRIMARY_RESET] = (vpmm_fnptr)cuDevicePrimaryCtxReset_v2,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ----------------------------------------------------- */

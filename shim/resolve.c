@@ -91,6 +91,9 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 	[VPMM_W_IPC_CLOSE] = {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010, 0},
 	[VPMM_W_PEER_ENABLE] = {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", 4000, 0},
 	[VPMM_W_MEM_CREATE] = {"cuMemCreate", "cuMemCreate", 10020, 0},
+	[VPMM_W_CTX_DESTROY] = {"cuCtxDestroy_v2", "cuCtxDestroy", 4000, 0},
+	[VPMM_W_PRIMARY_RESET] = {"cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset",
+				  11000, 0},
 };
 
 #define KNOWN_MAX 4
@@ -223,6 +226,8 @@ static void find_cuda(void)
 	TARGET(vpmm_real.ipc_close, VPMM_W_IPC_CLOSE);
 	TARGET(vpmm_real.peer_enable, VPMM_W_PEER_ENABLE);
 	TARGET(vpmm_real.mem_create, VPMM_W_MEM_CREATE);
+	TARGET(vpmm_real.ctx_destroy, VPMM_W_CTX_DESTROY);
+	TARGET(vpmm_real.primary_reset, VPMM_W_PRIMARY_RESET);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));

@@ -73,6 +73,8 @@ void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 	X(cuIpcOpenMemHandle_v2)                                              \
 	X(cuIpcCloseMemHandle)                                                \
 	X(cuCtxEnablePeerAccess)                                              \
+	X(cuCtxDestroy_v2)                                                    \
+	X(cuDevicePrimaryCtxReset_v2)                                         \
 	X(cuMemCreate)              /* the program's own mappings */            \
 	X(cuGetProcAddress)                                                   \
 	X(cuGetProcAddress_v2)                                                \
@@ -125,6 +127,8 @@ enum vpmm_wrapped {
 	VPMM_W_IPC_CLOSE,
 	VPMM_W_PEER_ENABLE,
 	VPMM_W_MEM_CREATE,
+	VPMM_W_CTX_DESTROY,
+	VPMM_W_PRIMARY_RESET,
 	VPMM_W_COUNT
 };
 
@@ -150,6 +154,8 @@ struct vpmm_real {
 	CUresult (*peer_enable)(CUcontext, unsigned);
 	CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
 			       const CUmemAllocationProp *, unsigned long long);
+	CUresult (*ctx_destroy)(CUcontext);
+	CUresult (*primary_reset)(CUdevice);
 	/* Helpers for the dispatch layer; any may be NULL on an old driver. */
 	CUresult (*ctx_get_current)(CUcontext *);
 	CUresult (*ctx_get_device)(CUdevice *);
@@ -259,6 +265,11 @@ int vpmm_owner_device(CUdeviceptr ptr);
 /* The program enabled peer access from the current context to `peer`'s
  * memory: the peer's pool grants the current device. */
 void vpmm_peer_enabled(CUcontext peer);
+/* The program is about to destroy context `ctx` (cuCtxDestroy), or to reset
+ * the primary context of `device` (cuDevicePrimaryCtxReset; ctx NULL): the
+ * pools living in it settle what the context's work held and drop the
+ * events the driver is about to destroy. */
+void vpmm_context_ending(CUcontext ctx, int device);
 /* The program made a handle of its own (cuMemCreate succeeded): memory the
  * pool does not serve. Said once per process. */
 void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size);

@@ -382,6 +382,146 @@ static void destroy_elsewhere(void)
 		CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* ---- contexts that come and go (review) ------------------------------------- */
+
+/* Not in CUDA 13's cuda.h (cuCtxCreate is _v4 there); the fake offers it. */
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+
+/* Device 1's memory freed on a stream of device 0 (the stream-ordered
+ * allocator allows it). The pool of device 1 records that free's event in
+ * device 0's context; once it completed, that event must not be recorded
+ * on device 1's streams, which the driver refuses. */
+static void cross_stream(void)
+{
+	CUcontext c0, c1;
+	CUstream s0, s1;
+	CUdeviceptr p, q;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c1, 1), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c1), 0);
+	CHECK_EQ(cuStreamCreate(&s1, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAllocAsync(&p, 4 * P, s1), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuMemFreeAsync(p, s0), 0);
+	CHECK_EQ(cuStreamSynchronize(s0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c1), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s1), 0);
+		touch((void *)(uintptr_t)q, 4 * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(q, s1), 0);
+		CHECK_EQ(cuStreamSynchronize(s1), 0);
+	}
+	if (expect_pool())
+		CHECK_EQ(pool_stats(1).failures, 0);
+}
+
+/* Stream-ordered work in a context the program made itself, on a device
+ * whose pool lives in the primary context: events made for the one
+ * context's streams must not end up recorded on the other's. */
+static void user_context(void)
+{
+	CUcontext c0, uc, popped;
+	CUstream s0, us;
+	CUdeviceptr p, q;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s0, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc(&p, P), 0); /* the pool, in the primary context */
+	CHECK_EQ(cuMemFree(p), 0);
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0); /* pushed */
+	CHECK_EQ(cuStreamCreate(&us, 0), 0);
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, us), 0);
+		CHECK_EQ(cuMemFreeAsync(q, us), 0);
+		CHECK_EQ(cuStreamSynchronize(us), 0);
+	}
+	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
+	CHECK(popped == uc);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s0), 0);
+		CHECK_EQ(cuMemFreeAsync(q, s0), 0);
+		CHECK_EQ(cuStreamSynchronize(s0), 0);
+	}
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+/* The pool made in a context the program created and then destroyed: the
+ * device goes on in its primary context, and a synchronous free must still
+ * synchronise the device's work, as cuMemFree does. */
+static void context_destroyed(void)
+{
+	CUcontext c0, uc;
+	CUstream s;
+	CUevent ev;
+	CUdeviceptr p, a, b;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc(&p, P), 0); /* the pool, in uc */
+	CHECK_EQ(cuMemFree(p), 0);
+	CHECK_EQ(cuCtxDestroy(uc), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&a, 4 * P, s), 0);
+		CHECK_EQ(cuMemFreeAsync(a, s), 0);
+	}
+	CHECK_EQ(cuMemAlloc(&b, 2 * P), 0);
+	CHECK_EQ(cuEventCreate(&ev, 0), 0);
+	CHECK_EQ(cuEventRecord(ev, s), 0); /* work still queued on s */
+	CHECK_EQ(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+	CHECK_EQ(cuMemFree(b), 0);
+	if (expect_pool()) /* the plain driver's cuMemFree: the fake does not sync */
+		CHECK_EQ(cuEventQuery(ev), 0);
+	CHECK_EQ(cuMemAlloc(&b, 8 * P), 0);
+	CHECK_EQ(cuMemFree(b), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+/* cudaDeviceReset's driver call with pool memory and pool events about:
+ * the context's events and streams die with it, the pool's memory does not
+ * (cuMemCreate memory outlives contexts), and the device goes on. */
+static void primary_reset(void)
+{
+	CUcontext c0, again;
+	CUstream s, s2;
+	CUdeviceptr a, x;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	controls_init();
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&a, 4 * P, s), 0);
+		CHECK_EQ(cuMemFreeAsync(a, s), 0);
+	}
+	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0);
+	CHECK_EQ(cuMemFreeAsync(a, s), 0); /* pending on s at the reset */
+	CHECK_EQ(cuDevicePrimaryCtxReset(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&again, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(again), 0);
+	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, 4 * P, s2), 0);
+		touch((void *)(uintptr_t)x, 4 * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(x, s2), 0);
+		CHECK_EQ(cuStreamSynchronize(s2), 0);
+	}
+	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
+	CHECK_EQ(cuMemFree(x), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -393,6 +533,10 @@ int main(int argc, char **argv)
 		{"linked", linked},
 		{"own", own},
 		{"destroy_elsewhere", destroy_elsewhere},
+		{"cross_stream", cross_stream},
+		{"user_context", user_context},
+		{"context_destroyed", context_destroyed},
+		{"primary_reset", primary_reset},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

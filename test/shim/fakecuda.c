@@ -47,6 +47,16 @@
 struct fake_ctx {
 	int device;
 	bool destroyed;
+	unsigned gen; /* bumped when the context is reset or destroyed */
+};
+
+/* The context an event or a stream was made in, and its generation then:
+ * handles of a context that was since reset or destroyed are dead. */
+struct owned {
+	void *handle;
+	struct fake_ctx *ctx;
+	unsigned gen;
+	struct owned *next;
 };
 
 struct plain {
@@ -64,6 +74,7 @@ struct mapping {
 struct stream_ctx {
 	CUstream s;
 	struct fake_ctx *ctx;
+	unsigned gen;
 	struct stream_ctx *next;
 };
 
@@ -75,6 +86,7 @@ static struct fake_ctx ctxs[MAX_DEV];
 static struct plain *plains;
 static struct mapping *mappings;
 static struct stream_ctx *stream_ctxs;
+static struct owned *events_owned;
 
 static __thread struct fake_ctx *stack[8];
 static __thread int depth; /* stack[depth - 1] is current */
@@ -245,7 +257,46 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	NEED_INIT();
 	if (dev < 0 || dev >= ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lock);
 	ctxs[dev].destroyed = true;
+	ctxs[dev].gen++;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/* Contexts the program makes itself: current once made (pushed), dead once
+ * destroyed (and popped if current), as on the real driver. Never freed:
+ * a stale handle must stay readable here. */
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+API CUresult cuCtxDestroy_v2(CUcontext ctx);
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	struct fake_ctx *c;
+	(void)flags;
+	NEED_INIT();
+	if (!pctx || dev < 0 || dev >= ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (depth == 8 || !(c = calloc(1, sizeof *c)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	c->device = dev;
+	stack[depth++] = c;
+	*pctx = (CUcontext)c;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	struct fake_ctx *c = (struct fake_ctx *)ctx;
+	NEED_INIT();
+	if (!c || c->destroyed)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&lock);
+	c->destroyed = true;
+	c->gen++;
+	pthread_mutex_unlock(&lock);
+	if (current() == c)
+		depth--;
 	return CUDA_SUCCESS;
 }
 
@@ -368,6 +419,7 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 	}
 	sc->s = *s;
 	sc->ctx = current();
+	sc->gen = sc->ctx->gen;
 	pthread_mutex_lock(&lock);
 	sc->next = stream_ctxs;
 	stream_ctxs = sc;
@@ -451,19 +503,77 @@ CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
 	return cuStreamWaitEvent(ptds(s), ev, flags);
 }
 
+/* Whether `ev` is an event of a context that still exists, and which. */
+static bool event_alive(CUevent ev, struct fake_ctx **ctx)
+{
+	bool alive = false;
+	pthread_mutex_lock(&lock);
+	for (struct owned *o = events_owned; o; o = o->next)
+		if (o->handle == (void *)ev) {
+			alive = !o->ctx->destroyed && o->ctx->gen == o->gen;
+			if (ctx)
+				*ctx = o->ctx;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return alive;
+}
+
+/* The context of stream `s` (the current one for the default streams);
+ * NULL when it is dead or unknown. */
+static struct fake_ctx *stream_ctx_of(CUstream s)
+{
+	struct fake_ctx *c = NULL;
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return current();
+	pthread_mutex_lock(&lock);
+	for (struct stream_ctx *sc = stream_ctxs; sc; sc = sc->next)
+		if (sc->s == s) {
+			if (!sc->ctx->destroyed && sc->ctx->gen == sc->gen)
+				c = sc->ctx;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	return c;
+}
+
 CUresult cuEventCreate(CUevent *ev, unsigned int flags)
 {
 	CUresult r = ctx_state();
+	struct owned *o;
 	note_context();
 	(void)flags;
-	return r != CUDA_SUCCESS ? r : D->event_create(D, ev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!(o = calloc(1, sizeof *o)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = D->event_create(D, ev);
+	if (r != CUDA_SUCCESS) {
+		free(o);
+		return r;
+	}
+	o->handle = (void *)*ev;
+	o->ctx = current();
+	o->gen = o->ctx->gen;
+	pthread_mutex_lock(&lock);
+	o->next = events_owned;
+	events_owned = o;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
 }
 
+/* As on the real driver, an event is recorded only on a stream of its own
+ * context, and a context's events die with it. */
 CUresult cuEventRecord(CUevent ev, CUstream s)
 {
 	CUresult r = ctx_state();
+	struct fake_ctx *ec = NULL;
 	note_context();
-	return r != CUDA_SUCCESS ? r : D->event_record(D, ev, s);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return D->event_record(D, ev, s);
 }
 
 CUresult cuEventRecord_ptsz(CUevent ev, CUstream s)
@@ -475,6 +585,8 @@ CUresult cuEventQuery(CUevent ev)
 {
 	note_context();
 	NEED_INIT();
+	if (!event_alive(ev, NULL))
+		return CUDA_ERROR_INVALID_HANDLE;
 	return D->event_query(D, ev);
 }
 
@@ -482,6 +594,8 @@ CUresult cuEventSynchronize(CUevent ev)
 {
 	note_context();
 	NEED_INIT();
+	if (!event_alive(ev, NULL))
+		return CUDA_ERROR_INVALID_HANDLE;
 	return D->event_sync(D, ev);
 }
 
@@ -489,6 +603,15 @@ CUresult cuEventDestroy_v2(CUevent ev)
 {
 	note_context();
 	NEED_INIT();
+	pthread_mutex_lock(&lock);
+	for (struct owned **o = &events_owned; *o; o = &(*o)->next)
+		if ((*o)->handle == (void *)ev) {
+			struct owned *dead = *o;
+			*o = dead->next;
+			free(dead);
+			break;
+		}
+	pthread_mutex_unlock(&lock);
 	return D->event_destroy(D, ev);
 }
 
@@ -505,6 +628,14 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 void fakecuda_set_capturing(CUstream s, int on)
 {
 	vpmm_host_set_capturing(D, s, on != 0);
+}
+
+/* Test control: the nth next call of driver operation `op` (enum vpmm_op)
+ * fails with `result` (0 disarms). */
+API void fakecuda_fail(int op, unsigned long nth, int result);
+void fakecuda_fail(int op, unsigned long nth, int result)
+{
+	vpmm_host_fail(D, (enum vpmm_op)op, nth, (CUresult)result);
 }
 
 /* ---- virtual memory ----------------------------------------------------------------------- */
@@ -991,6 +1122,8 @@ static const struct proc procs[] = {
 	P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
 	P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
 	P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+	P("cuCtxCreate", 3020, cuCtxCreate_v2),
+	P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
 	P("cuStreamCreate", 2000, cuStreamCreate),
 	P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
 	P("cuStreamSynchronize", 2000, cuStreamSynchronize),

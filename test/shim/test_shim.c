@@ -194,6 +194,13 @@ DRV_SCENARIO(gpa)
 DRV_SCENARIO(dlsym)
 DRV_SCENARIO(linked)
 DRV_SCENARIO(destroy_elsewhere)
+/* Contexts other than the pool's, and contexts that end (review): another
+ * device's stream freeing pool memory, a context the program made, that
+ * context destroyed, the primary context reset (cudaDeviceReset). */
+DRV_SCENARIO(cross_stream)
+DRV_SCENARIO(user_context)
+DRV_SCENARIO(context_destroyed)
+DRV_SCENARIO(primary_reset)
 
 /* The program's own handles pass through, and the shim says so once. */
 Test(shim_drv, own_pool, .timeout = 30)
