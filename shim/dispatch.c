@@ -809,22 +809,38 @@ CUresult vpmm_torch_real(CUdeviceptr *inout, size_t size, int device, CUstream s
 	return r;
 }
 
+/* What the device's free memory means to a program under the pool: what
+ * the pool can still hand out. That is its reusable bytes plus what the
+ * device can still map; under VPMM_LIMIT, plus only what the limit leaves
+ * unmapped, since beyond it the pool maps nothing more. Without the limit
+ * here, a program that sizes a buffer by the free memory (a KV cache, a
+ * workspace) asked for the device's free bytes and got out of memory. */
 void vpmm_add_reusable(size_t *free_bytes, size_t total)
 {
 	struct vpmm_stats s;
 	CUdevice dev;
 	vpmm_pool *p;
+	size_t mappable;
 	if (vpmm_tls_inside || !free_bytes || !vpmm_active())
 		return;
-	if (vpmm_real.ctx_get_device(&dev) != CUDA_SUCCESS)
+	if (vpmm_real.ctx_get_device(&dev) != CUDA_SUCCESS || (int)dev < 0 ||
+	    (int)dev >= MAX_DEVICES)
 		return;
 	p = existing_pool((int)dev);
-	if (!p)
+	if (!p) {
+		/* No pool yet: the limit holds once it is made. */
+		if (st.cfg.limit && !atomic_load(&st.dev[dev].failed) && *free_bytes > st.cfg.limit)
+			*free_bytes = st.cfg.limit;
 		return;
+	}
 	vpmm_pool_stats(p, &s);
-	if (*free_bytes >= total)
-		return;
-	*free_bytes = s.reusable > total - *free_bytes ? total : *free_bytes + s.reusable;
+	mappable = *free_bytes < total ? *free_bytes : total;
+	if (st.cfg.limit) {
+		size_t room = st.cfg.limit > s.mapped ? st.cfg.limit - (size_t)s.mapped : 0;
+		if (mappable > room)
+			mappable = room;
+	}
+	*free_bytes = s.reusable > total - mappable ? total : mappable + (size_t)s.reusable;
 }
 
 enum vpmm_where vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)

@@ -245,7 +245,8 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 /* The pluggable allocator's pass-through: size > 0 allocates into *inout,
  * size 0 frees *inout, on `stream`, in a context of `device`. */
 CUresult vpmm_torch_real(CUdeviceptr *inout, size_t size, int device, CUstream stream);
-/* Adds the current device's reusable pool bytes to *free_bytes. */
+/* Turns the driver's free bytes of the current device into what its pool
+ * can still hand out: plus its reusable bytes, within VPMM_LIMIT. */
 void vpmm_add_reusable(size_t *free_bytes, size_t total);
 /* Where ptr lies: in a live pool allocation (with its base and size), in a
  * pool's address space but no live allocation (freed, a slab's unused

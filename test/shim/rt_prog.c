@@ -208,6 +208,33 @@ static void oom(void)
 	CHECK_EQ(cudaFree(q), 0);
 }
 
+/* Run with VPMM_LIMIT=8M (the device has 256M): cudaMemGetInfo reports
+ * what the pool can still hand out, so that a program sizing a buffer by
+ * what is free (a KV cache, a workspace) gets it. */
+static void limit_info(void)
+{
+	const size_t M = (size_t)1 << 20;
+	void *a, *b;
+	size_t f, t;
+	bool pool = expect_pool();
+
+	CHECK_EQ(cudaFree(NULL), 0);
+	controls_init();
+	CHECK_EQ(cudaMalloc(&a, 4 * M), 0);
+	CHECK_EQ(cudaMemGetInfo(&f, &t), 0);
+	if (pool)
+		CHECK(f <= 4 * M);
+	CHECK_EQ(cudaMalloc(&b, f / 2), 0);
+	touch(b, 4096, 1);
+	CHECK_EQ(cudaFree(b), 0);
+	CHECK_EQ(cudaFree(a), 0);
+	CHECK_EQ(cudaMemGetInfo(&f, &t), 0);
+	if (pool)
+		CHECK_EQ(f, 8 * M);
+	CHECK_EQ(cudaMalloc(&b, f), 0);
+	CHECK_EQ(cudaFree(b), 0);
+}
+
 /* One pool per device, chosen by the current context (or the stream's). */
 static void devices(void)
 {
@@ -375,7 +402,7 @@ int main(int argc, char **argv)
 		{"basic", basic},     {"async", async},     {"foreign", foreign},
 		{"capture", capture}, {"oom", oom},         {"devices", devices},
 		{"thread", thread},   {"exit", teardown},   {"fork", forked},
-		{"threads", threads},
+		{"threads", threads}, {"limit_info", limit_info},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

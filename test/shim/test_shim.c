@@ -137,6 +137,21 @@ Test(shim_rt, devices_pool, .timeout = 30)
 	EXPECT_QUIET();
 }
 
+/* cudaMemGetInfo under VPMM_LIMIT: what the pool can still hand out. */
+Test(shim_rt, limit_info_pool, .timeout = 30)
+{
+	static const char *const env[] = {"VPMM_LIMIT=8M", NULL};
+	run(RT_PROG, "limit_info", true, env);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_rt, limit_info_without_shim, .timeout = 30)
+{
+	run(RT_PROG, "limit_info", false, REAL);
+	EXPECT_OK();
+}
+
 Test(shim_rt, oom, .timeout = 30)
 {
 	const char *const small[] = {"FAKECUDA_CAPACITY=8M", NULL};
