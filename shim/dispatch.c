@@ -731,7 +731,11 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		if (capturing(ps) == 1)
 			goto refuse;
 		r = CUDA_SUCCESS;
-		if (via != VPMM_VIA_TORCH && foreign_stream(&sc, (int)(dp - st.dev))) {
+		/* The default stream names the current context's own: with
+		 * another device current, it is that device's stream. */
+		if (via != VPMM_VIA_TORCH &&
+		    (foreign_stream(&sc, (int)(dp - st.dev)) ||
+		     (!sc.stream_ctx && dev != (int)(dp - st.dev)))) {
 			r = vpmm_real.stream_synchronize(ps);
 			ps = VPMM_NO_STREAM;
 		}

@@ -419,6 +419,45 @@ static void cross_stream(void)
 		CHECK_EQ(pool_stats(1).failures, 0);
 }
 
+/* Device 1's memory freed on the legacy default stream while device 0 is
+ * current: that is device 0's default stream, not device 1's, so the free
+ * is not ordered before device 1's default-stream work. Device 1 must not
+ * reuse it in place before device 0's stream reached the free, and the
+ * events of device 0's context must not reach device 1's streams. */
+static void cross_default_stream(void)
+{
+	CUcontext c0, c1;
+	CUstream s1;
+	CUevent ev;
+	CUdeviceptr p, q;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c1, 1), 0);
+	CHECK_EQ(cuCtxSetCurrent(c1), 0);
+	CHECK_EQ(cuStreamCreate(&s1, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAllocAsync(&p, 4 * P, NULL), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuEventCreate(&ev, 0), 0);
+	CHECK_EQ(cuEventRecord(ev, NULL), 0); /* device 0's work, still queued */
+	CHECK_EQ(cuMemFreeAsync(p, NULL), 0);
+	CHECK_EQ(cuCtxSetCurrent(c1), 0);
+	CHECK_EQ(cuMemAllocAsync(&q, 4 * P, NULL), 0);
+	if (q == p) /* reused at once: only once device 0's stream got there */
+		CHECK_EQ(cuEventQuery(ev), 0);
+	CHECK_EQ(cuMemFreeAsync(q, NULL), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s1), 0);
+		CHECK_EQ(cuMemFreeAsync(q, s1), 0);
+		CHECK_EQ(cuStreamSynchronize(s1), 0);
+		CHECK_EQ(cuMemAllocAsync(&q, 2 * P, NULL), 0);
+		CHECK_EQ(cuMemFreeAsync(q, NULL), 0);
+		CHECK_EQ(cuStreamSynchronize(NULL), 0);
+	}
+	if (expect_pool())
+		CHECK_EQ(pool_stats(1).failures, 0);
+}
+
 /* Stream-ordered work in a context the program made itself, on a device
  * whose pool lives in the primary context: events made for the one
  * context's streams must not end up recorded on the other's. */
@@ -534,6 +573,7 @@ int main(int argc, char **argv)
 		{"own", own},
 		{"destroy_elsewhere", destroy_elsewhere},
 		{"cross_stream", cross_stream},
+		{"cross_default_stream", cross_default_stream},
 		{"user_context", user_context},
 		{"context_destroyed", context_destroyed},
 		{"primary_reset", primary_reset},

@@ -213,6 +213,7 @@ DRV_SCENARIO(destroy_elsewhere)
  * device's stream freeing pool memory, a context the program made, that
  * context destroyed, the primary context reset (cudaDeviceReset). */
 DRV_SCENARIO(cross_stream)
+DRV_SCENARIO(cross_default_stream)
 DRV_SCENARIO(user_context)
 DRV_SCENARIO(context_destroyed)
 DRV_SCENARIO(primary_reset)
