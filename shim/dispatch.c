@@ -611,12 +611,21 @@ void vpmm_stream_destroying(CUstream s)
 	    !vpmm_active())
 		return;
 	atomic_fetch_add_explicit(&stream_gen, 1, memory_order_release);
-	/* The stream's last event is recorded in its own context, the current
-	 * one as a rule. A thread with none (cuStreamDestroy needs none) gets
-	 * the pool's: without it the record failed, and the frees pending on
-	 * the stream could never be known complete. */
-	CUcontext cur = NULL;
+	/* The stream's last event is recorded in its own context, which need
+	 * not be current: cuStreamDestroy needs no context, and takes a stream
+	 * of any device (cudaStreamDestroy of device 1's stream while device 0
+	 * is current). Without it the record failed (an event is recorded only
+	 * on a stream of its context), and the frees pending on the stream
+	 * could never be known complete. Where the stream's context cannot be
+	 * asked, a thread with none gets the pool's. */
+	CUcontext cur = NULL, sctx = NULL, popped;
 	bool none = vpmm_real.ctx_get_current(&cur) != CUDA_SUCCESS || !cur;
+	bool spushed = false;
+	if (vpmm_real.stream_get_ctx && vpmm_real.stream_get_ctx(s, &sctx) == CUDA_SUCCESS &&
+	    sctx && sctx != cur && vpmm_real.ctx_push(sctx) == CUDA_SUCCESS) {
+		spushed = true;
+		none = false;
+	}
 	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
 	for (int i = 0; i < n; i++) {
 		vpmm_pool *p = existing_pool(i);
@@ -633,6 +642,8 @@ void vpmm_stream_destroying(CUstream s)
 				 "what it freed since its last event stays out of use",
 				 i, (int)vpmm_pool_last_result(p));
 	}
+	if (spushed)
+		vpmm_real.ctx_pop(&popped);
 }
 
 /* Synchronise the pool's context, as the real synchronous free would. */

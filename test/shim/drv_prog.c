@@ -561,6 +561,36 @@ static void primary_reset(void)
 		CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* A stream of device 1 destroyed while device 0 is current (cuStreamDestroy
+ * takes any stream): its last event must be recorded in its own context,
+ * else the frees pending on it never settle. */
+static void destroy_other_device(void)
+{
+	CUcontext c0, c1;
+	CUstream s1, t1;
+	CUdeviceptr p, q;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c1, 1), 0);
+	CHECK_EQ(cuCtxSetCurrent(c1), 0);
+	CHECK_EQ(cuStreamCreate(&s1, 0), 0);
+	CHECK_EQ(cuStreamCreate(&t1, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAllocAsync(&p, 8 * P, s1), 0);
+	CHECK_EQ(cuMemFreeAsync(p, s1), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamDestroy(s1), 0);
+	CHECK_EQ(cuCtxSetCurrent(c1), 0);
+	CHECK_EQ(cuCtxSynchronize(), 0);
+	uint64_t mapped = pool_stats(1).mapped;
+	CHECK_EQ(cuMemAllocAsync(&q, 8 * P, t1), 0); /* the memory s1 freed */
+	CHECK_EQ(cuMemFreeAsync(q, t1), 0);
+	if (expect_pool()) {
+		CHECK_EQ(pool_stats(1).mapped, mapped);
+		CHECK_EQ(pool_stats(1).failures, 0);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -573,6 +603,7 @@ int main(int argc, char **argv)
 		{"own", own},
 		{"destroy_elsewhere", destroy_elsewhere},
 		{"cross_stream", cross_stream},
+		{"destroy_other_device", destroy_other_device},
 		{"cross_default_stream", cross_default_stream},
 		{"user_context", user_context},
 		{"context_destroyed", context_destroyed},

@@ -209,6 +209,7 @@ DRV_SCENARIO(gpa)
 DRV_SCENARIO(dlsym)
 DRV_SCENARIO(linked)
 DRV_SCENARIO(destroy_elsewhere)
+DRV_SCENARIO(destroy_other_device)
 /* Contexts other than the pool's, and contexts that end (review): another
  * device's stream freeing pool memory, a context the program made, that
  * context destroyed, the primary context reset (cudaDeviceReset). */
