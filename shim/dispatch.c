@@ -139,6 +139,7 @@ static void atfork_child(void)
 /* ---- vpmm-dump's server and the trace ------------------------------------------ */
 
 static vpmm_pool *existing_pool(int dev);
+static CUcontext primary_of(int dev);
 
 /* The server's view of the pools (any thread; pools are never destroyed). */
 static size_t server_pools(vpmm_pool **out, size_t cap, void *arg)
@@ -279,6 +280,7 @@ static void grant_peer(vpmm_pool *p, int dev, int peer)
 static vpmm_pool *pool_for(int dev)
 {
 	vpmm_pool *p;
+	bool made = false;
 	if (dev < 0 || dev >= MAX_DEVICES)
 		return NULL;
 	p = atomic_load_explicit(&st.dev[dev].pool, memory_order_acquire);
@@ -317,9 +319,24 @@ static vpmm_pool *pool_for(int dev)
 				atomic_store(&st.ndev, dev + 1);
 			VPMM_LOGF(VPMM_LOG_INFO, "device %d: pool created, page size %zu",
 				  dev, vpmm_pool_page_size(p));
+			made = true;
 		}
 	}
 	pthread_mutex_unlock(&st.lock);
+	/* The pool's events and the streams it knows live in its context,
+	 * and the program's last cuDevicePrimaryCtxRelease would end the
+	 * primary context (no hook sees it coming: the count is the
+	 * driver's), after which every allocation needing them failed. The
+	 * shim holds the primary context once, as the runtime does; only an
+	 * active one, so that a program of its own contexts gets none made
+	 * for it. */
+	int active = 0;
+	unsigned flags;
+	CUdevice d;
+	if (made && vpmm_real.primary_get_state && vpmm_real.device_get &&
+	    vpmm_real.device_get(&d, dev) == CUDA_SUCCESS &&
+	    vpmm_real.primary_get_state(d, &flags, &active) == CUDA_SUCCESS && active)
+		primary_of(dev);
 	return p;
 }
 

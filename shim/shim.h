@@ -168,6 +168,7 @@ struct vpmm_real {
 	CUresult (*stream_synchronize)(CUstream);
 	CUresult (*device_get)(CUdevice *, int);
 	CUresult (*primary_retain)(CUcontext *, CUdevice);
+	CUresult (*primary_get_state)(CUdevice, unsigned int *, int *);
 };
 
 extern struct vpmm_real vpmm_real VPMM_HIDDEN;

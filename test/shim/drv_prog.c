@@ -526,6 +526,42 @@ static void context_destroyed(void)
 		CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* The program's last release of the primary context ends it (its streams
+ * and events with it) while the pool lives in it; the program retains it
+ * again and goes on. */
+static void primary_released(void)
+{
+	CUcontext c0, again;
+	CUstream s, s2;
+	CUdeviceptr a, x;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	controls_init();
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&a, 4 * P, s), 0);
+		CHECK_EQ(cuMemFreeAsync(a, s), 0);
+	}
+	CHECK_EQ(cuStreamSynchronize(s), 0);
+	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0);
+	CHECK_EQ(cuMemFreeAsync(a, s), 0);
+	CHECK_EQ(cuCtxSetCurrent(NULL), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRelease(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&again, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(again), 0);
+	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, 4 * P, s2), 0);
+		CHECK_EQ(cuMemFreeAsync(x, s2), 0);
+		CHECK_EQ(cuStreamSynchronize(s2), 0);
+	}
+	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
+	CHECK_EQ(cuMemFree(x), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 /* cudaDeviceReset's driver call with pool memory and pool events about:
  * the context's events and streams die with it, the pool's memory does not
  * (cuMemCreate memory outlives contexts), and the device goes on. */
@@ -608,6 +644,7 @@ int main(int argc, char **argv)
 		{"user_context", user_context},
 		{"context_destroyed", context_destroyed},
 		{"primary_reset", primary_reset},
+		{"primary_released", primary_released},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

@@ -48,6 +48,7 @@ struct fake_ctx {
 	int device;
 	bool destroyed;
 	unsigned gen; /* bumped when the context is reset or destroyed */
+	int refs;     /* a primary context's retains: the last release ends it */
 };
 
 /* The context an event or a stream was made in, and its generation then:
@@ -191,6 +192,7 @@ API CUresult cuDeviceGet(CUdevice *dev, int ordinal);
 API CUresult cuDeviceGetCount(int *n);
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 API CUresult cuCtxGetCurrent(CUcontext *pctx);
 API CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -241,15 +243,45 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	NEED_INIT();
 	if (!pctx || dev < 0 || dev >= ndev)
 		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
 	ctxs[dev].destroyed = false;
+	ctxs[dev].refs++;
+	pthread_mutex_unlock(&lock);
 	*pctx = (CUcontext)&ctxs[dev];
 	return CUDA_SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
 	NEED_INIT();
-	return dev >= 0 && dev < ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+	if (dev < 0 || dev >= ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	*flags = 0;
+	*active = ctxs[dev].refs > 0 && !ctxs[dev].destroyed;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+/* As on the real driver, the last release destroys the primary context
+ * (its streams and events with it); a later retain makes it afresh. */
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	CUresult r = CUDA_SUCCESS;
+	NEED_INIT();
+	if (dev < 0 || dev >= ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lock);
+	if (ctxs[dev].refs <= 0) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (--ctxs[dev].refs == 0) {
+		ctxs[dev].destroyed = true;
+		ctxs[dev].gen++;
+	}
+	pthread_mutex_unlock(&lock);
+	return r;
 }
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -1116,6 +1148,7 @@ static const struct proc procs[] = {
 	P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
 	P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
 	P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+	P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
 	P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
 	P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
 	P("cuCtxGetDevice", 2000, cuCtxGetDevice),

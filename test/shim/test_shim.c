@@ -218,6 +218,7 @@ DRV_SCENARIO(cross_default_stream)
 DRV_SCENARIO(user_context)
 DRV_SCENARIO(context_destroyed)
 DRV_SCENARIO(primary_reset)
+DRV_SCENARIO(primary_released)
 
 /* The program's own handles pass through, and the shim says so once. */
 Test(shim_drv, own_pool, .timeout = 30)
