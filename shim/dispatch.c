@@ -944,6 +944,10 @@ void vpmm_context_ending(CUcontext ctx, int device)
 {
 	if (vpmm_tls_inside || !vpmm_active())
 		return;
+	/* The context's streams die without a cuStreamDestroy, and the driver
+	 * may hand their handles to new streams of other contexts: the
+	 * threads' last-stream entries (enter) must not outlive them. */
+	atomic_fetch_add_explicit(&stream_gen, 1, memory_order_release);
 	if (!ctx) {
 		if (!existing_pool(device))
 			return;
