@@ -140,6 +140,7 @@ static void atfork_child(void)
 
 static vpmm_pool *existing_pool(int dev);
 static CUcontext primary_of(int dev);
+static CUcontext active_primary(int dev);
 
 /* The server's view of the pools (any thread; pools are never destroyed). */
 static size_t server_pools(vpmm_pool **out, size_t cap, void *arg)
@@ -330,13 +331,8 @@ static vpmm_pool *pool_for(int dev)
 	 * shim holds the primary context once, as the runtime does; only an
 	 * active one, so that a program of its own contexts gets none made
 	 * for it. */
-	int active = 0;
-	unsigned flags;
-	CUdevice d;
-	if (made && vpmm_real.primary_get_state && vpmm_real.device_get &&
-	    vpmm_real.device_get(&d, dev) == CUDA_SUCCESS &&
-	    vpmm_real.primary_get_state(d, &flags, &active) == CUDA_SUCCESS && active)
-		primary_of(dev);
+	if (made)
+		active_primary(dev);
 	return p;
 }
 
@@ -377,7 +373,11 @@ static CUstream pool_stream(CUstream s, enum vpmm_via via)
 
 struct ctx_scope {
 	bool pushed;
-	CUcontext stream_ctx; /* an explicit stream's context, once entered */
+	/* The context of the entered stream, once entered: an explicit
+	 * stream's own, or for the default streams (and none) the current
+	 * one, since NULL and CU_STREAM_LEGACY name the current context's
+	 * default stream. NULL where unknown. */
+	CUcontext stream_ctx;
 };
 
 /* Makes the context of `s` current for the call (pushing it if another one
@@ -393,6 +393,17 @@ static __thread struct {
 	unsigned long gen;
 	bool valid;
 } tls_enter;
+/* The last current context this thread's default-stream calls saw, and its
+ * device: a context's device never changes, and a context's end bumps
+ * stream_gen (its handle may come back for another device's context). It
+ * keeps the default-stream path at one driver call while giving the
+ * stream's context (foreign_stream). */
+static __thread struct {
+	CUcontext ctx;
+	int dev;
+	unsigned long gen;
+	bool valid;
+} tls_cur;
 
 static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 {
@@ -432,6 +443,27 @@ static CUresult enter(CUstream s, int *device, struct ctx_scope *sc)
 			sc->pushed = true;
 		}
 	}
+	if (!stream && (s == VPMM_NO_STREAM || default_stream(s))) {
+		r = vpmm_real.ctx_get_current(&cur);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (!cur)
+			return CUDA_ERROR_INVALID_CONTEXT; /* as cuCtxGetDevice says */
+		if (tls_cur.valid && tls_cur.ctx == cur && tls_cur.gen == gen) {
+			*device = tls_cur.dev;
+		} else {
+			r = vpmm_real.ctx_get_device(&dev);
+			if (r != CUDA_SUCCESS)
+				return r;
+			*device = (int)dev;
+			tls_cur.ctx = cur;
+			tls_cur.dev = (int)dev;
+			tls_cur.gen = gen;
+			tls_cur.valid = true;
+		}
+		sc->stream_ctx = cur;
+		return CUDA_SUCCESS;
+	}
 	r = vpmm_real.ctx_get_device(&dev);
 	if (r != CUDA_SUCCESS)
 		goto fail;
@@ -469,6 +501,34 @@ static CUcontext primary_of(int dev)
 	return c;
 }
 
+/* The primary context of `dev`, retained once for the process, if it is
+ * active; NULL if not: retaining an inactive one would make it. */
+static CUcontext active_primary(int dev)
+{
+	int active = 0;
+	unsigned flags;
+	CUdevice d;
+	CUcontext c = atomic_load_explicit(&st.dev[dev].primary, memory_order_acquire);
+	if (c || !vpmm_real.primary_get_state || !vpmm_real.device_get ||
+	    vpmm_real.device_get(&d, dev) != CUDA_SUCCESS ||
+	    vpmm_real.primary_get_state(d, &flags, &active) != CUDA_SUCCESS || !active)
+		return c;
+	return primary_of(dev);
+}
+
+/* The pool of `dev` lost its context (the program destroyed it while the
+ * primary context was inactive: vpmm_context_ending): it lives on in `c`,
+ * the context of the first call that allocates from it, which its
+ * background thread binds too. */
+static void adopt_context(int dev, CUcontext c)
+{
+	CUcontext none = NULL;
+	if (!c && vpmm_real.ctx_get_current(&c) != CUDA_SUCCESS)
+		return;
+	if (c && atomic_compare_exchange_strong(&st.dev[dev].ctx, &none, c))
+		vpmm_pool_drop_events(existing_pool(dev), c);
+}
+
 /* Makes a context of device `dev` current for the call: the current one if
  * it is on `dev`, else the device's primary context, pushed. */
 static CUresult enter_device(int dev, struct ctx_scope *sc)
@@ -497,7 +557,9 @@ static CUresult enter_device(int dev, struct ctx_scope *sc)
 
 /* Whether the entered stream belongs to another context than the one the
  * pool of `dev` lives in: another device's stream freeing this device's
- * memory, or a stream of a context the program made (cuCtxCreate). The
+ * memory, or a stream of a context the program made (cuCtxCreate), the
+ * default stream of such a context included (NULL names the current
+ * context's default stream, not the pool's). The
  * pool records its events on every stream it knows from its own context,
  * and the driver refuses an event recorded on another context's stream,
  * so such a stream must never become one of the pool's: its calls are
@@ -603,9 +665,21 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 	pool = pool_for(dev);
 	if (!pool)
 		goto pass;
-	if (ps != VPMM_NO_STREAM && foreign_stream(&sc, dev))
+	if (!atomic_load_explicit(&st.dev[dev].ctx, memory_order_relaxed))
+		adopt_context(dev, sc.stream_ctx);
+	/* Served from another context, the pool still records on its own
+	 * streams (to learn that their frees completed) and makes the events
+	 * for that in the current context: made in the caller's, the record
+	 * was refused and the allocation failed with
+	 * CUDA_ERROR_INVALID_HANDLE (user_context_waits). So the pool's
+	 * context is made current for the call; never on the hot path. */
+	bool pool_pushed = false;
+	if (foreign_stream(&sc, dev)) {
 		ps = VPMM_NO_STREAM;
+		vpmm_push_pool_ctx(dev, &pool_pushed);
+	}
 	e = vpmm_pool_malloc(pool, size, ps, out);
+	vpmm_pop_ctx(pool_pushed);
 	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
 			 size, ps == VPMM_NO_STREAM ? NULL : ps);
 	if (e == -ENOMEM)
@@ -948,10 +1022,14 @@ void vpmm_context_ending(CUcontext ctx, int device)
 	 * may hand their handles to new streams of other contexts: the
 	 * threads' last-stream entries (enter) must not outlive them. */
 	atomic_fetch_add_explicit(&stream_gen, 1, memory_order_release);
+	/* The reset primary context: only one the shim already holds can be
+	 * a pool's (pool_for holds it once the pool lives in it); retaining
+	 * it here made the primary context of a program of its own contexts
+	 * only to have it reset (no_primary_made). */
 	if (!ctx) {
-		if (!existing_pool(device))
+		if (device < 0 || device >= MAX_DEVICES || !existing_pool(device))
 			return;
-		ctx = primary_of(device);
+		ctx = atomic_load_explicit(&st.dev[device].primary, memory_order_acquire);
 		if (!ctx)
 			return;
 	}
@@ -970,12 +1048,18 @@ void vpmm_context_ending(CUcontext ctx, int device)
 		vpmm_pool_poll(p, true);
 		if (vpmm_real.ctx_synchronize() == CUDA_SUCCESS)
 			vpmm_pool_poll(p, false);
+		/* The pool goes on in the primary context only where it is
+		 * active: retaining an inactive one made a context the
+		 * program never asked for (its memory, its flags fixed, the
+		 * state cuDevicePrimaryCtxGetState reports: no_primary_made).
+		 * Else the pool waits for the next context that allocates
+		 * (adopt_context). */
 		if (device < 0)
-			next = primary_of(i);
+			next = active_primary(i);
 		vpmm_pool_drop_events(p, next);
 		if (pushed)
 			vpmm_real.ctx_pop(&popped);
-		if (next)
+		if (device < 0)
 			atomic_store(&st.dev[i].ctx, next);
 	}
 }

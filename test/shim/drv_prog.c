@@ -627,6 +627,136 @@ static void destroy_other_device(void)
 	}
 }
 
+/* ---- review 2: the default stream of a context the program made ----------- */
+
+/* The default stream names the current context's own: with a context the
+ * program made current, it is that context's stream, not the one of the
+ * primary context the pool lives in. Events made there must not reach the
+ * pool's streams, and a free there must not be reused in place by the
+ * primary context's default stream before the user context got there. */
+static void user_context_default(void)
+{
+	CUcontext c0, uc, popped;
+	CUstream s0;
+	CUevent ev;
+	CUdeviceptr p, q;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s0, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc(&p, P), 0); /* the pool, in the primary context */
+	CHECK_EQ(cuMemFree(p), 0);
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0); /* pushed */
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, NULL), 0);
+		CHECK_EQ(cuMemFreeAsync(q, NULL), 0);
+		CHECK_EQ(cuStreamSynchronize(NULL), 0);
+	}
+	CHECK_EQ(cuMemAllocAsync(&p, 4 * P, NULL), 0);
+	CHECK_EQ(cuEventCreate(&ev, 0), 0);
+	CHECK_EQ(cuEventRecord(ev, NULL), 0); /* the user context's work, queued */
+	CHECK_EQ(cuMemFreeAsync(p, NULL), 0);
+	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
+	CHECK(popped == uc);
+	CHECK_EQ(cuMemAllocAsync(&q, 4 * P, NULL), 0);
+	if (q == p) /* reused at once: only once the user context got there */
+		CHECK_EQ(cuEventQuery(ev), 0);
+	CHECK_EQ(cuMemFreeAsync(q, NULL), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s0), 0);
+		CHECK_EQ(cuMemFreeAsync(q, s0), 0);
+		CHECK_EQ(cuStreamSynchronize(s0), 0);
+		CHECK_EQ(cuMemAllocAsync(&q, 2 * P, NULL), 0);
+		CHECK_EQ(cuMemFreeAsync(q, NULL), 0);
+		CHECK_EQ(cuStreamSynchronize(NULL), 0);
+	}
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+/* A program of its own contexts only: destroying its context must not make
+ * the device's primary context for it (cuDevicePrimaryCtxGetState says
+ * whether one is active; the runtime and PyTorch ask it). */
+static void no_primary_made(void)
+{
+	CUcontext uc, uc2, popped;
+	CUstream s, s2;
+	CUdeviceptr p;
+	unsigned flags;
+	int active = -1;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc(&p, P), 0);
+	CHECK_EQ(cuMemFree(p), 0);
+	CHECK_EQ(cuDevicePrimaryCtxGetState(0, &flags, &active), 0);
+	CHECK_EQ(active, 0);
+	CHECK_EQ(cuCtxDestroy(uc), 0);
+	CHECK_EQ(cuDevicePrimaryCtxGetState(0, &flags, &active), 0);
+	CHECK_EQ(active, 0);
+	/* The pool goes on in the program's next context. */
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&p, 4 * P, s), 0);
+		CHECK_EQ(cuMemFreeAsync(p, s), 0);
+		CHECK_EQ(cuMemAllocAsync(&p, 2 * P, NULL), 0);
+		CHECK_EQ(cuMemFreeAsync(p, NULL), 0);
+	}
+	/* ... and a context made after it is another one's (foreign_stream). */
+	CHECK_EQ(cuCtxCreate_v2(&uc2, 0, 0), 0);
+	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&p, 4 * P, s2), 0);
+		CHECK_EQ(cuMemFreeAsync(p, s2), 0);
+	}
+	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
+	CHECK(popped == uc2);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&p, 4 * P, s), 0);
+		CHECK_EQ(cuMemFreeAsync(p, s), 0);
+		CHECK_EQ(cuStreamSynchronize(s), 0);
+	}
+	CHECK_EQ(cuMemAlloc(&p, 8 * P), 0);
+	CHECK_EQ(cuMemFree(p), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+	CHECK_EQ(cuDevicePrimaryCtxReset(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxGetState(0, &flags, &active), 0);
+	CHECK_EQ(active, 0);
+}
+
+/* Run with VPMM_LIMIT: an allocation on a stream of a context the program
+ * made (served as synchronous) that needs the memory the pool's own stream
+ * freed: the pool records the covering event on its own stream, so the
+ * event must be made in the pool's context, not the caller's. */
+static void user_context_waits(void)
+{
+	CUcontext c0, uc, popped;
+	CUstream s0, us;
+	CUdeviceptr p, q;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s0, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAllocAsync(&p, 8 * P, s0), 0); /* all VPMM_LIMIT allows */
+	CHECK_EQ(cuMemFreeAsync(p, s0), 0);          /* pending on s0 */
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);     /* pushed */
+	CHECK_EQ(cuStreamCreate(&us, 0), 0);
+	CHECK_EQ(cuMemAllocAsync(&q, 8 * P, us), 0);
+	CHECK_EQ(cuMemFreeAsync(q, us), 0);
+	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s0), 0);
+		CHECK_EQ(cuMemFreeAsync(q, s0), 0);
+	}
+	CHECK_EQ(cuStreamSynchronize(s0), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -645,6 +775,9 @@ int main(int argc, char **argv)
 		{"context_destroyed", context_destroyed},
 		{"primary_reset", primary_reset},
 		{"primary_released", primary_released},
+		{"user_context_default", user_context_default},
+		{"no_primary_made", no_primary_made},
+		{"user_context_waits", user_context_waits},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

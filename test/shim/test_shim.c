@@ -219,6 +219,26 @@ DRV_SCENARIO(user_context)
 DRV_SCENARIO(context_destroyed)
 DRV_SCENARIO(primary_reset)
 DRV_SCENARIO(primary_released)
+/* Review 2: the default stream of a context the program made; a program of
+ * its own contexts keeps its primary context inactive. */
+DRV_SCENARIO(user_context_default)
+DRV_SCENARIO(no_primary_made)
+
+/* An allocation served from another context that waits for the pool's own
+ * stream: VPMM_LIMIT leaves it nothing else. */
+Test(shim_drv, user_context_waits_pool, .timeout = 30)
+{
+	static const char *const env[] = {"VPMM_LIMIT=512K", NULL};
+	run(DRV_PROG, "user_context_waits", true, env);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_drv, user_context_waits_without_shim, .timeout = 30)
+{
+	run(DRV_PROG, "user_context_waits", false, REAL);
+	EXPECT_OK();
+}
 
 /* The program's own handles pass through, and the shim says so once. */
 Test(shim_drv, own_pool, .timeout = 30)
