@@ -2397,6 +2397,21 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	return rc;
 }
 
+/* The stream `s`, at *link in its hash chain, is gone: no malloc will name
+ * it again, and a new stream may come with its handle. */
+static void stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link)
+{
+	s->dead = true;
+	pthread_mutex_lock(&s->front.lock);
+	vpmm_loop_fini(&s->front.loop);
+	pthread_mutex_unlock(&s->front.lock);
+	*link = s->hash_next;
+	s->hash_next = NULL;
+	if (p->last_stream == s)
+		p->last_stream = NULL;
+	__atomic_fetch_add(&p->stream_gen, 1, __ATOMIC_RELEASE);
+}
+
 int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 {
 	int rc = 0;
@@ -2423,15 +2438,7 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 			/* No event will follow to cover an epoch a failed record
 			 * closed: back to the last one recorded. */
 			__atomic_store_n(&s->epoch, open, __ATOMIC_SEQ_CST);
-		s->dead = true;
-		pthread_mutex_lock(&s->front.lock);
-		vpmm_loop_fini(&s->front.loop);
-		pthread_mutex_unlock(&s->front.lock);
-		*link = s->hash_next;
-		s->hash_next = NULL;
-		if (p->last_stream == s)
-			p->last_stream = NULL;
-		__atomic_fetch_add(&p->stream_gen, 1, __ATOMIC_RELEASE);
+		stream_forget_locked(p, s, link);
 	}
 	pthread_mutex_unlock(&p->lock);
 	return rc;
@@ -2475,6 +2482,22 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 		free(ev);
 	}
+	/* The context's streams end with it, with no cuStreamDestroy to tell,
+	 * and their handles may come back for new streams: each is forgotten
+	 * as a destroyed one is. The caller synchronised the context and
+	 * polled, so what they freed has settled and no last event is due.
+	 * The default streams' handles (0, CU_STREAM_LEGACY,
+	 * CU_STREAM_PER_THREAD) stay: they name the current context's own
+	 * default stream, in whichever context comes next. */
+	for (unsigned i = 0; i < p->stream_hash_size; i++)
+		for (struct stream **link = &p->stream_hash[i]; *link;) {
+			struct stream *s = *link;
+			if ((uintptr_t)s->handle <= (uintptr_t)CU_STREAM_PER_THREAD) {
+				link = &s->hash_next;
+				continue;
+			}
+			stream_forget_locked(p, s, link); /* *link is the next one */
+		}
 	if (rebind && rebind != p->ctx) {
 		p->ctx = rebind;
 		pthread_cond_signal(&p->reclaim_cond);

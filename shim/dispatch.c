@@ -1018,6 +1018,8 @@ void vpmm_context_ending(CUcontext ctx, int device)
 {
 	if (vpmm_tls_inside || !vpmm_active())
 		return;
+	VPMM_LOGF(VPMM_LOG_DEBUG, "%s %p (device %d) ends", ctx ? "context" : "primary context of",
+		  (void *)ctx, device);
 	/* The context's streams die without a cuStreamDestroy, and the driver
 	 * may hand their handles to new streams of other contexts: the
 	 * threads' last-stream entries (enter) must not outlive them. */
