@@ -216,14 +216,6 @@ struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h)
 	return p->last_stream = s;
 }
 
-static void event_unref(vpmm_pool *p, struct event *ev)
-{
-	if (ev && --ev->refs == 0) {
-		ev->next = p->event_cache;
-		p->event_cache = ev;
-	}
-}
-
 /* Unlinks ev from p->events (it is being destroyed). */
 static void event_forget(vpmm_pool *p, struct event *ev)
 {
@@ -232,6 +224,19 @@ static void event_forget(vpmm_pool *p, struct event *ev)
 			*e = ev->all_next;
 			return;
 		}
+}
+
+static void event_unref(vpmm_pool *p, struct event *ev)
+{
+	if (ev && --ev->refs == 0) {
+		if (ev->gone) { /* its driver event died with its context */
+			event_forget(p, ev);
+			free(ev);
+			return;
+		}
+		ev->next = p->event_cache;
+		p->event_cache = ev;
+	}
 }
 
 /* Record an event on s that closes its open epoch. */
@@ -1909,7 +1914,8 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	/* Zombies and deferred blocks may hold events no list has any more. */
 	for (struct event *ev = p->events, *next; ev; ev = next) {
 		next = ev->all_next;
-		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+		if (!ev->gone)
+			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 		free(ev);
 	}
 	free(p->stream_hash);
@@ -2482,6 +2488,18 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 		free(ev);
 	}
+	/* The completed events still held (by a zombie's old address, a
+	 * deferred small block) die with the context too: left alive here,
+	 * each went back to the cache once let go, and was recorded again,
+	 * destroyed, in the next context. Their holders only read `done`.
+	 * One still on its stream's list (epoch past the stream's done) may
+	 * yet be waited on, and stays. */
+	for (struct event *ev = p->events; ev; ev = ev->all_next)
+		if (ev->done && !ev->gone && ev->epoch <= ev->stream->done) {
+			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+			ev->ev = NULL;
+			ev->gone = true;
+		}
 	/* The context's streams end with it, with no cuStreamDestroy to tell,
 	 * and their handles may come back for new streams: each is forgotten
 	 * as a destroyed one is. The caller synchronised the context and

@@ -142,6 +142,9 @@ struct event {
 	uint64_t epoch;
 	unsigned refs;      /* the stream's pending list + zombies waiting on it */
 	bool done;
+	/* Its context ended (vpmm_pool_drop_events): the driver event is
+	 * destroyed, and the struct is freed, not cached, once unreferenced. */
+	bool gone;
 	struct event *next; /* stream's pending list (epoch ascending) or cache */
 	struct event *all_next; /* pool->events: every event, for destroy */
 };

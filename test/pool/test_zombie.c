@@ -466,3 +466,44 @@ Test(zombie, the_background_thread_takes_no_signal)
 		     "SIGUSR1 did not stay pending for the thread that blocked it");
 	pt_close(&t);
 }
+
+/* The context the pool's events live in ends (the shim's
+ * vpmm_context_ending: poll, synchronise, poll, drop the events) while a
+ * zombie still holds the event of its old address. The driver destroys
+ * every event of the context with it, so the pool must destroy them all
+ * itself first and never record one again: an event a zombie held went back
+ * to the cache once the zombie was unmapped, and the next free recorded it,
+ * dead, in the next context (CUDA_ERROR_INVALID_HANDLE, or a crash inside
+ * libcuda). */
+Test(zombie, context_end_leaves_no_event_to_reuse)
+{
+	struct pt t;
+	open64(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr old;
+	CUdeviceptr q = make_zombie(&t, s, &old);
+	cr_assert_eq(pt_stats(&t).zombies, 2 * t.page);
+
+	vpmm_pool_poll(t.pool, true);
+	vpmm_host_complete_all(t.drv);
+	vpmm_pool_poll(t.pool, false);
+	vpmm_pool_drop_events(t.pool, NULL);
+	PT_CHECK(&t);
+	struct vpmm_host_live l;
+	vpmm_host_live(t.drv, &l);
+	cr_assert_eq(l.events, 0, "%zu event(s) of the ended context left to the pool", l.events);
+
+	/* The zombie goes (its work completed with the context), freeing the
+	 * event it held, and a stream of the next context gets events made
+	 * anew: none of the ended context's comes back from the cache. */
+	cr_assert_gt(vpmm_pool_reclaim(t.pool), 0);
+	cr_assert_eq(pt_stats(&t).zombies, 0);
+	CUstream u = vpmm_host_stream_create(t.drv);
+	unsigned long made = vpmm_host_calls(t.drv, VPMM_OP_EVENT_CREATE);
+	PT_FREE(&t, q, u);
+	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_CREATE), made + 1,
+		     "the free's event came from the cache");
+	PT_CHECK(&t);
+	pt_close(&t);
+}
