@@ -223,6 +223,14 @@ static bool have_file(const char *path)
 	return access(path, X_OK) == 0;
 }
 
+/* A test's scratch directory (made by mkdtemp) goes, with what is in it. */
+static void remove_dir(const char *dir)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
 /* ---- raw protocol ------------------------------------------------------------- */
 
 static int dial(const char *path)
@@ -425,9 +433,7 @@ Test(dump, a_starting_server_sweeps_stale_sockets)
 	vpmm_server_stop();
 	vpmm_pool_destroy(h.pool);
 	h.drv->destroy(h.drv);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 Test(dump, refuses_a_directory_that_is_not_private)
@@ -470,9 +476,7 @@ Test(dump, refuses_a_directory_that_is_not_private)
 	cr_assert_eq(access(file, F_OK), 0);
 	vpmm_pool_destroy(h.pool);
 	h.drv->destroy(h.drv);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* ---- what vpmm-dump shows ------------------------------------------------------ */
@@ -942,9 +946,7 @@ Test(dump, gone_stale_and_old_protocol_are_clear_failures)
 	cr_assert_not_null(strstr(r.err, "malformed reply"), "%s", r.err);
 	run_free(&r);
 
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* What a server sends is data, not trusted (review): a page size that
@@ -1021,9 +1023,7 @@ Test(dump, hostile_replies_and_bad_values)
 		cr_expect((unsigned char)*c >= 0x20 || *c == '\n', "a control byte in: %s", r.err);
 	run_free(&r);
 
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* A map reply of one pool, one chunk and one live page: enough for
@@ -1095,9 +1095,7 @@ Test(dump, trace_csv_lines_with_nul_bytes_are_skipped)
 	}
 	run_free(&r);
 
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* --json is for programs: names come out exactly as the process gave them
@@ -1167,9 +1165,7 @@ Test(dump, json_keeps_names_exact_and_text_makes_them_printable)
 	run_free(&r);
 
 	cr_assert_eq(prctl(PR_SET_NAME, old_comm), 0);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* ---- hostile clients ------------------------------------------------------------ */
@@ -1500,9 +1496,7 @@ Test(dump, a_trace_restarted_on_its_own_file_starts_clean)
 		cr_assert_eq(memchr(buf, '\0', n), NULL, "NUL bytes in the trace (%s)", again[k]);
 		cr_assert_eq(count_lines(path), 2, "not the header and one event (%s)", again[k]);
 	}
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 Test(dump, torch_snapshot_loads_in_python)
@@ -1634,9 +1628,7 @@ Test(dump, trace_loses_nothing_under_threads)
 		}
 	}
 	fclose(f);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 Test(dump, trace_replays_to_the_same_peak)
@@ -1700,9 +1692,7 @@ Test(dump, trace_replays_to_the_same_peak)
 		     st.live_peak);
 	json_free(&doc);
 	run_free(&r);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* ---- fork --------------------------------------------------------------------- */
@@ -1786,9 +1776,7 @@ Test(dump, sockets_go_at_exit_and_a_childs_exit_spares_its_parents)
 	waitpid(p, &st, 0);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit_prog: status %d", st);
 	cr_assert_neq(access(mine, F_OK), 0, "the socket outlived its process");
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* ---- hooks ------------------------------------------------------------------- */
@@ -1906,9 +1894,7 @@ Test(dump, a_forked_child_does_not_truncate_the_parents_trace)
 	cr_assert_eq(count_lines(other), 2, "the child's trace: header + its event");
 	snprintf(mine, sizeof(mine), "%s/t-%ld.csv", dir, (long)c);
 	cr_assert_eq(count_lines(mine), 2, "%%p: the child's trace under its pid");
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* ---- an unmodified program under LD_PRELOAD ------------------------------------ */
@@ -2053,9 +2039,7 @@ Test(dump, a_preloaded_program_is_listed_and_read)
 		json_free(&doc);
 		run_free(&r);
 	}
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 
 /* VPMM_SOCKET relative to the program's directory: vpmm-dump PID finds it
@@ -2082,9 +2066,7 @@ Test(dump, a_relative_socket_is_found)
 	cr_assert_not_null(strstr(r.out, "\"pools\""), "%s", r.out);
 	run_free(&r);
 	cr_assert_eq(preload_finish(&p), 0, "the program failed under the shim");
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	cr_assert_eq(system(cmd), 0);
+	remove_dir(dir);
 }
 #else
 Test(dump, a_preloaded_program_is_listed_and_read)
