@@ -458,6 +458,20 @@ static void cross_default_stream(void)
 		CHECK_EQ(pool_stats(1).failures, 0);
 }
 
+/* n allocations of 4 pages on s, each freed on s at once, and s
+ * synchronised after each when `sync`: the pool goes on serving a stream
+ * after whatever the scenario did to its context. */
+static void churn(CUstream s, int n, bool sync)
+{
+	CUdeviceptr q;
+	for (int i = 0; i < n; i++) {
+		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s), 0);
+		CHECK_EQ(cuMemFreeAsync(q, s), 0);
+		if (sync)
+			CHECK_EQ(cuStreamSynchronize(s), 0);
+	}
+}
+
 /* Stream-ordered work in a context the program made itself, on a device
  * whose pool lives in the primary context: events made for the one
  * context's streams must not end up recorded on the other's. */
@@ -465,7 +479,7 @@ static void user_context(void)
 {
 	CUcontext c0, uc, popped;
 	CUstream s0, us;
-	CUdeviceptr p, q;
+	CUdeviceptr p;
 	CHECK_EQ(cuInit(0), 0);
 	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
 	CHECK_EQ(cuCtxSetCurrent(c0), 0);
@@ -475,18 +489,10 @@ static void user_context(void)
 	CHECK_EQ(cuMemFree(p), 0);
 	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0); /* pushed */
 	CHECK_EQ(cuStreamCreate(&us, 0), 0);
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, us), 0);
-		CHECK_EQ(cuMemFreeAsync(q, us), 0);
-		CHECK_EQ(cuStreamSynchronize(us), 0);
-	}
+	churn(us, 4, true);
 	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
 	CHECK(popped == uc);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s0), 0);
-		CHECK_EQ(cuMemFreeAsync(q, s0), 0);
-		CHECK_EQ(cuStreamSynchronize(s0), 0);
-	}
+	churn(s0, 8, true);
 	if (expect_pool())
 		CHECK_EQ(pool_stats(0).failures, 0);
 }
@@ -499,7 +505,7 @@ static void context_destroyed(void)
 	CUcontext c0, uc;
 	CUstream s;
 	CUevent ev;
-	CUdeviceptr p, a, b;
+	CUdeviceptr p, b;
 	CHECK_EQ(cuInit(0), 0);
 	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
 	controls_init();
@@ -509,10 +515,7 @@ static void context_destroyed(void)
 	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
 	CHECK_EQ(cuCtxSetCurrent(c0), 0);
 	CHECK_EQ(cuStreamCreate(&s, 0), 0);
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&a, 4 * P, s), 0);
-		CHECK_EQ(cuMemFreeAsync(a, s), 0);
-	}
+	churn(s, 4, false);
 	CHECK_EQ(cuMemAlloc(&b, 2 * P), 0);
 	CHECK_EQ(cuEventCreate(&ev, 0), 0);
 	CHECK_EQ(cuEventRecord(ev, s), 0); /* work still queued on s */
@@ -539,10 +542,7 @@ static void primary_released(void)
 	CHECK_EQ(cuCtxSetCurrent(c0), 0);
 	CHECK_EQ(cuStreamCreate(&s, 0), 0);
 	controls_init();
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&a, 4 * P, s), 0);
-		CHECK_EQ(cuMemFreeAsync(a, s), 0);
-	}
+	churn(s, 4, false);
 	CHECK_EQ(cuStreamSynchronize(s), 0);
 	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0);
 	CHECK_EQ(cuMemFreeAsync(a, s), 0);
@@ -551,11 +551,7 @@ static void primary_released(void)
 	CHECK_EQ(cuDevicePrimaryCtxRetain(&again, 0), 0);
 	CHECK_EQ(cuCtxSetCurrent(again), 0);
 	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&x, 4 * P, s2), 0);
-		CHECK_EQ(cuMemFreeAsync(x, s2), 0);
-		CHECK_EQ(cuStreamSynchronize(s2), 0);
-	}
+	churn(s2, 8, true);
 	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
 	CHECK_EQ(cuMemFree(x), 0);
 	if (expect_pool())
@@ -575,10 +571,7 @@ static void primary_reset(void)
 	CHECK_EQ(cuCtxSetCurrent(c0), 0);
 	CHECK_EQ(cuStreamCreate(&s, 0), 0);
 	controls_init();
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&a, 4 * P, s), 0);
-		CHECK_EQ(cuMemFreeAsync(a, s), 0);
-	}
+	churn(s, 4, false);
 	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0);
 	CHECK_EQ(cuMemFreeAsync(a, s), 0); /* pending on s at the reset */
 	CHECK_EQ(cuDevicePrimaryCtxReset(0), 0);
@@ -648,11 +641,7 @@ static void user_context_default(void)
 	CHECK_EQ(cuMemAlloc(&p, P), 0); /* the pool, in the primary context */
 	CHECK_EQ(cuMemFree(p), 0);
 	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0); /* pushed */
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, NULL), 0);
-		CHECK_EQ(cuMemFreeAsync(q, NULL), 0);
-		CHECK_EQ(cuStreamSynchronize(NULL), 0);
-	}
+	churn(NULL, 4, true);
 	CHECK_EQ(cuMemAllocAsync(&p, 4 * P, NULL), 0);
 	CHECK_EQ(cuEventCreate(&ev, 0), 0);
 	CHECK_EQ(cuEventRecord(ev, NULL), 0); /* the user context's work, queued */
@@ -707,17 +696,10 @@ static void no_primary_made(void)
 	/* ... and a context made after it is another one's (foreign_stream). */
 	CHECK_EQ(cuCtxCreate_v2(&uc2, 0, 0), 0);
 	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&p, 4 * P, s2), 0);
-		CHECK_EQ(cuMemFreeAsync(p, s2), 0);
-	}
+	churn(s2, 4, false);
 	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
 	CHECK(popped == uc2);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&p, 4 * P, s), 0);
-		CHECK_EQ(cuMemFreeAsync(p, s), 0);
-		CHECK_EQ(cuStreamSynchronize(s), 0);
-	}
+	churn(s, 8, true);
 	CHECK_EQ(cuMemAlloc(&p, 8 * P), 0);
 	CHECK_EQ(cuMemFree(p), 0);
 	if (expect_pool())
@@ -748,10 +730,7 @@ static void user_context_waits(void)
 	CHECK_EQ(cuMemAllocAsync(&q, 8 * P, us), 0);
 	CHECK_EQ(cuMemFreeAsync(q, us), 0);
 	CHECK_EQ(cuCtxPopCurrent(&popped), 0);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&q, 4 * P, s0), 0);
-		CHECK_EQ(cuMemFreeAsync(q, s0), 0);
-	}
+	churn(s0, 8, false);
 	CHECK_EQ(cuStreamSynchronize(s0), 0);
 	if (expect_pool())
 		CHECK_EQ(pool_stats(0).failures, 0);
