@@ -29,6 +29,8 @@
 
 #include <vector>
 
+#include "check.h"
+
 #define CU(call)                                                                   \
 	do {                                                                       \
 		CUresult r_ = (call);                                              \
@@ -36,22 +38,6 @@
 			const char *s_ = "?";                                      \
 			cuGetErrorName(r_, &s_);                                   \
 			fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_); \
-			exit(1);                                                   \
-		}                                                                  \
-	} while (0)
-#define CK(call)                                                                   \
-	do {                                                                       \
-		cudaError_t e_ = (call);                                           \
-		if (e_ != cudaSuccess) {                                           \
-			fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                           \
-			exit(1);                                                   \
-		}                                                                  \
-	} while (0)
-#define REQUIRE(cond)                                                              \
-	do {                                                                       \
-		if (!(cond)) {                                                     \
-			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
 			exit(1);                                                   \
 		}                                                                  \
 	} while (0)

@@ -34,24 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
+
 extern char **environ;
 
-#define CK(call)                                                              \
-	do {                                                                  \
-		cudaError_t e_ = (call);                                      \
-		if (e_ != cudaSuccess) {                                      \
-			fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                      \
-			exit(1);                                              \
-		}                                                             \
-	} while (0)
-#define REQUIRE(cond)                                                         \
-	do {                                                                  \
-		if (!(cond)) {                                                \
-			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-			exit(1);                                              \
-		}                                                             \
-	} while (0)
 
 static const size_t KiB = 1024, MiB = 1 << 20;
 

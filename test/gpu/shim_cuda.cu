@@ -28,22 +28,8 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(call)                                                              \
-	do {                                                                  \
-		cudaError_t e_ = (call);                                      \
-		if (e_ != cudaSuccess) {                                      \
-			fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                      \
-			exit(1);                                              \
-		}                                                             \
-	} while (0)
-#define REQUIRE(cond)                                                         \
-	do {                                                                  \
-		if (!(cond)) {                                                \
-			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-			exit(1);                                              \
-		}                                                             \
-	} while (0)
+#include "check.h"
+
 
 static const size_t MiB = 1 << 20;
 static bool quick;
