@@ -478,8 +478,15 @@ static void bench_defrag(cudaStream_t s)
 		std::vector<CUdeviceptr> a(2 * n);
 
 		/* 2N pages, each its own allocation; free the even ones: N free
-		 * pages, none adjacent to another, the last page live. Then one
-		 * malloc of N pages, timed; then the next malloc. */
+		 * pages, none adjacent to another, the last page live. */
+		auto fragment = [&](vpmm_pool *p) {
+			for (size_t i = 0; i < 2 * n; i++)
+				VP(vpmm_pool_malloc(p, page, (CUstream)s, &a[i]));
+			for (size_t i = 0; i < 2 * n; i += 2)
+				VP(vpmm_pool_free(p, a[i], (CUstream)s));
+		};
+
+		/* Then one malloc of N pages, timed; then the next malloc. */
 		struct pool_round {
 			uint64_t defrag_ns, next_ns;
 			double reclaimed;
@@ -490,10 +497,7 @@ static void bench_defrag(cudaStream_t s)
 			vpmm_pool *p = pool_new(0);
 			if (vpmm_pool_page_size(p) != page)
 				printf("  (pool page is %zu, not 2 MiB)\n", vpmm_pool_page_size(p));
-			for (size_t i = 0; i < 2 * n; i++)
-				VP(vpmm_pool_malloc(p, page, (CUstream)s, &a[i]));
-			for (size_t i = 0; i < 2 * n; i += 2)
-				VP(vpmm_pool_free(p, a[i], (CUstream)s));
+			fragment(p);
 			struct vpmm_stats b = pool_stats(p);
 			CUdeviceptr big, after;
 			uint64_t t0 = now_ns();
@@ -521,10 +525,7 @@ static void bench_defrag(cudaStream_t s)
 		auto bg_part = [&](bool keep) {
 			vpmm_pool *p = pool_new(0, -1, true);
 			CUdeviceptr big, after;
-			for (size_t i = 0; i < 2 * n; i++)
-				VP(vpmm_pool_malloc(p, page, (CUstream)s, &a[i]));
-			for (size_t i = 0; i < 2 * n; i += 2)
-				VP(vpmm_pool_free(p, a[i], (CUstream)s));
+			fragment(p);
 			VP(vpmm_pool_malloc(p, n * page, (CUstream)s, &big));
 			struct vpmm_stats bm = pool_stats(p);
 			CK(cudaStreamSynchronize(s));
