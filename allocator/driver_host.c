@@ -98,6 +98,7 @@ struct host_driver {
 	uintptr_t next_va; /* unbacked */
 	CUmemGenericAllocationHandle next_id;
 	size_t handle_bytes;
+	size_t tenant; /* held by another process (vpmm_host_set_tenant) */
 
 	struct host_handle **handles; /* sorted by id (ids only grow: appended) */
 	size_t nhandles, caphandles;
@@ -126,6 +127,13 @@ static struct host_driver *host_of(vpmm_driver *d)
 }
 
 /* ---- small helpers ---------------------------------------------------------- */
+
+/* What neither the tenant nor a handle holds. Lock held. */
+static size_t host_free(const struct host_driver *h)
+{
+	size_t used = h->handle_bytes + h->tenant;
+	return used < h->capacity ? h->capacity - used : 0;
+}
 
 /* `p` (an array of `*cap` elements of `elem` bytes) with room for `need`;
  * NULL (and `p` untouched) when memory is short. */
@@ -542,7 +550,7 @@ static CUresult host_mem_create(vpmm_driver *d, int device, size_t size,
 		r_ = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
-	if (size > h->capacity - h->handle_bytes) {
+	if (size > host_free(h)) {
 		r_ = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
@@ -886,7 +894,7 @@ static CUresult host_mem_info(vpmm_driver *d, size_t *free_bytes,
 		r_ = CUDA_ERROR_INVALID_VALUE;
 		goto out;
 	}
-	*free_bytes = h->capacity - h->handle_bytes;
+	*free_bytes = host_free(h);
 	*total_bytes = h->capacity;
 out:
 	pthread_mutex_unlock(&h->lock);
@@ -1212,6 +1220,23 @@ unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op)
 		return 0;
 	pthread_mutex_lock(&h->lock);
 	unsigned long n = h->calls[op];
+	pthread_mutex_unlock(&h->lock);
+	return n;
+}
+
+void vpmm_host_set_tenant(vpmm_driver *d, size_t bytes)
+{
+	struct host_driver *h = host_of(d);
+	pthread_mutex_lock(&h->lock);
+	h->tenant = bytes;
+	pthread_mutex_unlock(&h->lock);
+}
+
+size_t vpmm_host_free_bytes(vpmm_driver *d)
+{
+	struct host_driver *h = host_of(d);
+	pthread_mutex_lock(&h->lock);
+	size_t n = host_free(h);
 	pthread_mutex_unlock(&h->lock);
 	return n;
 }

@@ -13,6 +13,9 @@
  *  - Faults: the N-th next call of any operation can be made to fail, and
  *    any operation can be held at a gate.
  *  - Capacity: creating handles beyond it returns CUDA_ERROR_OUT_OF_MEMORY.
+ *    Another tenant (vpmm_host_set_tenant) holds part of it, as a second
+ *    process on the same GPU would: it shrinks what mem_create may take and
+ *    what mem_info reports free.
  */
 #ifndef VPMM_DRIVER_HOST_H
 #define VPMM_DRIVER_HOST_H
@@ -43,6 +46,13 @@ bool vpmm_host_stream_waits_on(vpmm_driver *d, CUstream s, CUevent ev);
 unsigned long vpmm_host_stream_wait_count(vpmm_driver *d, CUstream s);
 /* Mark `s` as capturing or not. */
 void vpmm_host_set_capturing(vpmm_driver *d, CUstream s, bool capturing);
+
+/* Another process holds `bytes` of the device from now on (0: none). It may
+ * hold more than is free: the pool's handles stay, and every mem_create
+ * fails until enough is given back. Thread-safe. */
+void vpmm_host_set_tenant(vpmm_driver *d, size_t bytes);
+/* Bytes of the device neither the tenant nor any handle holds. */
+size_t vpmm_host_free_bytes(vpmm_driver *d);
 
 /* The nth (1 = next) call of `op` from now returns `result` (0 disarms). */
 void vpmm_host_fail(vpmm_driver *d, enum vpmm_op op, unsigned long nth,

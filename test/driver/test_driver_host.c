@@ -283,6 +283,34 @@ Test(driver, export_fd_shares_the_memory)
 
 /* ---- capacity ------------------------------------------------------------------- */
 
+/* Another process takes and gives back memory: mem_create and mem_info see
+ * what it leaves, and handles made before it came stay. */
+Test(driver, tenant_takes_and_gives_back)
+{
+	vpmm_driver *d = mk(G, 4 * G, false);
+	size_t fr, total;
+	CUmemGenericAllocationHandle a = create(d, G), b;
+	vpmm_host_set_tenant(d, 2 * G);
+	OK(d->mem_info(d, &fr, &total));
+	cr_assert_eq(fr, G);
+	cr_assert_eq(vpmm_host_free_bytes(d), G);
+	FAILS(d->mem_create(d, 0, 2 * G, &b), CUDA_ERROR_OUT_OF_MEMORY);
+	b = create(d, G);
+	/* More than is free: nothing left, the pool's handles untouched. */
+	vpmm_host_set_tenant(d, 3 * G);
+	OK(d->mem_info(d, &fr, &total));
+	cr_assert_eq(fr, 0);
+	cr_assert_eq(live(d).handle_bytes, 2 * G);
+	FAILS(d->mem_create(d, 0, G, &(CUmemGenericAllocationHandle){ 0 }),
+	      CUDA_ERROR_OUT_OF_MEMORY);
+	vpmm_host_set_tenant(d, 0);
+	OK(d->mem_info(d, &fr, &total));
+	cr_assert_eq(fr, 2 * G);
+	OK(d->mem_release(d, a));
+	OK(d->mem_release(d, b));
+	d->destroy(d);
+}
+
 Test(driver, capacity_out_of_memory)
 {
 	vpmm_driver *d = mk(G, 4 * G, false);
