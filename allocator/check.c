@@ -8,8 +8,8 @@
 
 #include "pool_internal.h"
 
-#define REG(n, member) ((n) ? vpmm_container_of(n, struct region, member) : NULL)
-#define MAP(n) ((n) ? vpmm_container_of(n, struct mapping, by_va) : NULL)
+#define REG(n, member) ((n) ? vpi_container_of(n, struct region, member) : NULL)
+#define MAP(n) ((n) ? vpi_container_of(n, struct mapping, by_va) : NULL)
 
 static size_t complain(FILE *log, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -27,9 +27,9 @@ static size_t complain(FILE *log, const char *fmt, ...)
 	return 1;
 }
 
-static bool region_in_tree(const struct vpmm_tree *t, const struct region *r)
+static bool region_in_tree(const struct vpi_tree *t, const struct region *r)
 {
-	const struct vpmm_tnode *n = &r->by_size;
+	const struct vpi_tnode *n = &r->by_size;
 	while (n->parent)
 		n = n->parent;
 	return n == t->root;
@@ -50,8 +50,8 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 	CUdeviceptr expect = 0;
 	const struct region *prev = NULL;
 
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n;
-	     n = vpmm_tree_next(n)) {
+	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n;
+	     n = vpi_tree_next(n)) {
 		const struct region *r = REG(n, by_va);
 		const struct chunk *c;
 		if (r->chunk >= p->nchunks) {
@@ -90,7 +90,7 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 		expect = r->va + r->size;
 		/* Unclaimed, a lock-free free could take it for a live
 		 * allocation of its own (front.c). */
-		if ((r->kind != R_LIVE || r->small) && !vpmm_claimed(r))
+		if ((r->kind != R_LIVE || r->small) && !vpi_claimed(r))
 			bad += complain(log, "%s %#" PRIx64 " unclaimed",
 					r->small ? "slab" : "region that is not live",
 					(uint64_t)r->va);
@@ -158,7 +158,7 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 static const struct region *region_at(vpmm_pool *p, CUdeviceptr va)
 {
 	struct region probe = {.va = va};
-	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+	return REG(vpi_tree_floor(&p->regions, &probe.by_va), by_va);
 }
 
 
@@ -169,7 +169,7 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 {
 	size_t bad = 0;
 	const struct mapping *prev = NULL;
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->maps); n; n = vpmm_tree_next(n)) {
+	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n)) {
 		const struct mapping *m = MAP(n);
 		const struct slab *s = m->slab;
 		if (prev && prev->va + prev->slab->size > m->va)
@@ -183,7 +183,7 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 		CUdeviceptr end = m->va + s->size;
 		bool home = false, zombie = false;
 		unsigned chunk = r ? r->chunk : 0;
-		for (; r && r->va < end; r = REG(vpmm_tree_next(&r->by_va), by_va)) {
+		for (; r && r->va < end; r = REG(vpi_tree_next(&r->by_va), by_va)) {
 			if (kind_of(r) == R_HOLE || r->chunk != chunk) {
 				bad += complain(log, "mapping %#" PRIx64 " over a hole or two chunks",
 						(uint64_t)m->va);
@@ -206,9 +206,9 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 		prev = m;
 	}
 	/* Count maps and homes per slab in the slabs' scratch fields. */
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->maps); n; n = vpmm_tree_next(n))
+	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n))
 		MAP(n)->slab->seen_maps = MAP(n)->slab->seen_homes = 0;
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->maps); n; n = vpmm_tree_next(n)) {
+	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n)) {
 		const struct mapping *m = MAP(n);
 		const struct region *r = region_at(p, m->va);
 		m->slab->seen_maps++;
@@ -217,7 +217,7 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 			*physical += m->slab->size;
 		}
 	}
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->maps); n; n = vpmm_tree_next(n)) {
+	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n)) {
 		const struct slab *s = MAP(n)->slab;
 		if (s->seen_homes != 1 || s->seen_maps != s->nmaps)
 			bad += complain(log, "slab at %#" PRIx64 ": %u homes, %u of %u maps",
@@ -233,7 +233,7 @@ static size_t check_streams(vpmm_pool *p, FILE *log, size_t *nfree)
 		size_t in_fifo = 0;
 		uint64_t last = 0;
 		n++;
-		bad += vpmm_tree_check(&s->free_by_size);
+		bad += vpi_tree_check(&s->free_by_size);
 		for (const struct region *r = s->fifo_head; r; r = r->next) {
 			if (r->kind != R_FREE || r->stream != s)
 				bad += complain(log, "stream %u fifo holds a foreign region", s->id);
@@ -260,22 +260,22 @@ static size_t check_streams(vpmm_pool *p, FILE *log, size_t *nfree)
 	return bad;
 }
 
-size_t vpmm_pool_check_locked(vpmm_pool *p, FILE *log)
+size_t vpi_check_locked(vpmm_pool *p, FILE *log)
 {
 	uint64_t sums[4] = {0}, mapped_va = 0, physical = 0;
 	size_t nfree = 0, nholes = 0, nzombies = 0, indexed_free = p->settled.count;
 	size_t bad = 0, zlist = 0;
 
-	bad += vpmm_tree_check(&p->regions) + vpmm_tree_check(&p->settled) +
-	       vpmm_tree_check(&p->holes) + vpmm_tree_check(&p->maps);
+	bad += vpi_tree_check(&p->regions) + vpi_tree_check(&p->settled) +
+	       vpi_tree_check(&p->holes) + vpi_tree_check(&p->maps);
 	size_t nbusy = 0;
 	bad += check_regions(p, log, sums, &nfree, &nholes, &nzombies, &nbusy);
 	if (nbusy != p->busy)
 		bad += complain(log, "%zu busy regions, %zu counted", nbusy, p->busy);
 	bad += check_streams(p, log, &indexed_free);
 	bad += check_mappings(p, log, &mapped_va, &physical);
-	bad += vpmm_small_check_locked(p, log);
-	bad += vpmm_front_check_locked(p, log);
+	bad += vpi_small_check_locked(p, log);
+	bad += vpi_front_check_locked(p, log);
 
 	for (const struct region *z = p->zombie_head; z; z = z->next, zlist++)
 		if (z->kind != R_ZOMBIE)
@@ -325,8 +325,8 @@ size_t vpmm_pool_regions(vpmm_pool *p, struct vpmm_region_info *out, size_t cap)
 {
 	size_t n = 0;
 	pthread_mutex_lock(&p->lock);
-	for (struct vpmm_tnode *t = vpmm_tree_first(&p->regions); t;
-	     t = vpmm_tree_next(t), n++) {
+	for (struct vpi_tnode *t = vpi_tree_first(&p->regions); t;
+	     t = vpi_tree_next(t), n++) {
 		const struct region *r = REG(t, by_va);
 		if (n >= cap)
 			continue;
@@ -376,7 +376,7 @@ size_t vpmm_pool_layout(vpmm_pool *p, char *buf, size_t n, size_t unit)
 	if (n)
 		buf[0] = '\0';
 	pthread_mutex_lock(&p->lock);
-	for (struct vpmm_tnode *t = vpmm_tree_first(&p->regions); t; t = vpmm_tree_next(t)) {
+	for (struct vpi_tnode *t = vpi_tree_first(&p->regions); t; t = vpi_tree_next(t)) {
 		const struct region *r = REG(t, by_va);
 		size_text(num, sizeof(num), r->size, unit);
 		int w = snprintf(len < n ? buf + len : NULL, len < n ? n - len : 0,

@@ -25,12 +25,12 @@
 #include "pool_internal.h"
 
 #ifdef VPMM_TEST_HOOKS
-void (*vpmm_test_hook)(const char *point);
+void (*vpi_test_hook)(const char *point);
 #endif
 
 /* ---- page map --------------------------------------------------------------------- */
 
-int vpmm_pmap_create(vpmm_pool *p, struct chunk *c)
+int vpi_gmap_create(vpmm_pool *p, struct chunk *c)
 {
 	size_t bytes = c->size / p->grain * sizeof(struct region *);
 	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
@@ -41,7 +41,7 @@ int vpmm_pmap_create(vpmm_pool *p, struct chunk *c)
 	return 0;
 }
 
-void vpmm_pmap_destroy(vpmm_pool *p, struct chunk *c)
+void vpi_gmap_destroy(vpmm_pool *p, struct chunk *c)
 {
 	if (c->pmap)
 		munmap(c->pmap, c->size / p->grain * sizeof(struct region *));
@@ -60,7 +60,7 @@ static struct region **pmap_slot(vpmm_pool *p, CUdeviceptr va)
 }
 
 /* Every grain of a slab, else the first grain of the allocation. */
-void vpmm_pmap_publish(vpmm_pool *p, struct region *r, bool publish)
+void vpi_gmap_publish(vpmm_pool *p, struct region *r, bool publish)
 {
 	size_t n = r->small ? r->size / p->grain : 1;
 	struct region **slot = pmap_slot(p, r->va);
@@ -79,7 +79,7 @@ static __thread struct {
 	struct stream *s;
 } tls_stream;
 
-void vpmm_front_pool_init(vpmm_pool *p)
+void vpi_front_pool_init(vpmm_pool *p)
 {
 	p->gen = atomic_fetch_add(&pool_generation, 1) + 1;
 	pthread_mutex_init(&p->sync_front.lock, NULL);
@@ -91,7 +91,7 @@ static struct stream *front_stream(vpmm_pool *p, CUstream h)
 	if (tls_stream.gen == p->gen && tls_stream.handle == h && tls_stream.stream_gen == sgen)
 		return tls_stream.s;
 	pthread_mutex_lock(&p->lock);
-	struct stream *s = vpmm_stream_get_locked(p, h);
+	struct stream *s = vpi_stream_get_locked(p, h);
 	pthread_mutex_unlock(&p->lock);
 	if (s) {
 		tls_stream.gen = p->gen;
@@ -115,16 +115,16 @@ static struct front *front_of(vpmm_pool *p, CUstream h, struct stream **s)
 
 static size_t rounded(const vpmm_pool *p, size_t size)
 {
-	if (size <= vpmm_small_max(p))
-		return vpmm_small_class_size(p, size);
-	return vpmm_grains(p, size);
+	if (size <= vpi_small_max(p))
+		return vpi_small_class_size(p, size);
+	return vpi_grains(p, size);
 }
 
 /* The chain of rounded size `size`: sizes recur exactly (a loop's tensors),
  * so the multiplicative hash only has to spread distinct sizes. */
 static unsigned bucket(size_t size)
 {
-	return vpmm_hash_bits(size, VPMM_FRONT_BUCKET_BITS);
+	return vpi_hash_bits(size, VPMM_FRONT_BUCKET_BITS);
 }
 
 /* Takes the entry *link names out of its chain; its slot goes to the
@@ -139,7 +139,7 @@ static inline void unlink_entry(struct front *f, uint16_t *link)
 	f->bytes -= f->e[slot - 1].size;
 }
 
-int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
+int vpi_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *out)
 {
 	size_t want = rounded(p, size);
 	struct stream *s;
@@ -153,12 +153,12 @@ int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *o
 			continue;
 		unlink_entry(f, link);
 		f->hits++;
-		vpmm_loop_note(&f->loop, size, e.ptr);
+		vpi_loop_note(&f->loop, size, e.ptr);
 		pthread_mutex_unlock(&f->lock);
 		if (e.r->small)
-			vpmm_small_unpark(p, e.r->small, e.r, e.ptr);
+			vpi_small_unpark(p, e.r->small, e.r, e.ptr);
 		else
-			vpmm_unclaim(e.r);
+			vpi_unclaim(e.r);
 		*out = e.ptr;
 		return 0;
 	}
@@ -177,7 +177,7 @@ static uint16_t take_slot(struct front *f)
 	return slot;
 }
 
-int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
+int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 {
 	struct region **slot = pmap_slot(p, ptr), *r;
 	struct small_slab *small;
@@ -192,7 +192,7 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	 * read, and then va and size, read after, are that allocation's. */
 	small = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
 	if (small) {
-		if (vpmm_small_park(p, small, r, ptr, &size))
+		if (vpi_small_park(p, small, r, ptr, &size))
 			return -EAGAIN; /* the pool lock decides what is wrong */
 	} else {
 		uint32_t seen = __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE);
@@ -200,7 +200,7 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		if (r->va != ptr)
 			return -EAGAIN;
 		VPMM_TEST_POINT("front_free:claim");
-		if (!vpmm_claim(r, seen))
+		if (!vpi_claim(r, seen))
 			return -EAGAIN;
 	}
 	struct stream *s;
@@ -226,9 +226,9 @@ int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		pthread_mutex_unlock(&f->lock);
 	}
 	if (small)
-		vpmm_small_unpark(p, small, r, ptr);
+		vpi_small_unpark(p, small, r, ptr);
 	else
-		vpmm_unclaim(r);
+		vpi_unclaim(r);
 	return -EAGAIN;
 }
 
@@ -246,15 +246,15 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 	pthread_mutex_lock(&f->lock);
 	VPMM_FRONT_FOR_EACH(f, e) {
 		n++;
-		/* Entries are claimed live memory (vpmm_front_check_locked). */
+		/* Entries are claimed live memory (vpi_front_check_locked). */
 		if (e->r->kind != R_LIVE)
 			continue;
 		if (e->r->small) {
 			/* Still claimed: a racing double free cannot take it
 			 * between an unpark and a new claim. */
-			vpmm_small_free_locked(p, e->r, e->ptr, s, e->epoch, true);
+			vpi_small_free_locked(p, e->r, e->ptr, s, e->epoch, true);
 		} else {
-			vpmm_pool_give_locked(p, e->r, s, e->epoch); /* stays claimed */
+			vpi_give_locked(p, e->r, s, e->epoch); /* stays claimed */
 		}
 	}
 	memset(f->head, 0, sizeof(f->head));
@@ -270,9 +270,9 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
  * they join it: the pool asks for it when a malloc that missed the cache
  * finds no place, or only one that strands memory (pool.c). Under the
  * front lock, as flush_one(). */
-size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
+size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 {
-	struct front *f = vpmm_front_of(p, s);
+	struct front *f = vpi_front_of(p, s);
 	size_t n = 0;
 	if (!p->cfg.front_entries)
 		return 0;
@@ -281,12 +281,12 @@ size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 		uint16_t *link = &f->head[b];
 		while (*link) {
 			struct fentry e = f->e[*link - 1];
-			if (e.r->small || e.r->kind != R_LIVE || !vpmm_region_beside_free_locked(e.r, s)) {
+			if (e.r->small || e.r->kind != R_LIVE || !vpi_region_beside_free_locked(e.r, s)) {
 				link = &f->e[*link - 1].next;
 				continue;
 			}
 			unlink_entry(f, link);
-			vpmm_pool_give_locked(p, e.r, s, e.epoch); /* stays claimed */
+			vpi_give_locked(p, e.r, s, e.epoch); /* stays claimed */
 			n++;
 		}
 	}
@@ -294,14 +294,14 @@ size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 	return n;
 }
 
-size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s)
+size_t vpi_front_flush_stream_locked(vpmm_pool *p, struct stream *s)
 {
-	return p->cfg.front_entries ? flush_one(p, vpmm_front_of(p, s), s) : 0;
+	return p->cfg.front_entries ? flush_one(p, vpi_front_of(p, s), s) : 0;
 }
 
-bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r)
+bool vpi_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r)
 {
-	struct front *f = vpmm_front_of(p, s);
+	struct front *f = vpi_front_of(p, s);
 	bool found = false;
 	pthread_mutex_lock(&f->lock);
 	for (uint16_t slot = f->head[bucket(r->size)]; slot && !found; slot = f->e[slot - 1].next)
@@ -310,7 +310,7 @@ bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region
 	return found;
 }
 
-size_t vpmm_front_flush_locked(vpmm_pool *p)
+size_t vpi_front_flush_locked(vpmm_pool *p)
 {
 	size_t n = 0;
 	if (!p->cfg.front_entries)
@@ -336,7 +336,7 @@ static struct front *front_next(vpmm_pool *p, struct front *f, struct stream **s
 	return f;
 }
 
-void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
+void vpi_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks)
 {
 	struct stream *s;
@@ -355,10 +355,10 @@ static bool entry_ok(vpmm_pool *p, const struct fentry *all, unsigned i)
 	const struct fentry *e = &all[i];
 	bool ok = e->r->kind == R_LIVE && e->ptr >= e->r->va && e->ptr < e->r->va + e->r->size;
 	if (ok && !e->r->small)
-		ok = e->ptr == e->r->va && vpmm_claimed(e->r) &&
+		ok = e->ptr == e->r->va && vpi_claimed(e->r) &&
 		     e->size == e->r->size;
 	if (ok && e->r->small)
-		ok = vpmm_small_is_parked(p, e->r, e->ptr);
+		ok = vpi_small_is_parked(p, e->r, e->ptr);
 	for (unsigned j = 0; ok && j < i; j++)
 		ok = all[j].ptr != e->ptr;
 	return ok;
@@ -419,7 +419,7 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 	return bad;
 }
 
-size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log)
+size_t vpi_front_check_locked(vpmm_pool *p, FILE *log)
 {
 	size_t bad = 0;
 	struct stream *s;

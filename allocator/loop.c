@@ -2,9 +2,9 @@
  *
  * A training step makes the same mallocs in the same order every step. Two
  * rules in pool.c use that: a defragmentation that repeats a loop grows the
- * pool instead (vpmm_loop_repeats), and a malloc is placed where the same
+ * pool instead (vpi_loop_repeats), and a malloc is placed where the same
  * malloc went one or two steps before, when that memory is free
- * (vpmm_loop_hints). The first stops the pool from regathering memory for
+ * (vpi_loop_hints). The first stops the pool from regathering memory for
  * the same tensor every step; the second stops the other tensors from
  * taking that memory before the tensor comes.
  *
@@ -40,7 +40,7 @@
 /* Without memory for the rings the stream's loops go unseen; the count
  * goes on, and the rings are asked for again a ring's worth of mallocs
  * later rather than on every malloc. */
-int vpmm_loop_init(struct vpmm_loop *l)
+int vpi_loop_init(struct loop *l)
 {
 	if (l->prefix || l->n < l->retry)
 		return l->prefix ? 0 : -ENOMEM;
@@ -62,14 +62,14 @@ int vpmm_loop_init(struct vpmm_loop *l)
 	return 0;
 }
 
-void vpmm_loop_fini(struct vpmm_loop *l)
+void vpi_loop_fini(struct loop *l)
 {
 	free(l->prefix);
 	free(l->at);
 	memset(l, 0, sizeof(*l));
 }
 
-uint64_t vpmm_loop_note(struct vpmm_loop *l, size_t size, CUdeviceptr at)
+uint64_t vpi_loop_note(struct loop *l, size_t size, CUdeviceptr at)
 {
 	uint64_t i = l->n++;
 	if (l->prefix) {
@@ -79,7 +79,7 @@ uint64_t vpmm_loop_note(struct vpmm_loop *l, size_t size, CUdeviceptr at)
 	return i;
 }
 
-void vpmm_loop_placed(struct vpmm_loop *l, uint64_t i, CUdeviceptr at)
+void vpi_loop_placed(struct loop *l, uint64_t i, CUdeviceptr at)
 {
 	if (l->prefix && l->n - i < l->ring)
 		l->at[i & (l->ring - 1)] = at;
@@ -94,20 +94,20 @@ static uint64_t power(uint64_t b, uint64_t e)
 	return r;
 }
 
-static uint64_t prefix(const struct vpmm_loop *l, uint64_t i)
+static uint64_t prefix(const struct loop *l, uint64_t i)
 {
 	return l->prefix[i & (l->ring - 1)];
 }
 
 /* The size of malloc i, from the hashes either side of it. */
-static uint64_t size_of(const struct vpmm_loop *l, uint64_t i)
+static uint64_t size_of(const struct loop *l, uint64_t i)
 {
 	return prefix(l, i + 1) - prefix(l, i) * BASE;
 }
 
 /* Whether the last VPMM_LOOP_TIMES stretches of `period` mallocs are
  * equal, size for size (by hash). */
-static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
+static bool window_repeats(const struct loop *l, uint64_t period)
 {
 	uint64_t n = l->n, bp = power(BASE, period);
 	if (!l->prefix || period < MIN_PERIOD ||
@@ -129,7 +129,7 @@ static bool window_repeats(const struct vpmm_loop *l, uint64_t period)
  * a collision of hashes. Two periods back, not only one: a tensor of one
  * step may live into the next, so its place of one step ago is still
  * taken, but not its place of two. */
-unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
+unsigned vpi_loop_hints(const struct loop *l, CUdeviceptr *at)
 {
 	uint64_t i = l->n - 1, per = l->period;
 	unsigned n = 0;
@@ -148,7 +148,7 @@ unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at)
 /* Whether the last `span` mallocs repeat with `period` (span > period,
  * span < the ring): the stretch [n - span, n - period) equals the
  * one `period` later, by hash. */
-static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t span)
+static bool periodic_over(const struct loop *l, uint64_t period, uint64_t span)
 {
 	uint64_t n = l->n, b = power(BASE, span - period);
 	return prefix(l, n - period) - prefix(l, n - span) * b ==
@@ -161,8 +161,8 @@ static bool periodic_over(const struct vpmm_loop *l, uint64_t period, uint64_t s
  * two defragmentations, if they were d0 apart too: a step
  * longer than half the ring shows only that way (a model of hundreds of
  * layers makes tens of thousands of mallocs a step). Slots are emptied when
- * the rings come (vpmm_loop_init), so every hash noted is of these rings. */
-static bool twice(const struct vpmm_loop *l, const struct loop_slot *e, uint64_t d0)
+ * the rings come (vpi_loop_init), so every hash noted is of these rings. */
+static bool twice(const struct loop *l, const struct loop_slot *e, uint64_t d0)
 {
 	if (2 * d0 < l->ring && 2 * d0 <= l->n - l->start)
 		return periodic_over(l, d0, 2 * d0);
@@ -176,7 +176,7 @@ static bool twice(const struct vpmm_loop *l, const struct loop_slot *e, uint64_t
  * layers makes thousands of mallocs a step). What the old ring held is
  * kept; history older than that is not there. Without memory the ring
  * stays as it is, and so does the limit on the period. */
-static void grow(struct vpmm_loop *l, uint64_t period)
+static void grow(struct loop *l, uint64_t period)
 {
 	uint64_t ring = l->ring;
 	if ((VPMM_LOOP_TIMES + 1) * period >= VPMM_LOOP_RING_MAX)
@@ -218,9 +218,9 @@ static void grow(struct vpmm_loop *l, uint64_t period)
  * of the period kept, over which the kept one still repeats (two steps,
  * three), does not replace it: places two steps back would be offered
  * first. */
-bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain)
+bool vpi_loop_repeats(struct loop *l, size_t need, size_t grain)
 {
-	struct loop_slot *e = &l->slot[vpmm_hash_bits(need / grain, VPMM_LOOP_SLOT_BITS)];
+	struct loop_slot *e = &l->slot[vpi_hash_bits(need / grain, VPMM_LOOP_SLOT_BITS)];
 	uint64_t longest = 0, kept = l->period;
 	if (e->size != need) {
 		memset(e, 0, sizeof(*e));

@@ -46,40 +46,40 @@ static int cmp_u64(uint64_t a, uint64_t b)
 	return a < b ? -1 : a > b;
 }
 
-static int region_by_va(const struct vpmm_tnode *a, const struct vpmm_tnode *b)
+static int region_by_va(const struct vpi_tnode *a, const struct vpi_tnode *b)
 {
-	return cmp_u64(vpmm_container_of(a, struct region, by_va)->va,
-		       vpmm_container_of(b, struct region, by_va)->va);
+	return cmp_u64(vpi_container_of(a, struct region, by_va)->va,
+		       vpi_container_of(b, struct region, by_va)->va);
 }
 
-static int region_by_size(const struct vpmm_tnode *a, const struct vpmm_tnode *b)
+static int region_by_size(const struct vpi_tnode *a, const struct vpi_tnode *b)
 {
-	const struct region *x = vpmm_container_of(a, struct region, by_size);
-	const struct region *y = vpmm_container_of(b, struct region, by_size);
+	const struct region *x = vpi_container_of(a, struct region, by_size);
+	const struct region *y = vpi_container_of(b, struct region, by_size);
 	int c = cmp_u64(x->size, y->size);
 	return c ? c : cmp_u64(x->va, y->va);
 }
 
-static int mapping_by_va(const struct vpmm_tnode *a, const struct vpmm_tnode *b)
+static int mapping_by_va(const struct vpi_tnode *a, const struct vpi_tnode *b)
 {
-	return cmp_u64(vpmm_container_of(a, struct mapping, by_va)->va,
-		       vpmm_container_of(b, struct mapping, by_va)->va);
+	return cmp_u64(vpi_container_of(a, struct mapping, by_va)->va,
+		       vpi_container_of(b, struct mapping, by_va)->va);
 }
 
-#define REG(n, member) ((n) ? vpmm_container_of(n, struct region, member) : NULL)
-#define MAP(n) ((n) ? vpmm_container_of(n, struct mapping, by_va) : NULL)
+#define REG(n, member) ((n) ? vpi_container_of(n, struct region, member) : NULL)
+#define MAP(n) ((n) ? vpi_container_of(n, struct mapping, by_va) : NULL)
 
 static struct region *region_next(struct region *r)
 {
-	return REG(vpmm_tree_next(&r->by_va), by_va);
+	return REG(vpi_tree_next(&r->by_va), by_va);
 }
 
 static struct region *region_prev(struct region *r)
 {
-	return REG(vpmm_tree_prev(&r->by_va), by_va);
+	return REG(vpi_tree_prev(&r->by_va), by_va);
 }
 
-bool vpmm_region_beside_free_locked(struct region *r, const struct stream *s)
+bool vpi_region_beside_free_locked(struct region *r, const struct stream *s)
 {
 	struct region *side[2] = {region_prev(r), region_next(r)};
 	bool mine = false, other = false;
@@ -135,14 +135,14 @@ static struct region *region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 	r->va = va;
 	r->size = size;
 	r->chunk = chunk;
-	vpmm_tree_insert(&p->regions, &r->by_va);
+	vpi_tree_insert(&p->regions, &r->by_va);
 	p->st.regions++;
 	return r;
 }
 
 static void region_delete(vpmm_pool *p, struct region *r)
 {
-	vpmm_tree_remove(&p->regions, &r->by_va);
+	vpi_tree_remove(&p->regions, &r->by_va);
 	p->st.regions--;
 	r->next = p->region_cache;
 	p->region_cache = r;
@@ -162,7 +162,7 @@ static void region_delete(vpmm_pool *p, struct region *r)
 
 static unsigned stream_slot(const vpmm_pool *p, CUstream h)
 {
-	return vpmm_hash_bits((uint64_t)(uintptr_t)h, (unsigned)__builtin_ctz(p->stream_hash_size));
+	return vpi_hash_bits((uint64_t)(uintptr_t)h, (unsigned)__builtin_ctz(p->stream_hash_size));
 }
 
 static int stream_hash_grow(vpmm_pool *p)
@@ -184,7 +184,7 @@ static int stream_hash_grow(vpmm_pool *p)
 
 /* The stream record of `h`, created on first sight; NULL if the host is out
  * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
-struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h)
+struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
 {
 	struct stream *s = p->last_stream;
 	if (s && s->handle == h)
@@ -205,7 +205,7 @@ struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h)
 	}
 	s->id = __atomic_fetch_add(&p->nstreams, 1, __ATOMIC_RELEASE);
 	s->epoch = 1;
-	vpmm_tree_init(&s->free_by_size, region_by_size, s->id + 1);
+	vpi_tree_init(&s->free_by_size, region_by_size, s->id + 1);
 	struct stream **tail = &p->streams;
 	while (*tail)
 		tail = &(*tail)->next;
@@ -362,20 +362,20 @@ static void fifo_insert(struct stream *s, struct region *r)
 static void free_index(vpmm_pool *p, struct region *r)
 {
 	if (r->stream) {
-		vpmm_tree_insert(&r->stream->free_by_size, &r->by_size);
+		vpi_tree_insert(&r->stream->free_by_size, &r->by_size);
 		fifo_insert(r->stream, r);
 	} else {
-		vpmm_tree_insert(&p->settled, &r->by_size);
+		vpi_tree_insert(&p->settled, &r->by_size);
 	}
 }
 
 static void free_unindex(vpmm_pool *p, struct region *r)
 {
 	if (r->stream) {
-		vpmm_tree_remove(&r->stream->free_by_size, &r->by_size);
+		vpi_tree_remove(&r->stream->free_by_size, &r->by_size);
 		fifo_unlink(r->stream, r);
 	} else {
-		vpmm_tree_remove(&p->settled, &r->by_size);
+		vpi_tree_remove(&p->settled, &r->by_size);
 	}
 }
 
@@ -430,18 +430,18 @@ static void hole_insert(vpmm_pool *p, struct region *r)
 {
 	struct region *n = region_prev(r);
 	if (hole_mergeable(n, r)) {
-		vpmm_tree_remove(&p->holes, &n->by_size);
+		vpi_tree_remove(&p->holes, &n->by_size);
 		r->va = n->va;
 		r->size += n->size;
 		region_delete(p, n);
 	}
 	n = region_next(r);
 	if (hole_mergeable(r, n)) {
-		vpmm_tree_remove(&p->holes, &n->by_size);
+		vpi_tree_remove(&p->holes, &n->by_size);
 		r->size += n->size;
 		region_delete(p, n);
 	}
-	vpmm_tree_insert(&p->holes, &r->by_size);
+	vpi_tree_insert(&p->holes, &r->by_size);
 }
 
 /* ---- learning that work completed ------------------------------------------- */
@@ -488,12 +488,12 @@ static void poll_stream(vpmm_pool *p, struct stream *s)
 static struct mapping *mapping_ceil(vpmm_pool *p, CUdeviceptr va)
 {
 	struct mapping probe = {.va = va};
-	return MAP(vpmm_tree_ceil(&p->maps, &probe.by_va));
+	return MAP(vpi_tree_ceil(&p->maps, &probe.by_va));
 }
 
 static struct mapping *mapping_next(struct mapping *m)
 {
-	return MAP(vpmm_tree_next(&m->by_va));
+	return MAP(vpi_tree_next(&m->by_va));
 }
 
 /* ---- the slab map ------------------------------------------------------------ */
@@ -553,7 +553,7 @@ static struct mapping *mapping_from(vpmm_pool *p, unsigned chunk, CUdeviceptr va
 /* Drop one mapping record; the slab goes with its last mapping. */
 static void mapping_forget(vpmm_pool *p, struct mapping *m)
 {
-	vpmm_tree_remove(&p->maps, &m->by_va);
+	vpi_tree_remove(&p->maps, &m->by_va);
 	if (--m->slab->nmaps == 0) {
 		DRV(p, VPMM_OP_MEM_RELEASE, mem_release, m->slab->handle);
 		free(m->slab);
@@ -614,7 +614,7 @@ static void busy_take(vpmm_pool *p, struct region *r)
 	if (r->kind == R_FREE)
 		free_unindex(p, r);
 	else if (r->kind == R_HOLE)
-		vpmm_tree_remove(&p->holes, &r->by_size);
+		vpi_tree_remove(&p->holes, &r->by_size);
 	else if (r->kind == R_ZOMBIE)
 		zombie_unlink(p, r);
 	r->was = r->kind;
@@ -831,15 +831,15 @@ static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 	}
 	struct chunk *c = &p->chunks[p->nchunks];
 	if (p->nchunks < VPMM_MAX_CHUNKS) { /* left by chunk_drop_if_unused() */
-		vpmm_pmap_destroy(p, c);
+		vpi_gmap_destroy(p, c);
 		smap_destroy(p, c);
 	}
 	*c = (struct chunk){.va = va, .size = size};
 	rc = p->nchunks == VPMM_MAX_CHUNKS ? -ENOMEM : reserve_regions(p, 1);
 	if (!rc)
-		rc = vpmm_pmap_create(p, c);
+		rc = vpi_gmap_create(p, c);
 	if (!rc && (rc = smap_create(p, c)))
-		vpmm_pmap_destroy(p, c);
+		vpi_gmap_destroy(p, c);
 	if (rc) {
 		DRV(p, VPMM_OP_VA_FREE, va_free, va, size);
 		return rc;
@@ -847,7 +847,7 @@ static int chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 	struct region *hole = region_new(p, R_HOLE, va, size, p->nchunks);
 	*index = p->nchunks;
 	__atomic_store_n(&p->nchunks, p->nchunks + 1, __ATOMIC_RELEASE);
-	vpmm_tree_insert(&p->holes, &hole->by_size);
+	vpi_tree_insert(&p->holes, &hole->by_size);
 	GAUGE_ADD(p, reserved, size);
 	GAUGE_ADD(p, holes, size);
 	return 0;
@@ -861,10 +861,10 @@ static void chunk_drop_if_unused(vpmm_pool *p, unsigned index)
 	struct region probe = {.va = c->va}, *hole;
 	if (index + 1 != p->nchunks)
 		return;
-	hole = REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+	hole = REG(vpi_tree_floor(&p->regions, &probe.by_va), by_va);
 	if (!hole || hole->kind != R_HOLE || hole->va != c->va || hole->size != c->size)
 		return;
-	vpmm_tree_remove(&p->holes, &hole->by_size);
+	vpi_tree_remove(&p->holes, &hole->by_size);
 	region_delete(p, hole);
 	__atomic_store_n(&p->nchunks, p->nchunks - 1, __ATOMIC_RELEASE);
 	/* Its page map stays until the slot is reused or the pool goes: a
@@ -932,8 +932,8 @@ static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller
 		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
 			if (r != skip && r != skip2 && pl->taken < pl->target)
 				rc = plan_region(p, pl, r);
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->settled); n && !rc;
-	     n = vpmm_tree_next(n)) {
+	for (struct vpi_tnode *n = vpi_tree_first(&p->settled); n && !rc;
+	     n = vpi_tree_next(n)) {
 		struct region *r = REG(n, by_size);
 		if (r != skip && r != skip2 && pl->taken < pl->target)
 			rc = plan_region(p, pl, r);
@@ -1037,8 +1037,8 @@ static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 	if (caller)
 		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
 			rc = cand_region(p, &c, &n, &cap, r, skip, false);
-	for (struct vpmm_tnode *t = vpmm_tree_first(&p->settled); t && !rc;
-	     t = vpmm_tree_next(t))
+	for (struct vpi_tnode *t = vpi_tree_first(&p->settled); t && !rc;
+	     t = vpi_tree_next(t))
 		rc = cand_region(p, &c, &n, &cap, REG(t, by_size), skip, false);
 	/* Other streams: oldest free first across all of them, as in
 	 * plan_harvest_all(); a wait on each stream is the same price. */
@@ -1243,11 +1243,11 @@ static bool lender_ok(const vpmm_pool *p, const struct region *f,
 static struct region *find_lender(vpmm_pool *p, struct stream *caller, size_t need,
 				  struct region **hole, bool *after)
 {
-	struct vpmm_tree *idx[2] = {caller ? &caller->free_by_size : NULL, &p->settled};
+	struct vpi_tree *idx[2] = {caller ? &caller->free_by_size : NULL, &p->settled};
 	struct region *best = NULL;
 	for (int i = 0; i < 2; i++) {
-		struct vpmm_tnode *t = idx[i] ? vpmm_tree_last(idx[i]) : NULL;
-		for (; t; t = vpmm_tree_prev(t)) {
+		struct vpi_tnode *t = idx[i] ? vpi_tree_last(idx[i]) : NULL;
+		for (; t; t = vpi_tree_prev(t)) {
 			struct region *f = REG(t, by_size), *h;
 			if (best && f->size <= best->size)
 				break; /* smaller from here on */
@@ -1309,7 +1309,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		adj = after ? NULL : lender;
 		adj2 = after ? lender : NULL;
 	} else {
-		while (!(hole = REG(vpmm_tree_ceil(&p->holes, &probe.by_size), by_size))) {
+		while (!(hole = REG(vpi_tree_ceil(&p->holes, &probe.by_size), by_size))) {
 			rc = chunk_add(p, need, &new_chunk);
 			if (rc)
 				return rc;
@@ -1400,14 +1400,14 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		busy_take(p, adj);
 	if (adj2)
 		busy_take(p, adj2);
-	vpmm_tree_remove(&p->holes, &hole->by_size);
+	vpi_tree_remove(&p->holes, &hole->by_size);
 	if (hole->size > pl.taken + shortfall && adj2) {
 		/* The request ends in adj2: map the end of the hole. */
 		struct region *back = split_off(p, hole, hole->va + hole->size - pl.taken - shortfall);
-		vpmm_tree_insert(&p->holes, &hole->by_size);
+		vpi_tree_insert(&p->holes, &hole->by_size);
 		hole = back;
 	} else if (hole->size > pl.taken + shortfall) {
-		vpmm_tree_insert(&p->holes,
+		vpi_tree_insert(&p->holes,
 				 &split_off(p, hole, hole->va + pl.taken + shortfall)->by_size);
 	}
 	off = hole->va;
@@ -1492,7 +1492,7 @@ static int defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		fr[k].rec->va = fr[k].va;
 		fr[k].rec->slab = fr[k].slab;
 		fr[k].slab->nmaps++;
-		vpmm_tree_insert(&p->maps, &fr[k].rec->by_va);
+		vpi_tree_insert(&p->maps, &fr[k].rec->by_va);
 		smap_set(p, hole->chunk, fr[k].rec, true);
 		fr[k].rec = NULL;
 		if (fr[k].created) {
@@ -1602,17 +1602,17 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
 	struct release_job *job = NULL;
 	size_t n = 0, cap = 0, want, got = 0;
 
-	vpmm_front_flush_locked(p);
+	vpi_front_flush_locked(p);
 	poll_others(p, NULL); /* closes open epochs: completion shows next time */
 	if (p->st.reusable <= keep)
 		return 0;
 	want = p->st.reusable - keep;
 	/* Largest settled regions first: they are the least likely to be
 	 * reused soon, and free whole slabs. */
-	for (struct vpmm_tnode *t = vpmm_tree_last(&p->settled); t && got < want;) {
+	for (struct vpi_tnode *t = vpi_tree_last(&p->settled); t && got < want;) {
 		struct region *r = REG(t, by_size);
 		struct mapping *m = mapping_ceil(p, r->va);
-		t = vpmm_tree_prev(t);
+		t = vpi_tree_prev(t);
 		/* The first slab wholly inside r that no zombie still maps. */
 		while (m && m->va < r->va + r->size &&
 		       (m->slab->nmaps != 1 || m->va + m->slab->size > r->va + r->size))
@@ -1643,7 +1643,7 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
 		p->busy++;
 		job[n++] = (struct release_job){.r = r, .m = m};
 		got += m->slab->size;
-		t = vpmm_tree_last(&p->settled); /* indexes changed: start over */
+		t = vpi_tree_last(&p->settled); /* indexes changed: start over */
 	}
 	if (!n) {
 		free(job);
@@ -1687,7 +1687,7 @@ static size_t trim_locked(vpmm_pool *p, size_t keep)
  * defragmentation makes new ones. */
 #define RECLAIM_POLL_NS 100000
 #define RELEASE_POLL_NS 10000000
-/* The longest a sole taker's frees wait for an event (vpmm_pool_give_locked):
+/* The longest a sole taker's frees wait for an event (vpi_give_locked):
  * a trim past the release threshold looks no more often. */
 #define SOLE_RECORD_NS RELEASE_POLL_NS
 
@@ -1718,11 +1718,11 @@ static void *reclaimer_main(void *arg)
 		}
 		if (p->zombie_head && reserve_regions(p, 2) == 0)
 			reclaim_zombies(p, false, &gave_way);
-		if (vpmm_small_deferred(p))
-			vpmm_small_drain_locked(p);
+		if (vpi_small_deferred(p))
+			vpi_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;
 		if (p->cfg.release)
-			vpmm_front_counts_locked(p, &parked, &hits, &parks);
+			vpi_front_counts_locked(p, &parked, &hits, &parks);
 		if (p->cfg.release && p->st.reusable + parked > p->cfg.release_threshold) {
 			/* A trim unmaps too: it waits for a caller's maps as
 			 * the zombies do. */
@@ -1744,7 +1744,7 @@ static void *reclaimer_main(void *arg)
 			timed_wait(p, VPMM_RECLAIM_DEFER_NS);
 			continue;
 		}
-		if (p->cfg.release && !p->zombie_head && !vpmm_small_deferred(p)) {
+		if (p->cfg.release && !p->zombie_head && !vpi_small_deferred(p)) {
 			/* Lock-free frees wake nobody: with a release threshold
 			 * look again every RELEASE_POLL_NS. */
 			timed_wait(p, RELEASE_POLL_NS);
@@ -1752,7 +1752,7 @@ static void *reclaimer_main(void *arg)
 		}
 		/* Poll while zombies, deferred blocks or free memory beyond the
 		 * threshold wait for work to complete. */
-		if (p->zombie_head || vpmm_small_deferred(p) ||
+		if (p->zombie_head || vpi_small_deferred(p) ||
 		    (p->cfg.release && p->st.reusable > p->cfg.release_threshold)) {
 			timed_wait(p, RECLAIM_POLL_NS);
 		} else {
@@ -1812,16 +1812,16 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	rc = -ENOMEM;
 	if (pthread_mutex_init(&p->lock, NULL))
 		goto fail;
-	vpmm_front_pool_init(p);
+	vpi_front_pool_init(p);
 	if (pthread_cond_init(&p->reclaim_cond, NULL)) {
 		pthread_mutex_destroy(&p->lock);
 		goto fail;
 	}
 	rc = 0;
-	vpmm_tree_init(&p->regions, region_by_va, 1);
-	vpmm_tree_init(&p->settled, region_by_size, 2);
-	vpmm_tree_init(&p->holes, region_by_size, 3);
-	vpmm_tree_init(&p->maps, mapping_by_va, 4);
+	vpi_tree_init(&p->regions, region_by_va, 1);
+	vpi_tree_init(&p->settled, region_by_size, 2);
+	vpi_tree_init(&p->holes, region_by_size, 3);
+	vpi_tree_init(&p->maps, mapping_by_va, 4);
 
 	struct region *first;
 	CUdeviceptr at;
@@ -1829,7 +1829,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	pthread_mutex_lock(&p->lock);
 	rc = reserve_regions(p, 4);
 	if (!rc)
-		rc = vpmm_small_init(p);
+		rc = vpi_small_init(p);
 	if (!rc)
 		rc = chunk_add(p, p->cfg.va_size, &chunk);
 	if (!rc && cfg->initial_pages) {
@@ -1874,7 +1874,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 {
 	if (!p)
 		return;
-	struct vpmm_tnode *n;
+	struct vpi_tnode *n;
 	if (p->reclaimer_running) {
 		pthread_mutex_lock(&p->lock);
 		p->stopping = true;
@@ -1882,8 +1882,8 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		pthread_mutex_unlock(&p->lock);
 		pthread_join(p->reclaimer, NULL);
 	}
-	vpmm_small_fini(p);
-	while ((n = vpmm_tree_first(&p->maps))) {
+	vpi_small_fini(p);
+	while ((n = vpi_tree_first(&p->maps))) {
 		struct mapping *m = MAP(n);
 		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
 		mapping_forget(p, m);
@@ -1891,12 +1891,12 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	for (unsigned i = 0; i < VPMM_MAX_CHUNKS; i++) {
 		if (i < p->nchunks)
 			DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
-		vpmm_pmap_destroy(p, &p->chunks[i]);
+		vpi_gmap_destroy(p, &p->chunks[i]);
 		smap_destroy(p, &p->chunks[i]);
 	}
-	while ((n = vpmm_tree_first(&p->regions))) {
+	while ((n = vpi_tree_first(&p->regions))) {
 		struct region *r = REG(n, by_va);
-		vpmm_tree_remove(&p->regions, n);
+		vpi_tree_remove(&p->regions, n);
 		free(r);
 	}
 	while (p->region_cache) {
@@ -1907,7 +1907,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	for (struct stream *s = p->streams, *next; s; s = next) {
 		next = s->next;
 		free(s->small_partial);
-		vpmm_loop_fini(&s->front.loop);
+		vpi_loop_fini(&s->front.loop);
 		pthread_mutex_destroy(&s->front.lock);
 		free(s);
 	}
@@ -1920,7 +1920,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	}
 	free(p->stream_hash);
 	free(p->chunks);
-	vpmm_loop_fini(&p->sync_front.loop);
+	vpi_loop_fini(&p->sync_front.loop);
 	pthread_mutex_destroy(&p->sync_front.lock);
 	pthread_cond_destroy(&p->reclaim_cond);
 	pthread_mutex_destroy(&p->lock);
@@ -1948,7 +1948,7 @@ static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
 	__atomic_store_n(&r->claim, (r->claim | VPMM_CLAIMED) + 2, __ATOMIC_RELEASE);
 	GAUGE_SUB(p, reusable, need);
 	GAUGE_ADD(p, live, need);
-	vpmm_pmap_publish(p, r, true);
+	vpi_gmap_publish(p, r, true);
 	return r;
 }
 
@@ -1961,7 +1961,7 @@ static void settle_all_waiting(vpmm_pool *p)
 		struct event *ev = NULL;
 		if (!s->fifo_tail || cover_event(p, s, s->fifo_tail->epoch, &ev) || !ev)
 			continue;
-		vpmm_pool_event_wait_locked(p, ev);
+		vpi_event_wait_locked(p, ev);
 	}
 }
 
@@ -2058,9 +2058,9 @@ static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t n
 				   CUdeviceptr *at, size_t *cost)
 {
 	struct region probe = {.size = need}, *best = NULL;
-	struct vpmm_tnode *t[2] = {
-		caller ? vpmm_tree_ceil(&caller->free_by_size, &probe.by_size) : NULL,
-		vpmm_tree_ceil(&p->settled, &probe.by_size)};
+	struct vpi_tnode *t[2] = {
+		caller ? vpi_tree_ceil(&caller->free_by_size, &probe.by_size) : NULL,
+		vpi_tree_ceil(&p->settled, &probe.by_size)};
 	size_t best_cost = SIZE_MAX;
 	/* Both indexes merged, smallest first. */
 	for (unsigned seen = 0; seen < PLACE_SCAN && (t[0] || t[1]); seen++) {
@@ -2068,7 +2068,7 @@ static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t n
 		struct region *r = REG(t[i], by_size);
 		size_t c;
 		CUdeviceptr x = place_in(p, r, need, &c);
-		t[i] = vpmm_tree_next(t[i]);
+		t[i] = vpi_tree_next(t[i]);
 		if (c < best_cost) { /* a tie keeps the smaller region */
 			best = r;
 			best_cost = c;
@@ -2086,7 +2086,7 @@ static struct region *place_locked(vpmm_pool *p, struct stream *caller, size_t n
 static struct region *find_region(vpmm_pool *p, CUdeviceptr ptr)
 {
 	struct region probe = {.va = ptr};
-	return REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+	return REG(vpi_tree_floor(&p->regions, &probe.by_va), by_va);
 }
 
 /* Whether this defragmentation for `need` bytes repeats caller's loop
@@ -2098,9 +2098,9 @@ static struct region *find_region(vpmm_pool *p, CUdeviceptr ptr)
  * defragmentation either way. */
 static bool loop_repeats(vpmm_pool *p, struct stream *caller, size_t need)
 {
-	struct front *f = vpmm_front_of(p, caller);
+	struct front *f = vpi_front_of(p, caller);
 	pthread_mutex_lock(&f->lock);
-	bool periodic = vpmm_loop_repeats(&f->loop, need, p->grain);
+	bool periodic = vpi_loop_repeats(&f->loop, need, p->grain);
 	pthread_mutex_unlock(&f->lock);
 	if (!periodic || !p->cfg.loop_growth || p->st.live + need > p->st.live_peak)
 		return false;
@@ -2121,10 +2121,10 @@ static struct region *place_at(vpmm_pool *p, struct stream *caller, size_t need,
 			       CUdeviceptr x, bool *flushed)
 {
 	struct region *r = find_region(p, x);
-	if (r && r->kind == R_LIVE && !r->small && vpmm_claimed(r) &&
-	    !*flushed && vpmm_front_holds_locked(p, caller, r)) {
+	if (r && r->kind == R_LIVE && !r->small && vpi_claimed(r) &&
+	    !*flushed && vpi_front_holds_locked(p, caller, r)) {
 		*flushed = true;
-		if (vpmm_front_flush_stream_locked(p, caller))
+		if (vpi_front_flush_stream_locked(p, caller))
 			r = find_region(p, x);
 	}
 	if (!r || r->kind != R_FREE || (r->stream && r->stream != caller) ||
@@ -2146,7 +2146,7 @@ static bool loop_cap_allows(const vpmm_pool *p, size_t bytes)
 }
 
 /* Phases 0-2 for `need` bytes (whole pages): a live region. Lock held. */
-int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
+int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			  const CUdeviceptr *hint, unsigned nhint, struct region **out)
 {
 	struct region *r = NULL;
@@ -2173,9 +2173,9 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	 * gave back every such entry emptied the cache of a program cycling
 	 * through a few sizes, and the hot path went from 470 to 2 721
 	 * instructions a pair (bench/callgrind.sh). */
-	if ((!r || cost > need) && vpmm_front_release_beside_free_locked(p, caller))
+	if ((!r || cost > need) && vpi_front_release_beside_free_locked(p, caller))
 		r = place_locked(p, caller, need, &at, &cost);
-	if (!r && vpmm_front_flush_locked(p))
+	if (!r && vpi_front_flush_locked(p))
 		r = place_locked(p, caller, need, &at, &cost);
 	if (!r) {
 		poll_others(p, caller);
@@ -2199,7 +2199,7 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			 * back, every stream is asked what completed, and if
 			 * that freed anything the request is planned again. */
 			uint64_t settled = p->settled_count;
-			size_t trimmed = vpmm_small_trim_locked(p);
+			size_t trimmed = vpi_small_trim_locked(p);
 			settle_all_waiting(p);
 			if (trimmed || settled != p->settled_count) {
 				r = place_locked(p, caller, need, &at, &cost);
@@ -2225,10 +2225,10 @@ int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 
 /* A live region becomes free on `s` (NULL: settled), freed in `epoch` of s
  * (0: now). Lock held. */
-void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
+void vpi_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 			   uint64_t epoch)
 {
-	vpmm_pmap_publish(p, r, false);
+	vpi_gmap_publish(p, r, false);
 	r->kind = R_FREE;
 	__atomic_store_n(&r->small, NULL, __ATOMIC_RELEASE);
 	if (s && s->dead && (!epoch || epoch >= s->epoch))
@@ -2257,13 +2257,13 @@ void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 		pthread_cond_signal(&p->reclaim_cond);
 }
 
-int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
+int vpi_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
 			   struct event **out)
 {
 	return cover_event(p, s, epoch, out);
 }
 
-bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev)
+bool vpi_event_done_locked(vpmm_pool *p, struct event *ev)
 {
 	if (!ev || ev->done)
 		return true;
@@ -2271,7 +2271,7 @@ bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
-bool vpmm_pool_event_wait_locked(vpmm_pool *p, struct event *ev)
+bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
 {
 	if (!ev || ev->done)
 		return true;
@@ -2284,7 +2284,7 @@ bool vpmm_pool_event_wait_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
-void vpmm_pool_event_unref_locked(vpmm_pool *p, struct event *ev)
+void vpi_event_unref_locked(vpmm_pool *p, struct event *ev)
 {
 	event_unref(p, ev);
 }
@@ -2299,41 +2299,41 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		return -EINVAL;
 	if (size > SIZE_MAX - 2 * p->page)
 		return -ENOMEM;
-	if (p->cfg.front_entries && vpmm_front_malloc(p, size, stream, out) == 0)
+	if (p->cfg.front_entries && vpi_front_malloc(p, size, stream, out) == 0)
 		return 0;
 
 	pthread_mutex_lock(&p->lock);
 	if (stream == VPMM_NO_STREAM)
 		p->sync_takes = true;
-	else if (!(caller = vpmm_stream_get_locked(p, stream))) {
+	else if (!(caller = vpi_stream_get_locked(p, stream))) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	/* The sequence of mallocs (loop.c), and where this one's like went
 	 * a step or more before. */
-	struct front *f = vpmm_front_of(p, caller);
+	struct front *f = vpi_front_of(p, caller);
 	CUdeviceptr hint[VPMM_LOOP_HINTS];
 	unsigned nhint = 0;
-	bool small = size <= vpmm_small_max(p);
+	bool small = size <= vpi_small_max(p);
 	pthread_mutex_lock(&f->lock);
-	vpmm_loop_init(&f->loop); /* without memory, no loop is seen */
-	uint64_t seq = vpmm_loop_note(&f->loop, size, 0);
+	vpi_loop_init(&f->loop); /* without memory, no loop is seen */
+	uint64_t seq = vpi_loop_note(&f->loop, size, 0);
 	if (!small)
-		nhint = vpmm_loop_hints(&f->loop, hint);
+		nhint = vpi_loop_hints(&f->loop, hint);
 	pthread_mutex_unlock(&f->lock);
 	if (small) {
-		rc = vpmm_small_malloc_locked(p, caller, size, out);
+		rc = vpi_small_malloc_locked(p, caller, size, out);
 	} else {
-		rc = vpmm_pool_take_locked(p, caller, vpmm_grains(p, size),
+		rc = vpi_take_locked(p, caller, vpi_grains(p, size),
 					   hint, nhint, &r);
 		if (!rc) {
 			*out = r->va;
-			vpmm_unclaim(r); /* the program's to free now */
+			vpi_unclaim(r); /* the program's to free now */
 		}
 	}
 	if (!rc) {
 		pthread_mutex_lock(&f->lock);
-		vpmm_loop_placed(&f->loop, seq, *out);
+		vpi_loop_placed(&f->loop, seq, *out);
 		pthread_mutex_unlock(&f->lock);
 		p->st.mallocs++;
 	}
@@ -2352,25 +2352,25 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 
 	if (!p)
 		return rc;
-	if (p->cfg.front_entries && vpmm_front_free(p, ptr, stream) == 0)
+	if (p->cfg.front_entries && vpi_front_free(p, ptr, stream) == 0)
 		return 0;
 	pthread_mutex_lock(&p->lock);
 	r = find_region(p, ptr);
 	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small))
 		goto out;
-	if (stream != VPMM_NO_STREAM && !(s = vpmm_stream_get_locked(p, stream))) {
+	if (stream != VPMM_NO_STREAM && !(s = vpi_stream_get_locked(p, stream))) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	/* Claimed, not just looked at: a lock-free free of the same pointer
 	 * may have read r already, and only one of the two may win. A
 	 * block's claim is its park bit (small.c). */
-	if (!r->small && !vpmm_claim(r, __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE)))
+	if (!r->small && !vpi_claim(r, __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE)))
 		goto out;
 	if (r->small) {
-		rc = vpmm_small_free_locked(p, r, ptr, s, 0, false);
+		rc = vpi_small_free_locked(p, r, ptr, s, 0, false);
 	} else {
-		vpmm_pool_give_locked(p, r, s, 0);
+		vpi_give_locked(p, r, s, 0);
 		rc = 0;
 	}
 	if (!rc)
@@ -2388,9 +2388,9 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	pthread_mutex_lock(&p->lock);
 	struct region *r = find_region(p, ptr);
 	if (r && r->kind == R_LIVE && ptr < r->va + r->size &&
-	    (r->small || !vpmm_claimed(r))) {
+	    (r->small || !vpi_claimed(r))) {
 		if (r->small) {
-			rc = vpmm_small_find_locked(p, r, ptr, base, size);
+			rc = vpi_small_find_locked(p, r, ptr, base, size);
 		} else {
 			if (base)
 				*base = r->va;
@@ -2409,7 +2409,7 @@ static void stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream *
 {
 	s->dead = true;
 	pthread_mutex_lock(&s->front.lock);
-	vpmm_loop_fini(&s->front.loop);
+	vpi_loop_fini(&s->front.loop);
 	pthread_mutex_unlock(&s->front.lock);
 	*link = s->hash_next;
 	s->hash_next = NULL;
@@ -2438,7 +2438,7 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 		 * are released in the epoch of that event (give_locked). Recorded
 		 * even with no pending free, since those blocks' work may follow
 		 * every event before it. */
-		vpmm_front_flush_stream_locked(p, s);
+		vpi_front_flush_stream_locked(p, s);
 		uint64_t open = s->epoch;
 		if ((rc = close_epoch_uncaptured(p, s)))
 			/* No event will follow to cover an epoch a failed record
@@ -2470,7 +2470,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	pthread_mutex_lock(&p->lock);
 	for (struct stream *s = p->streams; s; s = s->next)
 		poll_stream(p, s);
-	vpmm_small_drain_locked(p);
+	vpi_small_drain_locked(p);
 	int n = reserve_regions(p, 2) ? -ENOMEM : reclaim_zombies(p, false, NULL);
 	pthread_mutex_unlock(&p->lock);
 	return n;
@@ -2536,12 +2536,12 @@ int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 		/* Parked frees join their stream's pending ones, so that the
 		 * events closing the open epochs cover them too. */
 		for (struct stream *s = p->streams; s; s = s->next)
-			vpmm_front_flush_stream_locked(p, s);
+			vpi_front_flush_stream_locked(p, s);
 		poll_others(p, NULL);
 	} else {
 		for (struct stream *s = p->streams; s; s = s->next)
 			poll_stream(p, s);
-		vpmm_small_drain_locked(p);
+		vpi_small_drain_locked(p);
 	}
 	int n = (int)(p->settled_count - settled);
 	pthread_mutex_unlock(&p->lock);
@@ -2574,15 +2574,15 @@ CUresult vpmm_pool_last_result(vpmm_pool *p)
 void vpmm_pool_stats(vpmm_pool *p, struct vpmm_stats *out)
 {
 	pthread_mutex_lock(&p->lock);
-	vpmm_pool_stats_locked(p, out);
+	vpi_stats_locked(p, out);
 	pthread_mutex_unlock(&p->lock);
 }
 
-void vpmm_pool_stats_locked(vpmm_pool *p, struct vpmm_stats *out)
+void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out)
 {
 	uint64_t parked, hits, parks;
 	*out = p->st;
-	vpmm_front_counts_locked(p, &parked, &hits, &parks);
+	vpi_front_counts_locked(p, &parked, &hits, &parks);
 	/* Parked allocations are live to the pool's structures, free to the
 	 * program: report them as reusable. */
 	out->live -= parked;
@@ -2597,7 +2597,7 @@ void vpmm_pool_stats_locked(vpmm_pool *p, struct vpmm_stats *out)
 size_t vpmm_pool_check(vpmm_pool *p, FILE *log)
 {
 	pthread_mutex_lock(&p->lock);
-	size_t bad = vpmm_pool_check_locked(p, log);
+	size_t bad = vpi_check_locked(p, log);
 	pthread_mutex_unlock(&p->lock);
 	return bad;
 }

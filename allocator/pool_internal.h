@@ -19,7 +19,7 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
 #define VPMM_FRONT_BUCKET_BITS 6 /* its chains by rounded size (front.c) */
 #define VPMM_FRONT_BUCKETS (1u << VPMM_FRONT_BUCKET_BITS)
 #define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
-#define VPMM_LOOP_SLOT_BITS 6 /* request sizes remembered by vpmm_loop_repeats() */
+#define VPMM_LOOP_SLOT_BITS 6 /* request sizes remembered by vpi_loop_repeats() */
 #define VPMM_LOOP_SLOTS (1u << VPMM_LOOP_SLOT_BITS)
 #define VPMM_LOOP_HISTORY 8  /* defragmentations remembered per size */
 #define VPMM_LOOP_RING 8192  /* mallocs whose prefix hashes are kept, at first */
@@ -34,11 +34,11 @@ enum rkind { R_LIVE, R_FREE, R_HOLE, R_ZOMBIE, R_BUSY };
  * (test/pool/test_racing.c). Only in the core the tests build with
  * -DVPMM_TEST_HOOKS; nothing in libvpmm.so. */
 #ifdef VPMM_TEST_HOOKS
-extern void (*vpmm_test_hook)(const char *point);
+extern void (*vpi_test_hook)(const char *point);
 #define VPMM_TEST_POINT(point)                                                \
 	do {                                                                  \
-		if (vpmm_test_hook)                                           \
-			vpmm_test_hook(point);                                \
+		if (vpi_test_hook)                                           \
+			vpi_test_hook(point);                                \
 	} while (0)
 #else
 #define VPMM_TEST_POINT(point) ((void)0)
@@ -46,7 +46,7 @@ extern void (*vpmm_test_hook)(const char *point);
 
 /* The top `bits` bits of x times 2^64 / phi: one index into a table of
  * 2^bits for keys that differ in any bits (streams, sizes). 0 < bits < 64. */
-static inline unsigned vpmm_hash_bits(uint64_t x, unsigned bits)
+static inline unsigned vpi_hash_bits(uint64_t x, unsigned bits)
 {
 	return (unsigned)((x * 0x9e3779b97f4a7c15ull) >> (64 - bits));
 }
@@ -75,10 +75,10 @@ struct fentry { /* an allocation parked in a stream's cache */
 /* One stream's sequence of mallocs (loop.c), every one counted: those the
  * cache serves and those through the pool lock. Guarded by the lock of the
  * front that holds it. */
-struct vpmm_loop {
+struct loop {
 	uint64_t n;       /* mallocs noted */
 	uint64_t period;  /* the period places are offered for: the longest a
-			   * defragmentation found repeating (vpmm_loop_repeats); 0: none */
+			   * defragmentation found repeating (vpi_loop_repeats); 0: none */
 	uint64_t start;   /* the oldest malloc the rings hold a hash for */
 	uint64_t retry;   /* n from which the rings are asked for again after
 			   * the host had no memory for them */
@@ -109,7 +109,7 @@ struct front {
 	uint16_t unused;      /* slot + 1 of the first slot freed by a hit */
 	uint16_t touched;     /* slots [0, touched) were used since the flush */
 	struct fentry e[VPMM_FRONT_MAX];
-	struct vpmm_loop loop;
+	struct loop loop;
 };
 
 /* Every entry `ep` of front `f`, chain by chain (front lock held). Slots
@@ -129,7 +129,7 @@ struct slab {
 };
 
 struct mapping { /* a slab mapped at va; in pool->maps by va */
-	struct vpmm_tnode by_va;
+	struct vpi_tnode by_va;
 	CUdeviceptr va;
 	struct slab *slab;
 };
@@ -159,7 +159,7 @@ struct stream {
 	struct event *ev_head, *ev_tail; /* recorded, not known complete */
 	/* Pending free regions of this stream: by (size, va) and, in fifo,
 	 * by epoch ascending. Each has done < region->epoch <= epoch. */
-	struct vpmm_tree free_by_size;
+	struct vpi_tree free_by_size;
 	struct region *fifo_head, *fifo_tail;
 	struct small_slab **small_partial; /* small.c: per class, slabs with room */
 	struct front front;
@@ -171,8 +171,8 @@ struct stream {
 };
 
 struct region {
-	struct vpmm_tnode by_va;   /* pool->regions: every region */
-	struct vpmm_tnode by_size; /* FREE: stream's or settled tree; HOLE: holes */
+	struct vpi_tnode by_va;   /* pool->regions: every region */
+	struct vpi_tnode by_size; /* FREE: stream's or settled tree; HOLE: holes */
 	struct region *prev, *next; /* pending FREE: stream fifo; ZOMBIE: zombie list */
 	CUdeviceptr va;
 	size_t size;              /* > 0, multiple of the grain */
@@ -197,7 +197,7 @@ struct region {
 
 #define VPMM_CLAIMED 1u
 
-static inline bool vpmm_claimed(const struct region *r)
+static inline bool vpi_claimed(const struct region *r)
 {
 	return __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE) & VPMM_CLAIMED;
 }
@@ -205,14 +205,14 @@ static inline bool vpmm_claimed(const struct region *r)
 /* Claims r for its free. `seen` is r->claim as read before the caller
  * checked that r is the allocation it frees: false if r was claimed, or
  * became live again, since. */
-static inline bool vpmm_claim(struct region *r, uint32_t seen)
+static inline bool vpi_claim(struct region *r, uint32_t seen)
 {
 	return !(seen & VPMM_CLAIMED) &&
 	       __atomic_compare_exchange_n(&r->claim, &seen, seen | VPMM_CLAIMED, false,
 					   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
-static inline void vpmm_unclaim(struct region *r)
+static inline void vpi_unclaim(struct region *r)
 {
 	__atomic_fetch_and(&r->claim, ~VPMM_CLAIMED, __ATOMIC_RELEASE);
 }
@@ -233,10 +233,10 @@ struct vpmm_pool {
 	struct chunk *chunks; /* VPMM_MAX_CHUNKS of them */
 	unsigned nchunks;     /* written under the lock, read atomically */
 
-	struct vpmm_tree regions; /* by va: partitions every chunk */
-	struct vpmm_tree settled; /* settled FREE by (size, va) */
-	struct vpmm_tree holes;   /* HOLE by (size, va) */
-	struct vpmm_tree maps;    /* struct mapping by va */
+	struct vpi_tree regions; /* by va: partitions every chunk */
+	struct vpi_tree settled; /* settled FREE by (size, va) */
+	struct vpi_tree holes;   /* HOLE by (size, va) */
+	struct vpi_tree maps;    /* struct mapping by va */
 	struct region *zombie_head, *zombie_tail;
 
 	struct stream *streams;   /* every stream seen, creation order */
@@ -245,7 +245,7 @@ struct vpmm_pool {
 	/* A VPMM_NO_STREAM malloc came through the lock: synchronous callers
 	 * take only settled memory. Never cleared. Without it and a second
 	 * stream, frees close epochs only every SOLE_RECORD_NS
-	 * (vpmm_pool_give_locked). */
+	 * (vpi_give_locked). */
 	bool sync_takes;
 	struct stream *last_stream; /* one-entry cache for the hot path */
 
@@ -284,100 +284,100 @@ struct vpmm_pool {
 
 struct small_state; /* small.c */
 
-size_t vpmm_pool_check_locked(vpmm_pool *pool, FILE *log);
+size_t vpi_check_locked(vpmm_pool *pool, FILE *log);
 /* vpmm_pool_stats() with the lock held (snapshot.c shares it). */
-void vpmm_pool_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
+void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
 
 /* pool.c, for small.c: whole pages in and out, events; lock held. */
-int vpmm_pool_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
+int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			  const CUdeviceptr *hint, unsigned nhint, struct region **out);
-void vpmm_pool_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
+void vpi_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 			   uint64_t epoch);
-int vpmm_pool_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
+int vpi_cover_locked(vpmm_pool *p, struct stream *s, uint64_t epoch,
 			   struct event **out);
-bool vpmm_pool_event_done_locked(vpmm_pool *p, struct event *ev);
+bool vpi_event_done_locked(vpmm_pool *p, struct event *ev);
 /* Wait on the CPU for ev; true once it completed. */
-bool vpmm_pool_event_wait_locked(vpmm_pool *p, struct event *ev);
-void vpmm_pool_event_unref_locked(vpmm_pool *p, struct event *ev);
+bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev);
+void vpi_event_unref_locked(vpmm_pool *p, struct event *ev);
 
-struct stream *vpmm_stream_get_locked(vpmm_pool *p, CUstream h);
+struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h);
 
 /* front.c */
-int vpmm_pmap_create(vpmm_pool *p, struct chunk *c);
-void vpmm_pmap_destroy(vpmm_pool *p, struct chunk *c);
-void vpmm_pmap_publish(vpmm_pool *p, struct region *r, bool publish);
+int vpi_gmap_create(vpmm_pool *p, struct chunk *c);
+void vpi_gmap_destroy(vpmm_pool *p, struct chunk *c);
+void vpi_gmap_publish(vpmm_pool *p, struct region *r, bool publish);
 /* `size` rounded up to whole grains: what a request above the size classes
  * takes, and a slab's size (small.c). */
-static inline size_t vpmm_grains(const vpmm_pool *p, size_t size)
+static inline size_t vpi_grains(const vpmm_pool *p, size_t size)
 {
 	return (size + p->grain - 1) / p->grain * p->grain;
 }
-void vpmm_front_pool_init(vpmm_pool *p);
+void vpi_front_pool_init(vpmm_pool *p);
 /* 0, or -EAGAIN: take the locked path. */
-int vpmm_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);
-int vpmm_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
-size_t vpmm_front_flush_locked(vpmm_pool *p);
+int vpi_front_malloc(vpmm_pool *p, size_t size, CUstream s, CUdeviceptr *out);
+int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream s);
+size_t vpi_front_flush_locked(vpmm_pool *p);
 /* s's cache, or the synchronous callers' for s NULL. */
-static inline struct front *vpmm_front_of(vpmm_pool *p, struct stream *s)
+static inline struct front *vpi_front_of(vpmm_pool *p, struct stream *s)
 {
 	return s ? &s->front : &p->sync_front;
 }
 /* Gives back every entry of s's cache (NULL: the synchronous callers'). */
-size_t vpmm_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
+size_t vpi_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
 /* Gives back the entries of s's cache that have a free neighbour (front.c). */
-size_t vpmm_front_release_beside_free_locked(vpmm_pool *p, struct stream *s);
+size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s);
 /* Whether free memory touches r, and not both memory that s may place in
  * and memory pending on another stream (given back, r would join them). */
-bool vpmm_region_beside_free_locked(struct region *r, const struct stream *s);
+bool vpi_region_beside_free_locked(struct region *r, const struct stream *s);
 /* Whether s's cache (NULL: the synchronous callers') holds r parked. */
-bool vpmm_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
-void vpmm_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
+bool vpi_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
+void vpi_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks);
-size_t vpmm_front_check_locked(vpmm_pool *p, FILE *log);
+size_t vpi_front_check_locked(vpmm_pool *p, FILE *log);
 
 /* loop.c: a stream's sequence of mallocs; the front's lock held. */
-int vpmm_loop_init(struct vpmm_loop *l);
-void vpmm_loop_fini(struct vpmm_loop *l);
+int vpi_loop_init(struct loop *l);
+void vpi_loop_fini(struct loop *l);
 /* Count one malloc of `size` (as requested) that went to `at` (0: not yet
- * known); returns its index for vpmm_loop_placed(). */
-uint64_t vpmm_loop_note(struct vpmm_loop *l, size_t size, CUdeviceptr at);
-void vpmm_loop_placed(struct vpmm_loop *l, uint64_t i, CUdeviceptr at);
+ * known); returns its index for vpi_loop_placed(). */
+uint64_t vpi_loop_note(struct loop *l, size_t size, CUdeviceptr at);
+void vpi_loop_placed(struct loop *l, uint64_t i, CUdeviceptr at);
 /* Where the malloc noted last went one, ... VPMM_LOOP_HINTS periods
  * before, while the sequence repeats; returns how many. */
-unsigned vpmm_loop_hints(const struct vpmm_loop *l, CUdeviceptr *at);
+unsigned vpi_loop_hints(const struct loop *l, CUdeviceptr *at);
 /* Records that `need` bytes needed a defragmentation now; whether the same
  * size did one period ago and the sequence repeats that period. */
-bool vpmm_loop_repeats(struct vpmm_loop *l, size_t need, size_t grain);
+bool vpi_loop_repeats(struct loop *l, size_t need, size_t grain);
 
-/* small.c: allocations of at most vpmm_small_max() bytes, carved from pool
+/* small.c: allocations of at most vpi_small_max() bytes, carved from pool
  * pages in size classes. Lock held. */
-size_t vpmm_small_max(const vpmm_pool *p);
-int vpmm_small_init(vpmm_pool *p);
-void vpmm_small_fini(vpmm_pool *p);
-int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
+size_t vpi_small_max(const vpmm_pool *p);
+int vpi_small_init(vpmm_pool *p);
+void vpi_small_fini(vpmm_pool *p);
+int vpi_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 			     CUdeviceptr *out);
 /* `claimed`: the caller holds the block's park bit (a cache's entry);
  * else the free claims it, and fails if another free has. */
-int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   struct stream *s, uint64_t epoch, bool claimed);
-int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size);
-size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log);
+size_t vpi_small_check_locked(vpmm_pool *p, FILE *log);
 /* Give every empty slab back to the pool (even the last of its class). */
-size_t vpmm_small_trim_locked(vpmm_pool *p);
+size_t vpi_small_trim_locked(vpmm_pool *p);
 /* Free deferred blocks whose stream completed; return surplus empty slabs. */
-void vpmm_small_drain_locked(vpmm_pool *p);
-size_t vpmm_small_deferred(const vpmm_pool *p);
-size_t vpmm_small_class_size(const vpmm_pool *p, size_t size);
+void vpi_small_drain_locked(vpmm_pool *p);
+size_t vpi_small_deferred(const vpmm_pool *p);
+size_t vpi_small_class_size(const vpmm_pool *p, size_t size);
 /* Lock-free marks of a block freed but not yet free (front.c): the park
  * is the block's claim, as VPMM_CLAIMED is a whole allocation's. park: 0,
  * or -EINVAL if ptr is not a handed-out, unparked block of sl, the slab
  * the caller read from r (r->small may have changed since); *size = its
  * class. */
-int vpmm_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
+int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
 		    CUdeviceptr ptr, size_t *size);
-void vpmm_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
+void vpi_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
 		       CUdeviceptr ptr);
-bool vpmm_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
+bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
 
 #endif

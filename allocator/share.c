@@ -15,8 +15,8 @@
 
 #include "pool_internal.h"
 
-#define REG(n, member) ((n) ? vpmm_container_of(n, struct region, member) : NULL)
-#define MAP(n) ((n) ? vpmm_container_of(n, struct mapping, by_va) : NULL)
+#define REG(n, member) ((n) ? vpi_container_of(n, struct region, member) : NULL)
+#define MAP(n) ((n) ? vpi_container_of(n, struct mapping, by_va) : NULL)
 
 /* How long a grant waits for the pool's busy regions to come back. */
 #define GRANT_WAIT_NS 10000000000ull
@@ -36,7 +36,7 @@ static CUresult grant_all_locked(vpmm_pool *p)
 {
 	CUdeviceptr start = 0, end = 0;
 	unsigned chunk = 0;
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n; n = vpmm_tree_next(n)) {
+	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n; n = vpi_tree_next(n)) {
 		const struct region *r = REG(n, by_va);
 		bool mapped = r->kind == R_LIVE || r->kind == R_FREE;
 		if (mapped && end == r->va && chunk == r->chunk && end != start) {
@@ -118,25 +118,25 @@ int vpmm_pool_pieces(vpmm_pool *p, CUdeviceptr ptr, size_t first,
 	int rc = -EINVAL;
 	pthread_mutex_lock(&p->lock);
 	struct region probe = {.va = ptr};
-	struct region *r = REG(vpmm_tree_floor(&p->regions, &probe.by_va), by_va);
+	struct region *r = REG(vpi_tree_floor(&p->regions, &probe.by_va), by_va);
 	if (!r || r->kind != R_LIVE || ptr >= r->va + r->size ||
-	    (!r->small && vpmm_claimed(r)))
+	    (!r->small && vpi_claimed(r)))
 		goto out;
 	CUdeviceptr base = r->va;
 	size_t size = r->size;
-	if (r->small && vpmm_small_find_locked(p, r, ptr, &base, &size) != 0)
+	if (r->small && vpi_small_find_locked(p, r, ptr, &base, &size) != 0)
 		goto out;
 	/* The home mapping holding base: zombies never overlap live memory,
 	 * so the nearest mapping at or below base is it. */
 	struct mapping mp = {.va = base};
-	struct mapping *m = MAP(vpmm_tree_floor(&p->maps, &mp.by_va));
+	struct mapping *m = MAP(vpi_tree_floor(&p->maps, &mp.by_va));
 	if (!m || m->va + m->slab->size <= base)
 		goto out; /* a broken map; vpmm_pool_check() would say so */
 	ext->base = base;
 	ext->size = size;
 	ext->offset = base - m->va;
 	ext->npieces = 0;
-	for (; m && m->va < base + size; m = MAP(vpmm_tree_next(&m->by_va))) {
+	for (; m && m->va < base + size; m = MAP(vpi_tree_next(&m->by_va))) {
 		size_t i = ext->npieces++;
 		if (i >= first && i - first < cap)
 			out[i - first] = (struct vpmm_piece){m->slab->handle, m->slab->size};

@@ -75,17 +75,17 @@ static struct small_state *st_of(vpmm_pool *p)
 	return p->small;
 }
 
-size_t vpmm_small_deferred(const vpmm_pool *p)
+size_t vpi_small_deferred(const vpmm_pool *p)
 {
 	return p->small ? p->small->deferred : 0;
 }
 
-size_t vpmm_small_max(const vpmm_pool *p)
+size_t vpi_small_max(const vpmm_pool *p)
 {
 	return p->small ? p->small->max : 0;
 }
 
-int vpmm_small_init(vpmm_pool *p)
+int vpi_small_init(vpmm_pool *p)
 {
 	struct small_state *s;
 	size_t max = p->cfg.small_max;
@@ -113,7 +113,7 @@ int vpmm_small_init(vpmm_pool *p)
 		s->nclasses--; /* keep one class that holds `max` */
 	for (unsigned c = 0; c < s->nclasses; c++) {
 		size_t bytes = s->block[c] * MIN_BLOCKS_PER_SLAB;
-		s->slab_bytes[c] = vpmm_grains(p, bytes);
+		s->slab_bytes[c] = vpi_grains(p, bytes);
 	}
 	s->max = max < s->block[s->nclasses - 1] ? max : s->block[s->nclasses - 1];
 	p->small = s;
@@ -187,12 +187,12 @@ static void drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 	struct deferred **link = &sl->deferred;
 	while (*link) {
 		struct deferred *d = *link;
-		if (vpmm_pool_event_done_locked(p, d->ev) ||
-		    (wait && vpmm_pool_event_wait_locked(p, d->ev))) {
+		if (vpi_event_done_locked(p, d->ev) ||
+		    (wait && vpi_event_wait_locked(p, d->ev))) {
 			*link = d->next;
 			st_of(p)->deferred--;
 			block_clear(sl, d->block);
-			vpmm_pool_event_unref_locked(p, d->ev);
+			vpi_event_unref_locked(p, d->ev);
 			free(d);
 		} else {
 			link = &d->next;
@@ -228,7 +228,7 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	}
 	/* The region comes claimed, and stays so: its blocks are claimed
 	 * one by one. */
-	rc = vpmm_pool_take_locked(p, owner, s->slab_bytes[cls], NULL, 0, &r);
+	rc = vpi_take_locked(p, owner, s->slab_bytes[cls], NULL, 0, &r);
 	if (rc) {
 		sl->next = s->spare[cls]; /* never freed while the pool lives */
 		s->spare[cls] = sl;
@@ -242,7 +242,7 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	sl->deferred = NULL;
 	sl->prev = sl->next = NULL;
 	__atomic_store_n(&r->small, sl, __ATOMIC_RELEASE);
-	vpmm_pmap_publish(p, r, true); /* now every page leads to the slab */
+	vpi_gmap_publish(p, r, true); /* now every page leads to the slab */
 	s->slabs++;
 	*out = sl;
 	return 0;
@@ -256,12 +256,12 @@ static void slab_release(vpmm_pool *p, struct small_slab *sl)
 	if (sl->listed && head)
 		list_del(head, sl);
 	st_of(p)->slabs--;
-	vpmm_pool_give_locked(p, sl->r, sl->owner, 0);
+	vpi_give_locked(p, sl->r, sl->owner, 0);
 	sl->next = st_of(p)->spare[sl->cls];
 	st_of(p)->spare[sl->cls] = sl;
 }
 
-int vpmm_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
+int vpi_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 			     CUdeviceptr *out)
 {
 	struct small_state *s = st_of(p);
@@ -336,7 +336,7 @@ static void keep_or_release(vpmm_pool *p, struct small_slab *sl, bool newest)
 	s->kept[sl->cls] = sl;
 }
 
-int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   struct stream *s, uint64_t epoch, bool claimed)
 {
 	struct small_slab *sl = r->small;
@@ -354,7 +354,7 @@ int vpmm_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 	 * order, or if the caller synchronized (s == NULL). */
 	if (s && s != sl->owner) {
 		struct deferred *d = malloc(sizeof(*d));
-		int rc = d ? vpmm_pool_cover_locked(p, s, epoch ? epoch : s->epoch, &d->ev)
+		int rc = d ? vpi_cover_locked(p, s, epoch ? epoch : s->epoch, &d->ev)
 			   : -ENOMEM;
 		if (rc) {
 			free(d);
@@ -418,17 +418,17 @@ static size_t sweep(vpmm_pool *p, bool all)
 	return n;
 }
 
-size_t vpmm_small_trim_locked(vpmm_pool *p)
+size_t vpi_small_trim_locked(vpmm_pool *p)
 {
 	return sweep(p, true);
 }
 
-void vpmm_small_drain_locked(vpmm_pool *p)
+void vpi_small_drain_locked(vpmm_pool *p)
 {
 	sweep(p, false);
 }
 
-size_t vpmm_small_class_size(const vpmm_pool *p, size_t size)
+size_t vpi_small_class_size(const vpmm_pool *p, size_t size)
 {
 	const struct small_state *s = p->small;
 	return s->block[class_of(s, size)];
@@ -436,7 +436,7 @@ size_t vpmm_small_class_size(const vpmm_pool *p, size_t size)
 
 /* Lock-free: only the marks are touched, the used bits are read. A block's
  * used bit cannot change under us while the caller legitimately owns it. */
-int vpmm_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
+int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
 		    CUdeviceptr ptr, size_t *size)
 {
 	size_t bs = st_of(p)->block[sl->cls]; /* spares keep their class */
@@ -463,14 +463,14 @@ int vpmm_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
 	return 0;
 }
 
-void vpmm_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
+void vpi_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
 		       CUdeviceptr ptr)
 {
 	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
 	__atomic_fetch_and(&parked_map(sl)[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
 }
 
-bool vpmm_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
+bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
 {
 	struct small_slab *sl = r->small;
 	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
@@ -479,7 +479,7 @@ bool vpmm_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
 	       (sl->used[b / 64] & (1ull << (b % 64)));
 }
 
-int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
+int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size)
 {
 	struct small_slab *sl = r->small;
@@ -495,7 +495,7 @@ int vpmm_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 	return 0;
 }
 
-size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
+size_t vpi_small_check_locked(vpmm_pool *p, FILE *log)
 {
 	struct small_state *s = st_of(p);
 	size_t bad = 0, slabs = 0, kept = 0, kept_found = 0;
@@ -503,8 +503,8 @@ size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
 		return 0;
 	for (unsigned c = 0; c < s->nclasses; c++)
 		kept += s->kept[c] != NULL;
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n; n = vpmm_tree_next(n)) {
-		const struct region *r = vpmm_container_of(n, struct region, by_va);
+	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n; n = vpi_tree_next(n)) {
+		const struct region *r = vpi_container_of(n, struct region, by_va);
 		const struct small_slab *sl = r->small;
 		if (!sl)
 			continue;
@@ -555,13 +555,13 @@ size_t vpmm_small_check_locked(vpmm_pool *p, FILE *log)
 	return bad;
 }
 
-void vpmm_small_fini(vpmm_pool *p)
+void vpi_small_fini(vpmm_pool *p)
 {
 	struct small_state *s = st_of(p);
 	if (!s)
 		return;
-	for (struct vpmm_tnode *n = vpmm_tree_first(&p->regions); n; n = vpmm_tree_next(n)) {
-		struct region *r = vpmm_container_of(n, struct region, by_va);
+	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n; n = vpi_tree_next(n)) {
+		struct region *r = vpi_container_of(n, struct region, by_va);
 		struct small_slab *sl = r->small;
 		if (!sl)
 			continue;

@@ -11,7 +11,7 @@
 #include "pool_internal.h"
 #include "snapshot.h"
 
-#define REGION(n) vpmm_container_of(n, struct region, by_va)
+#define REGION(n) vpi_container_of(n, struct region, by_va)
 
 struct parked { /* a whole allocation in a stream's cache */
 	const struct region *r;
@@ -103,13 +103,13 @@ static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, struct parked *pk
 
 	s->cfg = p->cfg;
 	s->cfg.page_size = p->page;
-	vpmm_pool_stats_locked(p, &s->stats); /* exactly as vpmm_pool_stats() */
+	vpi_stats_locked(p, &s->stats); /* exactly as vpmm_pool_stats() */
 
 	for (unsigned i = 0; i < p->nchunks; i++)
 		s->chunks[i] = (struct vpmm_chunk_info){ p->chunks[i].va, p->chunks[i].size };
 	size_t n = 0;
-	for (struct vpmm_tnode *t = vpmm_tree_first(&p->regions); t && n < cap[1];
-	     t = vpmm_tree_next(t), n++) {
+	for (struct vpi_tnode *t = vpi_tree_first(&p->regions); t && n < cap[1];
+	     t = vpi_tree_next(t), n++) {
 		const struct region *r = REGION(t);
 		struct vpmm_snap_region *o = &s->regions[n];
 		*o = (struct vpmm_snap_region){

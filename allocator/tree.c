@@ -1,7 +1,7 @@
 /* tree.c — the treap behind every ordered index of the pool (see tree.h). */
 #include "tree.h"
 
-void vpmm_tree_init(struct vpmm_tree *t, vpmm_tcmp cmp, uint32_t seed)
+void vpi_tree_init(struct vpi_tree *t, vpi_tcmp cmp, uint32_t seed)
 {
 	t->root = NULL;
 	t->cmp = cmp;
@@ -9,7 +9,7 @@ void vpmm_tree_init(struct vpmm_tree *t, vpmm_tcmp cmp, uint32_t seed)
 	t->rng = seed ? seed : 0x9e3779b9u;
 }
 
-static uint32_t next_prio(struct vpmm_tree *t)
+static uint32_t next_prio(struct vpi_tree *t)
 {
 	uint32_t x = t->rng;
 	x ^= x << 13;
@@ -20,10 +20,10 @@ static uint32_t next_prio(struct vpmm_tree *t)
 }
 
 /* Replace `old` by `repl` in old's parent (or the root). */
-static void relink(struct vpmm_tree *t, struct vpmm_tnode *old,
-		   struct vpmm_tnode *repl)
+static void relink(struct vpi_tree *t, struct vpi_tnode *old,
+		   struct vpi_tnode *repl)
 {
-	struct vpmm_tnode *p = old->parent;
+	struct vpi_tnode *p = old->parent;
 	if (repl)
 		repl->parent = p;
 	if (!p)
@@ -35,9 +35,9 @@ static void relink(struct vpmm_tree *t, struct vpmm_tnode *old,
 }
 
 /* Lift n above its parent, keeping in-order sequence. */
-static void rotate_up(struct vpmm_tree *t, struct vpmm_tnode *n)
+static void rotate_up(struct vpi_tree *t, struct vpi_tnode *n)
 {
-	struct vpmm_tnode *p = n->parent;
+	struct vpi_tnode *p = n->parent;
 	relink(t, p, n);
 	if (p->left == n) {
 		p->left = n->right;
@@ -53,9 +53,9 @@ static void rotate_up(struct vpmm_tree *t, struct vpmm_tnode *n)
 	p->parent = n;
 }
 
-void vpmm_tree_insert(struct vpmm_tree *t, struct vpmm_tnode *n)
+void vpi_tree_insert(struct vpi_tree *t, struct vpi_tnode *n)
 {
-	struct vpmm_tnode **link = &t->root, *parent = NULL;
+	struct vpi_tnode **link = &t->root, *parent = NULL;
 	while (*link) {
 		parent = *link;
 		link = t->cmp(n, parent) < 0 ? &parent->left : &parent->right;
@@ -69,7 +69,7 @@ void vpmm_tree_insert(struct vpmm_tree *t, struct vpmm_tnode *n)
 	t->count++;
 }
 
-void vpmm_tree_remove(struct vpmm_tree *t, struct vpmm_tnode *n)
+void vpi_tree_remove(struct vpi_tree *t, struct vpi_tnode *n)
 {
 	/* Sink n until it has at most one child, lifting the child with the
 	 * smaller priority so the heap order holds, then splice it out. */
@@ -80,52 +80,52 @@ void vpmm_tree_remove(struct vpmm_tree *t, struct vpmm_tnode *n)
 	t->count--;
 }
 
-struct vpmm_tnode *vpmm_tree_first(const struct vpmm_tree *t)
+struct vpi_tnode *vpi_tree_first(const struct vpi_tree *t)
 {
-	struct vpmm_tnode *n = t->root;
+	struct vpi_tnode *n = t->root;
 	while (n && n->left)
 		n = n->left;
 	return n;
 }
 
-struct vpmm_tnode *vpmm_tree_last(const struct vpmm_tree *t)
+struct vpi_tnode *vpi_tree_last(const struct vpi_tree *t)
 {
-	struct vpmm_tnode *n = t->root;
+	struct vpi_tnode *n = t->root;
 	while (n && n->right)
 		n = n->right;
 	return n;
 }
 
-struct vpmm_tnode *vpmm_tree_next(const struct vpmm_tnode *n)
+struct vpi_tnode *vpi_tree_next(const struct vpi_tnode *n)
 {
 	if (n->right) {
 		n = n->right;
 		while (n->left)
 			n = n->left;
-		return (struct vpmm_tnode *)n;
+		return (struct vpi_tnode *)n;
 	}
 	while (n->parent && n->parent->right == n)
 		n = n->parent;
 	return n->parent;
 }
 
-struct vpmm_tnode *vpmm_tree_prev(const struct vpmm_tnode *n)
+struct vpi_tnode *vpi_tree_prev(const struct vpi_tnode *n)
 {
 	if (n->left) {
 		n = n->left;
 		while (n->right)
 			n = n->right;
-		return (struct vpmm_tnode *)n;
+		return (struct vpi_tnode *)n;
 	}
 	while (n->parent && n->parent->left == n)
 		n = n->parent;
 	return n->parent;
 }
 
-struct vpmm_tnode *vpmm_tree_ceil(const struct vpmm_tree *t,
-				  const struct vpmm_tnode *probe)
+struct vpi_tnode *vpi_tree_ceil(const struct vpi_tree *t,
+				  const struct vpi_tnode *probe)
 {
-	struct vpmm_tnode *n = t->root, *best = NULL;
+	struct vpi_tnode *n = t->root, *best = NULL;
 	while (n) {
 		if (t->cmp(n, probe) >= 0) {
 			best = n;
@@ -137,10 +137,10 @@ struct vpmm_tnode *vpmm_tree_ceil(const struct vpmm_tree *t,
 	return best;
 }
 
-struct vpmm_tnode *vpmm_tree_floor(const struct vpmm_tree *t,
-				   const struct vpmm_tnode *probe)
+struct vpi_tnode *vpi_tree_floor(const struct vpi_tree *t,
+				   const struct vpi_tnode *probe)
 {
-	struct vpmm_tnode *n = t->root, *best = NULL;
+	struct vpi_tnode *n = t->root, *best = NULL;
 	while (n) {
 		if (t->cmp(n, probe) <= 0) {
 			best = n;
@@ -152,7 +152,7 @@ struct vpmm_tnode *vpmm_tree_floor(const struct vpmm_tree *t,
 	return best;
 }
 
-static size_t check_node(const struct vpmm_tree *t, const struct vpmm_tnode *n,
+static size_t check_node(const struct vpi_tree *t, const struct vpi_tnode *n,
 			 size_t *count)
 {
 	size_t bad = 0;
@@ -172,17 +172,17 @@ static size_t check_node(const struct vpmm_tree *t, const struct vpmm_tnode *n,
 	return bad + check_node(t, n->left, count) + check_node(t, n->right, count);
 }
 
-size_t vpmm_tree_check(const struct vpmm_tree *t)
+size_t vpi_tree_check(const struct vpi_tree *t)
 {
 	size_t count = 0, bad = 0;
-	const struct vpmm_tnode *prev = NULL;
+	const struct vpi_tnode *prev = NULL;
 	if (t->root && t->root->parent)
 		bad++;
 	bad += check_node(t, t->root, &count);
 	bad += count != t->count;
 	/* In-order walk through next() must be sorted: catches broken links
 	 * that the local checks above cannot see. */
-	for (const struct vpmm_tnode *n = vpmm_tree_first(t); n; n = vpmm_tree_next(n)) {
+	for (const struct vpi_tnode *n = vpi_tree_first(t); n; n = vpi_tree_next(n)) {
 		if (prev && t->cmp(prev, n) > 0)
 			bad++;
 		prev = n;

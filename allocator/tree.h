@@ -11,38 +11,38 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct vpmm_tnode {
-	struct vpmm_tnode *left, *right, *parent;
+struct vpi_tnode {
+	struct vpi_tnode *left, *right, *parent;
 	uint32_t prio; /* heap order: a parent's prio is <= its children's */
 };
 
 /* <0, 0, >0 like strcmp; must be a total order over the nodes in the tree. */
-typedef int (*vpmm_tcmp)(const struct vpmm_tnode *a, const struct vpmm_tnode *b);
+typedef int (*vpi_tcmp)(const struct vpi_tnode *a, const struct vpi_tnode *b);
 
-struct vpmm_tree {
-	struct vpmm_tnode *root;
-	vpmm_tcmp cmp;
+struct vpi_tree {
+	struct vpi_tnode *root;
+	vpi_tcmp cmp;
 	size_t count;
 	uint32_t rng; /* xorshift state for priorities */
 };
 
-void vpmm_tree_init(struct vpmm_tree *t, vpmm_tcmp cmp, uint32_t seed);
-void vpmm_tree_insert(struct vpmm_tree *t, struct vpmm_tnode *n);
-void vpmm_tree_remove(struct vpmm_tree *t, struct vpmm_tnode *n);
-struct vpmm_tnode *vpmm_tree_first(const struct vpmm_tree *t);
-struct vpmm_tnode *vpmm_tree_last(const struct vpmm_tree *t);
-struct vpmm_tnode *vpmm_tree_next(const struct vpmm_tnode *n);
-struct vpmm_tnode *vpmm_tree_prev(const struct vpmm_tnode *n);
+void vpi_tree_init(struct vpi_tree *t, vpi_tcmp cmp, uint32_t seed);
+void vpi_tree_insert(struct vpi_tree *t, struct vpi_tnode *n);
+void vpi_tree_remove(struct vpi_tree *t, struct vpi_tnode *n);
+struct vpi_tnode *vpi_tree_first(const struct vpi_tree *t);
+struct vpi_tnode *vpi_tree_last(const struct vpi_tree *t);
+struct vpi_tnode *vpi_tree_next(const struct vpi_tnode *n);
+struct vpi_tnode *vpi_tree_prev(const struct vpi_tnode *n);
 /* First node >= probe / last node <= probe (probe need not be in the tree). */
-struct vpmm_tnode *vpmm_tree_ceil(const struct vpmm_tree *t,
-				  const struct vpmm_tnode *probe);
-struct vpmm_tnode *vpmm_tree_floor(const struct vpmm_tree *t,
-				   const struct vpmm_tnode *probe);
+struct vpi_tnode *vpi_tree_ceil(const struct vpi_tree *t,
+				  const struct vpi_tnode *probe);
+struct vpi_tnode *vpi_tree_floor(const struct vpi_tree *t,
+				   const struct vpi_tnode *probe);
 /* Structural check: order, heap property, parent links, count. Returns the
  * number of violations found. */
-size_t vpmm_tree_check(const struct vpmm_tree *t);
+size_t vpi_tree_check(const struct vpi_tree *t);
 
-#define vpmm_container_of(ptr, type, member) \
+#define vpi_container_of(ptr, type, member) \
 	((type *)((char *)(ptr) - offsetof(type, member)))
 
 #endif

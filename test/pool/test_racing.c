@@ -54,7 +54,7 @@ static void race_start(struct racer *r, vpmm_pool *pool, CUdeviceptr ptr,
 	cr_assert_eq(sem_init(&at_point, 0, 0), 0);
 	cr_assert_eq(sem_init(&go_on, 0, 0), 0);
 	stop_at = point;
-	vpmm_test_hook = hook;
+	vpi_test_hook = hook;
 	cr_assert_eq(pthread_create(&r->th, NULL, racer_main, r), 0);
 	struct timespec until;
 	clock_gettime(CLOCK_REALTIME, &until);
@@ -70,7 +70,7 @@ static int race_finish(struct racer *r)
 {
 	sem_post(&go_on);
 	pthread_join(r->th, NULL);
-	vpmm_test_hook = NULL;
+	vpi_test_hook = NULL;
 	sem_destroy(&at_point);
 	sem_destroy(&go_on);
 	return r->rc;

@@ -24,34 +24,34 @@ static size_t size_at(uint64_t i)
 }
 
 /* Notes mallocs [from, to) of the loop, each at an address of its own. */
-static void run(struct vpmm_loop *l, uint64_t from, uint64_t to)
+static void run(struct loop *l, uint64_t from, uint64_t to)
 {
 	for (uint64_t i = from; i < to; i++)
-		cr_assert_eq(vpmm_loop_note(l, size_at(i), 0x10000000 + i * GRAIN), i);
+		cr_assert_eq(vpi_loop_note(l, size_at(i), 0x10000000 + i * GRAIN), i);
 }
 
 /* Notes mallocs up to offset `off` of the step after the current one. */
-static void run_to(struct vpmm_loop *l, uint64_t off)
+static void run_to(struct loop *l, uint64_t off)
 {
 	run(l, l->n, (l->n / STEP + 1) * STEP + off);
 }
 
 /* Records a defragmentation for the malloc noted last. */
-static bool defrag_last(struct vpmm_loop *l)
+static bool defrag_last(struct loop *l)
 {
-	return vpmm_loop_repeats(l, size_at(l->n - 1), GRAIN);
+	return vpi_loop_repeats(l, size_at(l->n - 1), GRAIN);
 }
 
-static bool defrag_size(struct vpmm_loop *l, size_t size)
+static bool defrag_size(struct loop *l, size_t size)
 {
-	return vpmm_loop_repeats(l, size, GRAIN);
+	return vpi_loop_repeats(l, size, GRAIN);
 }
 
 Test(sequence, the_step_not_the_layer)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	CUdeviceptr at[VPMM_LOOP_HINTS];
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	/* A layer's request defragments in two layers running: the window of
 	 * one layer repeats three times (3 layers behind), the layer's period
 	 * is all there is to keep yet. */
@@ -77,45 +77,45 @@ Test(sequence, the_step_not_the_layer)
 	/* The places: one and two steps back. */
 	uint64_t i = l.n;
 	run(&l, i, i + 1);
-	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	cr_assert_eq(vpi_loop_hints(&l, at), 2);
 	cr_assert_eq(at[0], 0x10000000 + (i - STEP) * GRAIN);
 	cr_assert_eq(at[1], 0x10000000 + (i - 2 * STEP) * GRAIN);
-	/* Where a malloc went, once placed (vpmm_loop_placed). */
-	vpmm_loop_placed(&l, i, 0x7000000);
+	/* Where a malloc went, once placed (vpi_loop_placed). */
+	vpi_loop_placed(&l, i, 0x7000000);
 	run(&l, i + 1, i + STEP + 1);
-	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	cr_assert_eq(vpi_loop_hints(&l, at), 2);
 	cr_assert_eq(at[0], 0x7000000);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* Once the sequence stops repeating, no places are given, whatever the
  * period kept; they come back three steps after it repeats again. */
 Test(sequence, no_places_while_it_does_not_repeat)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	CUdeviceptr at[VPMM_LOOP_HINTS];
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	run(&l, 0, 4 * STEP - 1);
 	cr_assert_not(defrag_last(&l));
 	run(&l, l.n, 5 * STEP - 1);
 	cr_assert(defrag_last(&l));
 	cr_assert_eq(l.period, STEP);
 	run(&l, l.n, l.n + 1);
-	cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+	cr_assert_eq(vpi_loop_hints(&l, at), 2);
 	/* One malloc out of order, then the loop again from one layer
 	 * further on: where a layer's size matches the size one step back,
 	 * the sequence still does not repeat. */
-	vpmm_loop_note(&l, 12345 * GRAIN, 0x1000);
-	cr_assert_eq(vpmm_loop_hints(&l, at), 0);
+	vpi_loop_note(&l, 12345 * GRAIN, 0x1000);
+	cr_assert_eq(vpi_loop_hints(&l, at), 0);
 	uint64_t from = l.n;
 	for (uint64_t i = from; i < from + 3 * STEP - 1; i++) {
-		vpmm_loop_note(&l, size_at(i + LAYER), 0x10000000 + i * GRAIN);
-		cr_assert_eq(vpmm_loop_hints(&l, at), 0, "a place %llu mallocs after the break",
+		vpi_loop_note(&l, size_at(i + LAYER), 0x10000000 + i * GRAIN);
+		cr_assert_eq(vpi_loop_hints(&l, at), 0, "a place %llu mallocs after the break",
 			     (unsigned long long)(i - from + 1));
 	}
-	vpmm_loop_note(&l, size_at(from + 3 * STEP - 1 + LAYER), 0);
-	cr_assert_eq(vpmm_loop_hints(&l, at), 2, "no places three steps after the break");
-	vpmm_loop_fini(&l);
+	vpi_loop_note(&l, size_at(from + 3 * STEP - 1 + LAYER), 0);
+	cr_assert_eq(vpi_loop_hints(&l, at), 2, "no places three steps after the break");
+	vpi_loop_fini(&l);
 }
 
 /* Without its rings (no memory at the stream's first malloc) the sequence
@@ -124,16 +124,16 @@ Test(sequence, no_places_while_it_does_not_repeat)
  * seen. */
 Test(sequence, without_memory_nothing_is_seen)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	CUdeviceptr at[VPMM_LOOP_HINTS];
 	run(&l, 0, 10 * STEP);
 	cr_assert_eq(l.n, 10 * STEP);
 	cr_assert_not(defrag_last(&l));
 	run(&l, l.n, l.n + STEP);
 	cr_assert_not(defrag_last(&l));
-	cr_assert_eq(vpmm_loop_hints(&l, at), 0);
-	vpmm_loop_placed(&l, 3, 0x1000);
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_hints(&l, at), 0);
+	vpi_loop_placed(&l, 3, 0x1000);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	uint64_t start = l.n;
 	for (int k = 1; k < 3; k++) {
 		run(&l, l.n, l.n + STEP);
@@ -142,15 +142,15 @@ Test(sequence, without_memory_nothing_is_seen)
 	}
 	run(&l, l.n, l.n + STEP);
 	cr_assert(defrag_last(&l), "no loop seen three steps after the rings came");
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* One size's history holds two periods that repeat, a layer (newest) and
  * a step: the step is kept. */
 Test(sequence, the_longest_that_a_size_saw)
 {
-	struct vpmm_loop l = {0};
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	struct loop l = {0};
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	run(&l, 0, 3 * STEP);
 	run_to(&l, 3 * LAYER + 1); /* layer 3 of a step */
 	defrag_last(&l);
@@ -160,15 +160,15 @@ Test(sequence, the_longest_that_a_size_saw)
 	cr_assert(defrag_last(&l));
 	cr_assert_eq(l.period, STEP, "kept %llu, not the step's %u",
 		     (unsigned long long)l.period, STEP);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* Two steps repeat too; they do not replace one, which still repeats over
  * them: places would then be offered two steps back first. */
 Test(sequence, two_steps_do_not_replace_one)
 {
-	struct vpmm_loop l = {0};
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	struct loop l = {0};
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	run(&l, 0, 6 * STEP - 1);
 	cr_assert_not(defrag_last(&l));
 	run(&l, l.n, l.n + STEP);
@@ -180,7 +180,7 @@ Test(sequence, two_steps_do_not_replace_one)
 	cr_assert(defrag_last(&l));
 	cr_assert_eq(l.period, STEP, "two steps (%llu) replaced one",
 		     (unsigned long long)l.period);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* A step that is a whole number of layers long (5 layers and 16 mallocs of
@@ -188,11 +188,11 @@ Test(sequence, two_steps_do_not_replace_one)
  * sequence does not repeat every layer over the step. */
 Test(sequence, a_step_as_long_as_whole_layers)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	layers = 5;
 	own = LAYER;
 	cr_assert_eq(STEP % LAYER, 0);
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	run(&l, 0, 3 * STEP);
 	run_to(&l, 2 * LAYER + 1);
 	defrag_last(&l);
@@ -203,14 +203,14 @@ Test(sequence, a_step_as_long_as_whole_layers)
 	cr_assert(defrag_last(&l));
 	cr_assert_eq(l.period, STEP, "kept %llu, not the step's %u",
 		     (unsigned long long)l.period, STEP);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* Notes `n` mallocs of sizes that never repeat, at no address. */
-static void noise(struct vpmm_loop *l, uint64_t n)
+static void noise(struct loop *l, uint64_t n)
 {
 	for (uint64_t i = 0; i < n; i++)
-		vpmm_loop_note(l, (1000 + l->n) * GRAIN, 0);
+		vpi_loop_note(l, (1000 + l->n) * GRAIN, 0);
 }
 
 /* A model of many layers makes thousands of mallocs a step. The ring
@@ -220,17 +220,17 @@ static void noise(struct vpmm_loop *l, uint64_t n)
  * before it grows. */
 static void long_step(unsigned nlayers, uint64_t pre, unsigned seen, uint64_t ring)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	CUdeviceptr at[VPMM_LOOP_HINTS];
 	layers = nlayers;
 	cr_assert_gt((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING);
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	noise(&l, pre);
 	uint64_t base = l.n;
 	for (unsigned k = 1; k <= seen; k++) {
 		/* up to the step's last malloc, the loop's sizes from `base` on */
 		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
-			vpmm_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
+			vpi_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
 		cr_assert_eq(defrag_size(&l, size_at(STEP - 2)), k == seen, "step %u: a loop %s", k,
 			     k == seen ? "not seen" : "seen before three steps were in the ring");
 	}
@@ -239,14 +239,14 @@ static void long_step(unsigned nlayers, uint64_t pre, unsigned seen, uint64_t ri
 	/* Steps on, the ring wrapping again and again, the hashes still hold. */
 	for (unsigned k = seen + 1; k <= seen + 8; k++) {
 		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
-			vpmm_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
+			vpi_loop_note(&l, size_at(i - base), 0x10000000 + i * GRAIN);
 		cr_assert(defrag_size(&l, size_at(STEP - 2)), "step %u: the loop no longer seen", k);
-		cr_assert_eq(vpmm_loop_hints(&l, at), 2);
+		cr_assert_eq(vpi_loop_hints(&l, at), 2);
 		cr_assert_eq(at[0], 0x10000000 + (l.n - 1 - STEP) * GRAIN);
 		cr_assert_eq(at[1], 0x10000000 + (l.n - 1 - 2 * STEP) * GRAIN);
 	}
 	cr_assert_eq(l.ring, ring);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* 150 layers, 2 403 mallocs: two steps fit the first ring, which doubles at
@@ -276,42 +276,42 @@ Test(sequence, a_step_longer_than_half_the_ring)
  * stays unseen, and the ring as it was. */
 Test(sequence, a_step_past_the_largest_ring_is_not_seen)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	layers = 4100;
 	cr_assert_geq((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING_MAX);
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	for (unsigned k = 1; k <= 6; k++) {
 		run(&l, l.n, k * STEP - 1);
 		cr_assert_not(defrag_size(&l, size_at(STEP - 2)), "step %u: a loop seen", k);
 	}
 	cr_assert_eq(l.ring, VPMM_LOOP_RING, "grew to %llu", (unsigned long long)l.ring);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* A step of 595 mallocs that defragments once a step: the size's history
  * then holds distances of up to 8 steps, but the ring grows for none. */
 Test(sequence, a_short_step_keeps_its_ring)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	layers = 37;
 	cr_assert_lt((VPMM_LOOP_TIMES + 1) * STEP, VPMM_LOOP_RING);
 	cr_assert_gt((VPMM_LOOP_TIMES + 1) * VPMM_LOOP_HISTORY * STEP, VPMM_LOOP_RING);
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	for (unsigned k = 1; k <= 12; k++) {
 		run(&l, l.n, k * STEP - 1);
 		defrag_last(&l);
 	}
 	cr_assert_eq(l.period, STEP);
 	cr_assert_eq(l.ring, VPMM_LOOP_RING, "grew to %llu", (unsigned long long)l.ring);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* A size that defragments at far-apart moments of a sequence that does not
  * repeat, or further apart than any step kept: the ring stays. */
 Test(sequence, far_apart_defragmentations_keep_the_ring)
 {
-	struct vpmm_loop l = {0};
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+	struct loop l = {0};
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	for (int k = 0; k < 4; k++) {
 		noise(&l, 3000);
 		cr_assert_not(defrag_size(&l, 7 * GRAIN));
@@ -321,7 +321,7 @@ Test(sequence, far_apart_defragmentations_keep_the_ring)
 		cr_assert_not(defrag_size(&l, 7 * GRAIN));
 	}
 	cr_assert_eq(l.ring, VPMM_LOOP_RING, "grew to %llu", (unsigned long long)l.ring);
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 /* White box: after the rings grow, every hash they claim to hold (from
@@ -330,7 +330,7 @@ Test(sequence, far_apart_defragmentations_keep_the_ring)
  * ring not yet wrapped, wrapped, and rings that came late (start > 0). */
 static size_t sizes[40000];
 
-static void check_rings(const struct vpmm_loop *l, uint64_t since)
+static void check_rings(const struct loop *l, uint64_t since)
 {
 	uint64_t oldest = l->n + 1 > l->ring ? l->n + 1 - l->ring : 0;
 	cr_assert_geq(l->start, since, "start %llu before the rings came at %llu",
@@ -351,23 +351,23 @@ static void check_rings(const struct vpmm_loop *l, uint64_t since)
 
 static void grown_rings(uint64_t without, uint64_t pre)
 {
-	struct vpmm_loop l = {0};
+	struct loop l = {0};
 	layers = 150;
 	for (uint64_t i = 0; i < without; i++)
-		vpmm_loop_note(&l, sizes[i] = (2000 + i) * GRAIN, 0x10000000 + i * GRAIN);
-	cr_assert_eq(vpmm_loop_init(&l), 0);
+		vpi_loop_note(&l, sizes[i] = (2000 + i) * GRAIN, 0x10000000 + i * GRAIN);
+	cr_assert_eq(vpi_loop_init(&l), 0);
 	uint64_t since = l.n;
 	for (uint64_t i = l.n; i < since + pre; i++)
-		vpmm_loop_note(&l, sizes[i] = (1000 + i) * GRAIN, 0x10000000 + i * GRAIN);
+		vpi_loop_note(&l, sizes[i] = (1000 + i) * GRAIN, 0x10000000 + i * GRAIN);
 	uint64_t base = l.n;
 	for (unsigned k = 1; k <= 5; k++) {
 		for (uint64_t i = l.n; i < base + k * STEP - 1; i++)
-			vpmm_loop_note(&l, sizes[i] = size_at(i - base), 0x10000000 + i * GRAIN);
+			vpi_loop_note(&l, sizes[i] = size_at(i - base), 0x10000000 + i * GRAIN);
 		defrag_size(&l, size_at(STEP - 2));
 		check_rings(&l, since);
 	}
 	cr_assert_eq(l.ring, 2 * VPMM_LOOP_RING, "the rings did not grow: the test shows nothing");
-	vpmm_loop_fini(&l);
+	vpi_loop_fini(&l);
 }
 
 Test(sequence, grown_rings_hold_what_they_held)
