@@ -1,15 +1,21 @@
 /* check.c — looking at the pool without changing it: vpmm_pool_check(), which
  * walks every structure and counts broken invariants, and the region map
  * (vpmm_pool_regions, vpmm_pool_layout) in ascending VA order.
+ *
+ * A pure reader: nothing in allocator/ calls into it. It calls only the
+ * other rooms' own checks (front.c, small.c) and the tree's.
  */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <string.h>
 
-#include "pool_internal.h"
-
-#define REG(n, member) ((n) ? vpi_container_of(n, struct region, member) : NULL)
-#define MAP(n) ((n) ? vpi_container_of(n, struct mapping, by_va) : NULL)
+#include "chunk.h"
+#include "front.h"
+#include "handle.h"
+#include "pool.h"
+#include "region.h"
+#include "small.h"
+#include "stream.h"
 
 static size_t complain(FILE *log, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -260,7 +266,7 @@ static size_t check_streams(vpmm_pool *p, FILE *log, size_t *nfree)
 	return bad;
 }
 
-size_t vpi_check_locked(vpmm_pool *p, FILE *log)
+static size_t check_locked(vpmm_pool *p, FILE *log)
 {
 	uint64_t sums[4] = {0}, mapped_va = 0, physical = 0;
 	size_t nfree = 0, nholes = 0, nzombies = 0, indexed_free = p->settled.count;
@@ -388,4 +394,12 @@ size_t vpmm_pool_layout(vpmm_pool *p, char *buf, size_t n, size_t unit)
 	}
 	pthread_mutex_unlock(&p->lock);
 	return len;
+}
+
+size_t vpmm_pool_check(vpmm_pool *p, FILE *log)
+{
+	pthread_mutex_lock(&p->lock);
+	size_t bad = check_locked(p, log);
+	pthread_mutex_unlock(&p->lock);
+	return bad;
 }

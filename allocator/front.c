@@ -22,51 +22,17 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "pool_internal.h"
+#include "chunk.h"
+#include "front.h"
+#include "give.h"
+#include "pool.h"
+#include "region.h"
+#include "small.h"
+#include "stream.h"
 
 #ifdef VPMM_TEST_HOOKS
 void (*vpi_test_hook)(const char *point);
 #endif
-
-/* ---- page map --------------------------------------------------------------------- */
-
-int vpi_gmap_create(vpmm_pool *p, struct chunk *c)
-{
-	size_t bytes = c->size / p->grain * sizeof(struct region *);
-	void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (m == MAP_FAILED)
-		return -ENOMEM;
-	c->pmap = m;
-	return 0;
-}
-
-void vpi_gmap_destroy(vpmm_pool *p, struct chunk *c)
-{
-	if (c->pmap)
-		munmap(c->pmap, c->size / p->grain * sizeof(struct region *));
-	c->pmap = NULL;
-}
-
-static struct region **pmap_slot(vpmm_pool *p, CUdeviceptr va)
-{
-	unsigned n = __atomic_load_n(&p->nchunks, __ATOMIC_ACQUIRE);
-	for (unsigned i = 0; i < n; i++) {
-		struct chunk *c = &p->chunks[i];
-		if (va >= c->va && va - c->va < c->size)
-			return &c->pmap[(va - c->va) / p->grain];
-	}
-	return NULL;
-}
-
-/* Every grain of a slab, else the first grain of the allocation. */
-void vpi_gmap_publish(vpmm_pool *p, struct region *r, bool publish)
-{
-	size_t n = r->small ? r->size / p->grain : 1;
-	struct region **slot = pmap_slot(p, r->va);
-	for (size_t i = 0; slot && i < n; i++)
-		__atomic_store_n(&slot[i], publish ? r : NULL, __ATOMIC_RELEASE);
-}
 
 /* ---- stream lookup without the pool lock -------------------------------------------------- */
 
@@ -179,7 +145,7 @@ static uint16_t take_slot(struct front *f)
 
 int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 {
-	struct region **slot = pmap_slot(p, ptr), *r;
+	struct region **slot = vpi_gmap_slot(p, ptr), *r;
 	struct small_slab *small;
 	struct front *f;
 	size_t size;
@@ -206,7 +172,7 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	struct stream *s;
 	f = front_of(p, stream, &s);
 	if (f) {
-		/* Read after the park: see close_epoch() for why this order
+		/* Read after the park: see vpi_close_epoch() for why this order
 		 * makes the epoch's event cover the work before this free. */
 		uint64_t epoch = s ? __atomic_load_n(&s->epoch, __ATOMIC_SEQ_CST) : 0;
 		uint16_t at;

@@ -32,7 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool_internal.h"
+#include "loop.h"
+#include "vpi.h"
 
 #define BASE VPMM_LOOP_BASE
 #define MIN_PERIOD 16         /* mallocs; shorter repeats are no step */

@@ -13,10 +13,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "pool_internal.h"
-
-#define REG(n, member) ((n) ? vpi_container_of(n, struct region, member) : NULL)
-#define MAP(n) ((n) ? vpi_container_of(n, struct mapping, by_va) : NULL)
+#include "handle.h"
+#include "pool.h"
+#include "region.h"
+#include "small.h"
 
 /* How long a grant waits for the pool's busy regions to come back. */
 #define GRANT_WAIT_NS 10000000000ull

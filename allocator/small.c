@@ -17,62 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool_internal.h"
-
-#define MIN_BLOCK 512u
-#define MIN_BLOCKS_PER_SLAB 8u
-#define MAX_CLASSES 96u
-
-struct deferred { /* a block freed on a stream other than the slab's */
-	uint32_t block;
-	struct event *ev; /* NULL: complete */
-	struct deferred *next;
-};
-
-struct small_slab {
-	struct region *r;          /* the live region it carves */
-	struct stream *owner;      /* NULL: synchronous callers */
-	unsigned cls;
-	uint32_t nblocks, nfree;   /* nfree counts bits clear in `used` */
-	uint32_t hint;             /* a word of `used` that may have a clear bit */
-	bool listed;               /* in its owner's partial list of cls, iff
-				    * it has a free or a deferred block */
-	struct deferred *deferred; /* blocks freed elsewhere, still marked used */
-	struct small_slab *prev, *next; /* owner's partial list of cls */
-	/* Two bitmaps of `words` words each: used (handed out, parked or
-	 * deferred; written under the pool lock) then parked (freed but not yet
-	 * free: in a stream's cache or deferred; atomic, front.c sets it). */
-	uint32_t words;
-	uint64_t used[];
-};
+#include "give.h"
+#include "pool.h"
+#include "region.h"
+#include "small.h"
+#include "stream.h"
 
 static uint64_t *parked_map(struct small_slab *sl)
 {
 	return sl->used + sl->words;
-}
-
-struct small_state {
-	size_t max;                   /* largest request served here */
-	unsigned nclasses;
-	size_t block[MAX_CLASSES];    /* class sizes, ascending */
-	size_t slab_bytes[MAX_CLASSES];
-	struct small_slab *sync_partial[MAX_CLASSES]; /* owner NULL */
-	/* Released slabs' structs, for the next slab of their class: never
-	 * freed while the pool lives, since a lock-free free may still hold
-	 * one it read from its region (front.c). Chained by `next`. */
-	struct small_slab *spare[MAX_CLASSES];
-	/* The one slab of each class allowed to stay empty: NULL or a live
-	 * slab of that class, which may have blocks out again since (its
-	 * owner took one). Every slab of the class with no block out (none
-	 * handed out, parked or deferred) is this one: vpmm_pool_check(). */
-	struct small_slab *kept[MAX_CLASSES];
-	size_t slabs;
-	size_t deferred; /* blocks waiting for another stream's work */
-};
-
-static struct small_state *st_of(vpmm_pool *p)
-{
-	return p->small;
 }
 
 size_t vpi_small_deferred(const vpmm_pool *p)
@@ -120,10 +73,10 @@ int vpi_small_init(vpmm_pool *p)
 	return 0;
 }
 
-static struct small_slab **partial_list(vpmm_pool *p, struct stream *owner,
+struct small_slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,
 					unsigned cls)
 {
-	struct small_state *s = st_of(p);
+	struct small_state *s = vpi_small_st(p);
 	if (!owner)
 		return &s->sync_partial[cls];
 	if (!owner->small_partial) {
@@ -132,41 +85,6 @@ static struct small_slab **partial_list(vpmm_pool *p, struct stream *owner,
 			return NULL;
 	}
 	return &owner->small_partial[cls];
-}
-
-static void list_add(struct small_slab **head, struct small_slab *sl)
-{
-	sl->prev = NULL;
-	sl->next = *head;
-	if (*head)
-		(*head)->prev = sl;
-	*head = sl;
-	sl->listed = true;
-}
-
-static void list_del(struct small_slab **head, struct small_slab *sl)
-{
-	if (sl->prev)
-		sl->prev->next = sl->next;
-	else
-		*head = sl->next;
-	if (sl->next)
-		sl->next->prev = sl->prev;
-	sl->prev = sl->next = NULL;
-	sl->listed = false;
-}
-
-static unsigned class_of(const struct small_state *s, size_t size)
-{
-	unsigned lo = 0, hi = s->nclasses - 1;
-	while (lo < hi) {
-		unsigned mid = (lo + hi) / 2;
-		if (s->block[mid] >= size)
-			hi = mid;
-		else
-			lo = mid + 1;
-	}
-	return lo;
 }
 
 /* A claimed block becomes free. The used bit goes first: a lock-free park
@@ -182,7 +100,7 @@ static void block_clear(struct small_slab *sl, uint32_t b)
 /* Deferred blocks whose stream completed become free. */
 /* `wait`: block on the CPU for each pending event (the last resort before
  * an allocation fails). */
-static void drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
+void vpi_small_drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 {
 	struct deferred **link = &sl->deferred;
 	while (*link) {
@@ -190,9 +108,9 @@ static void drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 		if (vpi_event_done_locked(p, d->ev) ||
 		    (wait && vpi_event_wait_locked(p, d->ev))) {
 			*link = d->next;
-			st_of(p)->deferred--;
+			vpi_small_st(p)->deferred--;
 			block_clear(sl, d->block);
-			vpi_event_unref_locked(p, d->ev);
+			vpi_event_unref(p, d->ev);
 			free(d);
 		} else {
 			link = &d->next;
@@ -200,98 +118,17 @@ static void drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 	}
 }
 
-static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
-		    struct small_slab **out)
-{
-	struct small_state *s = st_of(p);
-	size_t nblocks = s->slab_bytes[cls] / s->block[cls];
-	size_t words = (nblocks + 63) / 64;
-	/* Whole cache lines of its own: the front path sets bits of `parked`
-	 * from any thread, and slabs of different streams side by side in the
-	 * heap would make threads that share nothing wait on each other. */
-	size_t bytes = (sizeof(struct small_slab) + 2 * words * sizeof(uint64_t) + 63) & ~(size_t)63;
-	struct small_slab *sl = s->spare[cls];
-	struct region *r;
-	int rc;
-	if (sl) {
-		/* A stopped lock-free free may still read it: its class and
-		 * sizes stay as they are, and its bitmaps are clear already
-		 * (it was released empty). */
-		s->spare[cls] = sl->next;
-	} else {
-		if (!(sl = aligned_alloc(64, bytes)))
-			return -ENOMEM;
-		memset(sl, 0, bytes);
-		sl->cls = cls;
-		sl->nblocks = (uint32_t)nblocks;
-		sl->words = (uint32_t)words;
-	}
-	/* The region comes claimed, and stays so: its blocks are claimed
-	 * one by one. */
-	rc = vpi_take_locked(p, owner, s->slab_bytes[cls], NULL, 0, &r);
-	if (rc) {
-		sl->next = s->spare[cls]; /* never freed while the pool lives */
-		s->spare[cls] = sl;
-		return rc;
-	}
-	sl->r = r;
-	sl->owner = owner;
-	sl->nfree = (uint32_t)nblocks;
-	sl->hint = 0;
-	sl->listed = false;
-	sl->deferred = NULL;
-	sl->prev = sl->next = NULL;
-	__atomic_store_n(&r->small, sl, __ATOMIC_RELEASE);
-	vpi_gmap_publish(p, r, true); /* now every page leads to the slab */
-	s->slabs++;
-	*out = sl;
-	return 0;
-}
-
 static void slab_release(vpmm_pool *p, struct small_slab *sl)
 {
-	struct small_slab **head = partial_list(p, sl->owner, sl->cls);
-	if (st_of(p)->kept[sl->cls] == sl)
-		st_of(p)->kept[sl->cls] = NULL;
+	struct small_slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
+	if (vpi_small_st(p)->kept[sl->cls] == sl)
+		vpi_small_st(p)->kept[sl->cls] = NULL;
 	if (sl->listed && head)
-		list_del(head, sl);
-	st_of(p)->slabs--;
+		vpi_small_list_del(head, sl);
+	vpi_small_st(p)->slabs--;
 	vpi_give_locked(p, sl->r, sl->owner, 0);
-	sl->next = st_of(p)->spare[sl->cls];
-	st_of(p)->spare[sl->cls] = sl;
-}
-
-int vpi_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
-			     CUdeviceptr *out)
-{
-	struct small_state *s = st_of(p);
-	unsigned cls = class_of(s, size);
-	struct small_slab **head = partial_list(p, caller, cls), *sl;
-	int rc;
-	if (!head)
-		return -ENOMEM;
-	for (sl = *head; sl; sl = sl->next) {
-		if (!sl->nfree)
-			drain_deferred(p, sl, false);
-		if (sl->nfree)
-			break;
-	}
-	if (!sl) {
-		rc = slab_new(p, caller, cls, &sl);
-		if (rc)
-			return rc;
-		list_add(head, sl);
-	}
-	uint32_t words = (sl->nblocks + 63) / 64, w = sl->hint;
-	while (!~sl->used[w] || w * 64 + (uint32_t)__builtin_ctzll(~sl->used[w]) >= sl->nblocks)
-		w = (w + 1) % words;
-	uint32_t b = w * 64 + (uint32_t)__builtin_ctzll(~sl->used[w]);
-	__atomic_fetch_or(&sl->used[w], 1ull << (b % 64), __ATOMIC_RELEASE);
-	sl->hint = w;
-	if (--sl->nfree == 0 && !sl->deferred)
-		list_del(head, sl);
-	*out = sl->r->va + (CUdeviceptr)b * s->block[cls];
-	return 0;
+	sl->next = vpi_small_st(p)->spare[sl->cls];
+	vpi_small_st(p)->spare[sl->cls] = sl;
 }
 
 static bool slab_empty(const struct small_slab *sl)
@@ -319,9 +156,9 @@ static bool slab_empty(const struct small_slab *sl)
  * again. */
 static void keep_or_release(vpmm_pool *p, struct small_slab *sl, bool newest)
 {
-	struct small_state *s = st_of(p);
+	struct small_state *s = vpi_small_st(p);
 	struct small_slab *kept = s->kept[sl->cls];
-	struct small_slab **head = partial_list(p, sl->owner, sl->cls);
+	struct small_slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
 	bool alone = head && *head == sl && !sl->next;
 	bool dead = sl->owner && sl->owner->dead;
 	bool other = kept && kept != sl && slab_empty(kept);
@@ -340,7 +177,7 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   struct stream *s, uint64_t epoch, bool claimed)
 {
 	struct small_slab *sl = r->small;
-	size_t bs = st_of(p)->block[sl->cls];
+	size_t bs = vpi_small_st(p)->block[sl->cls];
 	CUdeviceptr off = ptr - r->va;
 	uint32_t b = (uint32_t)(off / bs);
 	uint64_t bit = 1ull << (b % 64);
@@ -354,7 +191,7 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 	 * order, or if the caller synchronized (s == NULL). */
 	if (s && s != sl->owner) {
 		struct deferred *d = malloc(sizeof(*d));
-		int rc = d ? vpi_cover_locked(p, s, epoch ? epoch : s->epoch, &d->ev)
+		int rc = d ? vpi_cover_event(p, s, epoch ? epoch : s->epoch, &d->ev)
 			   : -ENOMEM;
 		if (rc) {
 			free(d);
@@ -366,15 +203,15 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		d->block = b;
 		d->next = sl->deferred;
 		sl->deferred = d; /* still claimed: parked until it drains */
-		st_of(p)->deferred++;
+		vpi_small_st(p)->deferred++;
 		pthread_cond_signal(&p->reclaim_cond);
 	} else {
 		block_clear(sl, b);
 	}
 	if (!sl->listed) {
-		struct small_slab **head = partial_list(p, sl->owner, sl->cls);
+		struct small_slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
 		if (head)
-			list_add(head, sl);
+			vpi_small_list_add(head, sl);
 	}
 	keep_or_release(p, sl, true);
 	return 0;
@@ -390,22 +227,22 @@ static size_t sweep_list(vpmm_pool *p, struct small_slab **head, bool all)
 	for (struct small_slab *sl = *head, *next; sl; sl = next) {
 		next = sl->next;
 		if (sl->deferred)
-			drain_deferred(p, sl, all);
+			vpi_small_drain_deferred(p, sl, all);
 		if (!slab_empty(sl))
 			continue;
-		size_t before = st_of(p)->slabs;
+		size_t before = vpi_small_st(p)->slabs;
 		if (all)
 			slab_release(p, sl);
 		else
 			keep_or_release(p, sl, false); /* releases sl or nothing */
-		n += before - st_of(p)->slabs;
+		n += before - vpi_small_st(p)->slabs;
 	}
 	return n;
 }
 
 static size_t sweep(vpmm_pool *p, bool all)
 {
-	struct small_state *s = st_of(p);
+	struct small_state *s = vpi_small_st(p);
 	size_t n = 0;
 	if (!s)
 		return 0;
@@ -431,7 +268,7 @@ void vpi_small_drain_locked(vpmm_pool *p)
 size_t vpi_small_class_size(const vpmm_pool *p, size_t size)
 {
 	const struct small_state *s = p->small;
-	return s->block[class_of(s, size)];
+	return s->block[vpi_small_class_of(s, size)];
 }
 
 /* Lock-free: only the marks are touched, the used bits are read. A block's
@@ -439,7 +276,7 @@ size_t vpi_small_class_size(const vpmm_pool *p, size_t size)
 int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
 		    CUdeviceptr ptr, size_t *size)
 {
-	size_t bs = st_of(p)->block[sl->cls]; /* spares keep their class */
+	size_t bs = vpi_small_st(p)->block[sl->cls]; /* spares keep their class */
 	CUdeviceptr va = r->va;
 	CUdeviceptr off = ptr - va;
 	uint32_t b = (uint32_t)(off / bs);
@@ -466,15 +303,15 @@ int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
 void vpi_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
 		       CUdeviceptr ptr)
 {
-	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
+	uint32_t b = (uint32_t)((ptr - r->va) / vpi_small_st(p)->block[sl->cls]);
 	__atomic_fetch_and(&parked_map(sl)[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
 }
 
 bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
 {
 	struct small_slab *sl = r->small;
-	uint32_t b = (uint32_t)((ptr - r->va) / st_of(p)->block[sl->cls]);
-	return (ptr - r->va) % st_of(p)->block[sl->cls] == 0 && b < sl->nblocks &&
+	uint32_t b = (uint32_t)((ptr - r->va) / vpi_small_st(p)->block[sl->cls]);
+	return (ptr - r->va) % vpi_small_st(p)->block[sl->cls] == 0 && b < sl->nblocks &&
 	       (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))) &&
 	       (sl->used[b / 64] & (1ull << (b % 64)));
 }
@@ -483,7 +320,7 @@ int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size)
 {
 	struct small_slab *sl = r->small;
-	size_t bs = st_of(p)->block[sl->cls];
+	size_t bs = vpi_small_st(p)->block[sl->cls];
 	uint32_t b = (uint32_t)((ptr - r->va) / bs);
 	if (b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))) ||
 	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))))
@@ -497,7 +334,7 @@ int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 
 size_t vpi_small_check_locked(vpmm_pool *p, FILE *log)
 {
-	struct small_state *s = st_of(p);
+	struct small_state *s = vpi_small_st(p);
 	size_t bad = 0, slabs = 0, kept = 0, kept_found = 0;
 	if (!s)
 		return 0;
@@ -557,7 +394,7 @@ size_t vpi_small_check_locked(vpmm_pool *p, FILE *log)
 
 void vpi_small_fini(vpmm_pool *p)
 {
-	struct small_state *s = st_of(p);
+	struct small_state *s = vpi_small_st(p);
 	if (!s)
 		return;
 	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n; n = vpi_tree_next(n)) {

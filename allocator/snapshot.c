@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool_internal.h"
+#include "chunk.h"
+#include "front.h"
+#include "pool.h"
+#include "region.h"
 #include "snapshot.h"
 
 #define REGION(n) vpi_container_of(n, struct region, by_va)

@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "pool_test.h"
-#include "pool_internal.h"
+#include "vpi.h"
 
 static __thread bool am_racer;
 static const char *stop_at; /* set before the racer starts */

@@ -5,7 +5,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
-#include "pool_internal.h"
+#include "loop.h"
 
 #define GRAIN 65536
 #define LAYER 16 /* mallocs a layer: the shortest period seen */

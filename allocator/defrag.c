@@ -1,0 +1,724 @@
+/* defrag.c — defragmentation: makes a free region for a request by
+ * remapping whole free slabs into a hole (and creating what is lacking),
+ * choosing which slabs to move, taking them out of circulation, mapping with
+ * the lock dropped, and undoing or committing.
+ *
+ * Calls region.c, handle.c, chunk.c and stream.c. Lock held, dropped around
+ * the driver work.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chunk.h"
+#include "defrag.h"
+#include "handle.h"
+#include "pool.h"
+#include "region.h"
+#include "stream.h"
+
+
+struct harvest {
+	struct region *r;     /* free region giving pages */
+	CUdeviceptr a, b;     /* the whole slabs taken: [a, b) inside r */
+	struct event *ev;     /* what the old VA waits for; NULL = nothing */
+};
+
+struct plan {
+	struct harvest *h;
+	size_t n, cap;
+	size_t taken;         /* bytes in h */
+	size_t target, room;  /* stop at target bytes; never beyond room */
+};
+
+static int plan_push(struct plan *pl, struct harvest h)
+{
+	if (pl->n == pl->cap) {
+		size_t cap = pl->cap ? pl->cap * 2 : 8;
+		struct harvest *n = realloc(pl->h, cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		pl->h = n;
+		pl->cap = cap;
+	}
+	pl->h[pl->n++] = h;
+	return 0;
+}
+
+/* Take the slabs lying wholly inside r, lowest address first. A slab that
+ * crosses r's edge (part of it live) cannot move: a handle maps whole. */
+static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
+{
+	CUdeviceptr end = r->va + r->size, a = 0, b = 0;
+	for (struct mapping *m = vpi_mapping_from(p, r->chunk, r->va);
+	     m && m->va < end && pl->taken < pl->target; m = vpi_mapping_next(m)) {
+		size_t sz = m->slab->size;
+		if (m->va + sz > end || pl->taken + sz > pl->room)
+			break;
+		if (!b)
+			a = m->va;
+		b = m->va + sz;
+		pl->taken += sz;
+	}
+	return b ? plan_push(pl, (struct harvest){.r = r, .a = a, .b = b}) : 0;
+}
+
+/* VPMM_DEFRAG_ALL: every free slab that fits the hole, the caller's
+ * regions first, then settled ones (smallest first), then other streams'
+ * (oldest free first); within a region, lowest address first. */
+static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller,
+			    const struct region *skip, const struct region *skip2)
+{
+	int rc = 0;
+	if (caller)
+		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
+			if (r != skip && r != skip2 && pl->taken < pl->target)
+				rc = plan_region(p, pl, r);
+	for (struct vpi_tnode *n = vpi_tree_first(&p->settled); n && !rc;
+	     n = vpi_tree_next(n)) {
+		struct region *r = REG(n, by_size);
+		if (r != skip && r != skip2 && pl->taken < pl->target)
+			rc = plan_region(p, pl, r);
+	}
+	/* Other streams: oldest free first across all of them (each fifo is in
+	 * free order already, so this merges their heads). */
+	struct region *cur[64];
+	unsigned n = 0;
+	for (struct stream *s = p->streams; s; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (n == 64) { /* more streams than the merge holds: in turn */
+			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
+				if (r != skip && r != skip2 && pl->taken < pl->target)
+					rc = plan_region(p, pl, r);
+			continue;
+		}
+		cur[n++] = s->fifo_head;
+	}
+	while (!rc && pl->taken < pl->target) {
+		unsigned best = n;
+		for (unsigned i = 0; i < n; i++)
+			if (cur[i] && (best == n || cur[i]->seq < cur[best]->seq))
+				best = i;
+		if (best == n)
+			break;
+		if (cur[best] != skip && cur[best] != skip2)
+			rc = plan_region(p, pl, cur[best]);
+		cur[best] = cur[best]->next;
+	}
+	return rc;
+}
+
+struct slab_cand { /* a slab a defragmentation may move */
+	struct region *r;   /* the free region it lies wholly inside */
+	struct mapping *m;
+	size_t order;       /* r's rank (harvest order), then address */
+	bool others;        /* r is pending on another stream: costs a wait */
+	bool take;
+};
+
+/* Largest first; the caller's and settled memory before other streams'. */
+static int cand_by_size(const void *a, const void *b)
+{
+	const struct slab_cand *x = *(struct slab_cand *const *)a;
+	const struct slab_cand *y = *(struct slab_cand *const *)b;
+	if (x->others != y->others)
+		return x->others ? 1 : -1;
+	if (x->m->slab->size != y->m->slab->size)
+		return x->m->slab->size < y->m->slab->size ? 1 : -1;
+	return vpi_cmp_u64(x->order, y->order);
+}
+
+static int cand_push(struct slab_cand **c, size_t *n, size_t *cap, struct region *r,
+		     struct mapping *m, bool others)
+{
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 64;
+		struct slab_cand *t = realloc(*c, nc * sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		*c = t;
+		*cap = nc;
+	}
+	(*c)[*n] = (struct slab_cand){.r = r, .m = m, .order = *n, .others = others};
+	(*n)++;
+	return 0;
+}
+
+static int cand_region(vpmm_pool *p, struct slab_cand **c, size_t *n, size_t *cap,
+		       struct region *r, const struct region *const *skip, bool others)
+{
+	CUdeviceptr end = r->va + r->size;
+	int rc = 0;
+	if (r == skip[0] || r == skip[1])
+		return 0;
+	for (struct mapping *m = vpi_mapping_from(p, r->chunk, r->va);
+	     m && m->va + m->slab->size <= end && !rc; m = vpi_mapping_next(m))
+		rc = cand_push(c, n, cap, r, m, others);
+	return rc;
+}
+
+/* VPMM_DEFRAG_LACKING: which free slabs supply `target` bytes. A slab moved
+ * beyond the lack stays free in the new span, behind the allocation and in
+ * the same handle as its end: a piece no defragmentation can move again.
+ * So the slabs are chosen by size, largest first (fewest handles to remap)
+ * among those that still fit the lack; the rest, if any, is covered by the
+ * smallest single slab that covers it, before anything is created (a
+ * creation grows the pool for good, an overshoot only until the allocation
+ * is freed). The caller's and settled memory come before other streams'. */
+static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
+			const struct region *skip1, const struct region *skip2)
+{
+	const struct region *skip[2] = {skip1, skip2};
+	struct slab_cand *c = NULL, **by = NULL;
+	size_t n = 0, cap = 0, lim, i;
+	int rc = 0;
+
+	if (p->cfg.defrag == VPMM_DEFRAG_ALL)
+		return plan_harvest_all(p, pl, caller, skip1, skip2);
+	if (caller)
+		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
+			rc = cand_region(p, &c, &n, &cap, r, skip, false);
+	for (struct vpi_tnode *t = vpi_tree_first(&p->settled); t && !rc;
+	     t = vpi_tree_next(t))
+		rc = cand_region(p, &c, &n, &cap, REG(t, by_size), skip, false);
+	/* Other streams: oldest free first across all of them, as in
+	 * plan_harvest_all(); a wait on each stream is the same price. */
+	struct region *cur[64];
+	unsigned ns = 0;
+	for (struct stream *s = p->streams; s && !rc; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (ns == 64) { /* more streams than the merge holds: in turn */
+			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
+				rc = cand_region(p, &c, &n, &cap, r, skip, true);
+			continue;
+		}
+		cur[ns++] = s->fifo_head;
+	}
+	while (!rc) {
+		unsigned best = ns;
+		for (unsigned j = 0; j < ns; j++)
+			if (cur[j] && (best == ns || cur[j]->seq < cur[best]->seq))
+				best = j;
+		if (best == ns)
+			break;
+		rc = cand_region(p, &c, &n, &cap, cur[best], skip, true);
+		cur[best] = cur[best]->next;
+	}
+	if (!rc && n && !(by = malloc(n * sizeof(*by))))
+		rc = -ENOMEM;
+	if (rc || !n)
+		goto out;
+	for (i = 0; i < n; i++)
+		by[i] = &c[i];
+	qsort(by, n, sizeof(*by), cand_by_size);
+
+	lim = pl->target / p->page * p->page;
+	if (lim < pl->target) /* the lack is mapped in whole pages anyway */
+		lim += p->page;
+	if (lim > pl->room)
+		lim = pl->room;
+	for (i = 0; i < n && pl->taken < pl->target; i++)
+		if (pl->taken + by[i]->m->slab->size <= lim) {
+			by[i]->take = true;
+			pl->taken += by[i]->m->slab->size;
+		}
+	if (pl->taken < pl->target) {
+		struct slab_cand *best = NULL;
+		size_t rest = pl->target - pl->taken;
+		for (i = 0; i < n; i++) {
+			struct slab_cand *x = by[i];
+			if (x->take || x->m->slab->size < rest ||
+			    pl->taken + x->m->slab->size > pl->room)
+				continue;
+			if (!best || x->others < best->others ||
+			    (x->others == best->others && x->m->slab->size < best->m->slab->size))
+				best = x;
+		}
+		if (best) {
+			best->take = true;
+			pl->taken += best->m->slab->size;
+		}
+	}
+	/* One harvest per run of adjacent chosen slabs. Within a region the
+	 * runs go highest address first: vpi_defrag() splits each off the end of
+	 * what is left of the region. */
+	for (i = n; i-- > 0 && !rc;) {
+		size_t j = i;
+		if (!c[i].take)
+			continue;
+		while (j > 0 && c[j - 1].take && c[j - 1].r == c[i].r &&
+		       c[j - 1].m->va + c[j - 1].m->slab->size == c[j].m->va)
+			j--;
+		rc = plan_push(pl, (struct harvest){.r = c[i].r, .a = c[j].m->va,
+						    .b = c[i].m->va + c[i].m->slab->size});
+		i = j;
+	}
+out:
+	free(by);
+	free(c);
+	return rc;
+}
+
+/* Order the device (or the CPU, for a caller without a stream) after the
+ * work pending on each harvested region; find what each old VA waits for. */
+static int plan_events(vpmm_pool *p, struct plan *pl, struct stream *caller)
+{
+	struct event *waited = NULL;
+	for (size_t i = 0; i < pl->n; i++) {
+		struct harvest *h = &pl->h[i];
+		struct stream *s = h->r->stream;
+		int rc;
+		if (!s)
+			continue;
+		rc = vpi_cover_event(p, s, h->r->epoch, &h->ev);
+		if (rc)
+			return rc;
+		/* Held across the unlocked driver work, handed to the zombie. */
+		if (h->ev)
+			h->ev->refs++;
+		if (!h->ev || s == caller || h->ev == waited)
+			continue;
+		CUresult r;
+		if (caller) {
+			r = DRV(p, VPMM_OP_STREAM_WAIT, stream_wait, caller->handle,
+				h->ev->ev);
+			p->st.stream_waits += r == CUDA_SUCCESS;
+		} else {
+			r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, h->ev->ev);
+			if (r == CUDA_SUCCESS)
+				h->ev->done = true;
+		}
+		if (r != CUDA_SUCCESS) {
+			p->last_result = r;
+			return vpi_cu_errno(r);
+		}
+		waited = h->ev;
+	}
+	return 0;
+}
+
+struct fresh { /* a range mapped by this defragmentation */
+	CUdeviceptr va;
+	struct slab *slab;
+	bool created;
+	struct mapping *rec; /* preallocated record */
+};
+
+/* Largest first; ties in harvest order, the new slabs last. */
+static int fresh_by_size(const void *a, const void *b)
+{
+	const struct fresh *x = *(struct fresh *const *)a;
+	const struct fresh *y = *(struct fresh *const *)b;
+	if (x->slab->size != y->slab->size)
+		return x->slab->size < y->slab->size ? 1 : -1;
+	return x < y ? -1 : x > y;
+}
+
+static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
+{
+	if (!fr)
+		return;
+	for (size_t i = 0; i < n; i++)
+		free(fr[i].rec);
+	for (size_t i = nmove; i < n; i++)
+		free(fr[i].slab);
+	free(fr);
+}
+
+/* The handle size for a growth of `shortfall` bytes: the largest power of
+ * two of pages within shortfall / k, at most handle_size. Each handle costs
+ * about as much as a whole cudaMalloc (cuMemSetAccess is per handle), but
+ * only whole handles can move: see docs/design.md.
+ *
+ * k is growth_split once the pool holds much more than the growth, and
+ * falls to 1 as the growth outweighs what the pool holds:
+ * k = 1 + split * mapped / (mapped + shortfall). A large handle strands
+ * memory only once it holds live and free bytes side by side, and what it
+ * can strand is measured against the whole pool: in an empty pool the
+ * first growth (model weights, a preallocated cache) costs one handle, as
+ * cudaMalloc would, and later growths split finer as the pool grows. */
+static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
+{
+	size_t h = p->page, k = p->cfg.growth_split;
+	uint64_t mapped = p->st.mapped;
+	if (!k)
+		return p->cfg.handle_size;
+	if (!shortfall)
+		return h;
+	/* 128 bits: split * mapped may pass 64; the quotient is below split. */
+	__extension__ typedef unsigned __int128 wide;
+	k = 1 + (size_t)((wide)k * mapped / ((wide)mapped + shortfall));
+	if (k > p->cfg.growth_split)
+		k = p->cfg.growth_split;
+	while (h * 2 <= shortfall / k && h * 2 <= p->cfg.handle_size)
+		h *= 2;
+	return h;
+}
+
+/* Whether `have` free bytes beside the span spare it a page. When they do
+ * not, the request would only start (or end) inside a slab that stays
+ * partly live, and leave as much free at the span's far end: no byte saved
+ * and one more slab pinned. The first allocation of a PyTorch process (a
+ * small tensor in a page of its own) made every later large one straddle
+ * that page this way. */
+static bool lends_a_page(const vpmm_pool *p, size_t have, size_t need)
+{
+	return (need - have + p->page - 1) / p->page < (need + p->page - 1) / p->page;
+}
+
+static bool lender_ok(const vpmm_pool *p, const struct region *f,
+		      const struct region *hole, struct stream *caller, size_t need)
+{
+	return f && f->kind == R_FREE && f->chunk == hole->chunk && f->size < need &&
+	       (!f->stream || f->stream == caller) && lends_a_page(p, f->size, need);
+}
+
+/* A free region usable by caller beside a hole lends its bytes: only the
+ * rest of `need` is remapped or created, and the partly live slab at its
+ * far end gets used instead of left behind (a harvest leaves such pieces
+ * beside the hole it makes). The region may lie before the hole (the
+ * request starts in it, *after = false) or after it (the request ends in
+ * it), and the hole must hold the rest. The largest such region wins;
+ * NULL if there is none. */
+static struct region *find_lender(vpmm_pool *p, struct stream *caller, size_t need,
+				  struct region **hole, bool *after)
+{
+	struct vpi_tree *idx[2] = {caller ? &caller->free_by_size : NULL, &p->settled};
+	struct region *best = NULL;
+	for (int i = 0; i < 2; i++) {
+		struct vpi_tnode *t = idx[i] ? vpi_tree_last(idx[i]) : NULL;
+		for (; t; t = vpi_tree_prev(t)) {
+			struct region *f = REG(t, by_size), *h;
+			if (best && f->size <= best->size)
+				break; /* smaller from here on */
+			if (f->size >= need)
+				continue;
+			if (!lends_a_page(p, f->size, need))
+				break; /* nor will any smaller one */
+			h = vpi_region_next(f);
+			if (!(h && h->kind == R_HOLE && h->chunk == f->chunk &&
+			      h->size >= need - f->size)) {
+				h = vpi_region_prev(f);
+				if (!(h && h->kind == R_HOLE && h->chunk == f->chunk &&
+				      h->size >= need - f->size))
+					continue;
+			}
+			best = f;
+			*hole = h;
+			*after = h->va < f->va;
+			break;
+		}
+	}
+	return best;
+}
+
+/* Whether growing `bytes` more for loops keeps within the cap. The cap is
+ * against the rest of the pool, not the live peak: parked allocations count
+ * as live until a flush, and in a loop that no longer defragments they stay
+ * parked (the step's live peak read 1694 MiB for 1476 of tensors). It
+ * counts what the growth creates, not the request: a request that a free
+ * neighbour half lends costs the cap half. */
+static bool loop_cap_allows(const vpmm_pool *p, size_t bytes)
+{
+	uint64_t rest = p->st.mapped > p->loop_grown ? p->st.mapped - p->loop_grown : 0;
+	return p->loop_grown + bytes <= rest / 100 * p->cfg.loop_growth;
+}
+
+/* Phase 2. Makes a FREE region of at least `need` bytes usable by `caller`
+ * (NULL: by anyone) and returns it.
+ *
+ * Under the lock it plans, records the events the plan needs and takes every
+ * region it touches out of circulation (busy); it drops the lock for the
+ * driver work (create, map, set access: tens of microseconds a handle) and
+ * takes it again to commit. On failure every busy region goes back as it
+ * was; only events recorded and waits inserted remain, which order work
+ * conservatively and nothing more. */
+/* With *grow (a loop repeats, loop_repeats()), what the request lacks is
+ * created rather than harvested, if the loops' cap allows it; *grow then
+ * says whether it was. */
+int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
+		  struct region **out, CUdeviceptr *at)
+{
+	struct plan pl = {0};
+	struct fresh *fr = NULL, **order = NULL;
+	size_t nfr = 0, nmove = 0, nmapped = 0, shortfall, lack, have = 0, off, k;
+	size_t calls_create = 0, calls_map = 0, calls_access = 0;
+	struct region *hole, *adj, *adj2 = NULL;
+	unsigned new_chunk = UINT32_MAX;
+	CUresult r = CUDA_SUCCESS;
+	int rc;
+
+	/* Where to map: beside a free region that lends its bytes (see
+	 * find_lender()), else the smallest hole that fits, after a free
+	 * region that lends what it has. */
+	struct region probe = {.size = need}, *lender = NULL;
+	bool after = false;
+	if (p->cfg.defrag != VPMM_DEFRAG_ALL)
+		lender = find_lender(p, caller, need, &hole, &after);
+	if (lender) {
+		adj = after ? NULL : lender;
+		adj2 = after ? lender : NULL;
+	} else {
+		while (!(hole = REG(vpi_tree_ceil(&p->holes, &probe.by_size), by_size))) {
+			rc = vpi_chunk_add(p, need, &new_chunk);
+			if (rc)
+				return rc;
+		}
+		adj = vpi_region_prev(hole);
+		if (!lender_ok(p, adj, hole, caller, need))
+			adj = NULL;
+	}
+	have = adj ? adj->size : adj2 ? adj2->size : 0;
+	lack = need - have;
+	if (*grow && !loop_cap_allows(p, vpi_whole_pages(p, lack)))
+		*grow = false;
+
+	pl.room = hole->size;
+	pl.target = *grow ? 0 : p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
+	rc = plan_harvest(p, &pl, caller, adj, adj2);
+	if (rc)
+		goto out;
+	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
+	shortfall = vpi_whole_pages(p, shortfall); /* mapped whole */
+	if (shortfall && p->cfg.limit &&
+	    p->st.mapped + p->inflight + shortfall > p->cfg.limit) {
+		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Every struct the commit needs, before the first driver call. */
+	size_t hsize = handle_size_for(p, shortfall);
+	size_t nnew = (shortfall + hsize - 1) / hsize;
+	for (size_t i = 0; i < pl.n; i++)
+		for (struct mapping *m = vpi_mapping_from(p, pl.h[i].r->chunk, pl.h[i].a);
+		     m && m->va < pl.h[i].b; m = vpi_mapping_next(m))
+			nmove++;
+	nfr = nmove + nnew;
+	rc = vpi_reserve_regions(p, (unsigned)(2 * pl.n + 2));
+	fr = rc ? NULL : calloc(nfr, sizeof(*fr));
+	order = fr ? malloc(nfr * sizeof(*order)) : NULL;
+	if (!order) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (k = 0; k < nfr; k++) {
+		fr[k].rec = malloc(sizeof(*fr[k].rec));
+		if (!fr[k].rec || (k >= nmove && !(fr[k].slab = calloc(1, sizeof(struct slab))))) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	rc = plan_events(p, &pl, caller);
+	if (rc)
+		goto out;
+
+	/* Out of circulation: the harvested pieces, the lending neighbour and
+	 * the part of the hole that will be mapped (its end when the request
+	 * ends in adj2). */
+	k = 0;
+	for (size_t i = 0; i < pl.n; i++) {
+		struct harvest *h = &pl.h[i];
+		struct region *src = h->r;
+		vpi_free_unindex(p, src);
+		if (h->b < src->va + src->size)
+			vpi_free_index(p, vpi_split_off(p, src, h->b));
+		if (src->va < h->a) {
+			struct region *mid = vpi_split_off(p, src, h->a);
+			vpi_free_index(p, src);
+			src = mid;
+		}
+		src->was = R_FREE; /* busy; unindexed above */
+		src->kind = R_BUSY;
+		p->busy++;
+		h->r = src;
+		for (struct mapping *m = vpi_mapping_from(p, src->chunk, h->a); m && m->va < h->b;
+		     m = vpi_mapping_next(m))
+			fr[k++].slab = m->slab;
+	}
+	for (size_t left = shortfall; k < nfr; k++) {
+		fr[k].slab->size = left < hsize ? left : hsize;
+		left -= fr[k].slab->size;
+	}
+	/* Largest slab first in the span, from where the request starts (from
+	 * where it ends, when it ends in adj2): what it leaves free at its other
+	 * end lies in the smallest slabs, wholly free ones among them (they can
+	 * move again), rather than in part of a large one. */
+	for (k = 0; k < nfr; k++)
+		order[k] = &fr[k];
+	qsort(order, nfr, sizeof(*order), fresh_by_size);
+	if (adj)
+		vpi_busy_take(p, adj);
+	if (adj2)
+		vpi_busy_take(p, adj2);
+	vpi_tree_remove(&p->holes, &hole->by_size);
+	if (hole->size > pl.taken + shortfall && adj2) {
+		/* The request ends in adj2: map the end of the hole. */
+		struct region *back = vpi_split_off(p, hole, hole->va + hole->size - pl.taken - shortfall);
+		vpi_tree_insert(&p->holes, &hole->by_size);
+		hole = back;
+	} else if (hole->size > pl.taken + shortfall) {
+		vpi_tree_insert(&p->holes,
+				 &vpi_split_off(p, hole, hole->va + pl.taken + shortfall)->by_size);
+	}
+	off = hole->va;
+	for (k = 0; k < nfr; k++) {
+		struct fresh *f = order[adj2 ? nfr - 1 - k : k];
+		f->va = off;
+		off += f->slab->size;
+	}
+	hole->was = R_HOLE;
+	hole->kind = R_BUSY;
+	p->busy++;
+	p->inflight += shortfall;
+	CUdeviceptr base = hole->va;
+	int acc[VPMM_MAX_ACCESS];
+	unsigned nacc = p->naccess;
+	memcpy(acc, p->access, nacc * sizeof acc[0]);
+
+	__atomic_fetch_add(&p->mappers, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&p->lock);
+	/* Create the shortfall; map harvested slabs first, new ones after. */
+	for (k = nmove; k < nfr; k++) {
+		r = p->drv->mem_create(p->drv, p->cfg.device, fr[k].slab->size,
+				       &fr[k].slab->handle);
+		calls_create++;
+		if (r != CUDA_SUCCESS)
+			break;
+		fr[k].created = true;
+	}
+	for (k = 0; r == CUDA_SUCCESS && k < nfr; k++) {
+		r = p->drv->map(p->drv, fr[k].va, fr[k].slab->size, fr[k].slab->handle);
+		calls_map++;
+		nmapped += r == CUDA_SUCCESS;
+	}
+	if (r == CUDA_SUCCESS) {
+		r = p->drv->set_access(p->drv, base, off - base, acc, (int)nacc);
+		calls_access++;
+	}
+	if (r != CUDA_SUCCESS) {
+		for (k = nmapped; k-- > 0;)
+			p->drv->unmap(p->drv, fr[k].va, fr[k].slab->size);
+		for (k = nmove; k < nfr; k++)
+			if (fr[k].created)
+				p->drv->mem_release(p->drv, fr[k].slab->handle);
+	}
+	__atomic_fetch_sub(&p->mappers, 1, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&p->lock);
+	if (p->reclaim_deferrals) /* the background thread waits for us */
+		pthread_cond_signal(&p->reclaim_cond);
+	p->inflight -= shortfall;
+	p->st.driver_calls += calls_create + calls_map + calls_access;
+	p->driver_calls[VPMM_OP_MEM_CREATE] += calls_create;
+	p->driver_calls[VPMM_OP_MAP] += calls_map;
+	p->driver_calls[VPMM_OP_SET_ACCESS] += calls_access;
+	if (r != CUDA_SUCCESS) { /* the undo calls above */
+		p->st.driver_calls += nmapped;
+		p->driver_calls[VPMM_OP_UNMAP] += nmapped;
+		for (k = nmove; k < nfr; k++)
+			if (fr[k].created) {
+				p->st.driver_calls++;
+				p->driver_calls[VPMM_OP_MEM_RELEASE]++;
+			}
+	}
+
+	if (r != CUDA_SUCCESS) {
+		p->last_result = r;
+		rc = vpi_cu_errno(r);
+		for (size_t i = 0; i < pl.n; i++)
+			vpi_busy_return(p, pl.h[i].r);
+		if (adj)
+			vpi_busy_return(p, adj);
+		if (adj2)
+			vpi_busy_return(p, adj2);
+		vpi_busy_return(p, hole);
+		goto out;
+	}
+
+	/* Commit: nothing below can fail. */
+	size_t mapped_len = off - base, created = 0;
+	bool pending = false;
+	p->st.handles_remapped += nmove;
+	for (k = 0; k < nfr; k++) {
+		fr[k].rec->va = fr[k].va;
+		fr[k].rec->slab = fr[k].slab;
+		fr[k].slab->nmaps++;
+		vpi_tree_insert(&p->maps, &fr[k].rec->by_va);
+		vpi_smap_set(p, hole->chunk, fr[k].rec, true);
+		fr[k].rec = NULL;
+		if (fr[k].created) {
+			created += fr[k].slab->size;
+			p->st.handles_created++;
+			fr[k].slab = NULL; /* owned by the pool now */
+		}
+	}
+	for (size_t i = 0; i < pl.n; i++) {
+		struct region *z = pl.h[i].r;
+		pending |= z->stream != NULL;
+		p->busy--;
+		z->kind = R_ZOMBIE;
+		z->stream = NULL;
+		z->epoch = 0;
+		z->ev = pl.h[i].ev; /* plan_events' reference */
+		pl.h[i].ev = NULL;
+		vpi_zombie_append(p, z);
+		for (struct mapping *m = vpi_mapping_from(p, z->chunk, z->va);
+		     m && m->va < z->va + z->size; m = vpi_mapping_next(m))
+			vpi_smap_set(p, z->chunk, m, false);
+		GAUGE_SUB(p, reusable, z->size);
+		GAUGE_ADD(p, zombies, z->size);
+		p->st.pages_remapped += z->size / p->page;
+	}
+	if (pl.n)
+		pthread_cond_signal(&p->reclaim_cond);
+	/* The allocation starts at the lending neighbour, or ends with the one
+	 * after the span, else starts at the span (a handle boundary), whatever
+	 * the merges below make of them. */
+	*at = adj ? adj->va : adj2 ? adj2->va - (need - adj2->size) : base;
+	if (adj2) { /* absorbed by the span below, before any other merge */
+		p->busy--;
+		adj2->kind = R_FREE;
+		if (adj2->stream && adj2->epoch <= adj2->stream->done) {
+			adj2->stream = NULL;
+			adj2->epoch = 0;
+		}
+		vpi_free_index(p, adj2);
+	}
+	if (adj) {
+		/* Indexed alone: it must join the new span first (the request
+		 * starts in it); vpi_free_insert() below then also merges the span
+		 * with a left neighbour freed while the lock was dropped. */
+		p->busy--;
+		adj->kind = R_FREE;
+		if (adj->stream && adj->epoch <= adj->stream->done) {
+			adj->stream = NULL;
+			adj->epoch = 0;
+		}
+		vpi_free_index(p, adj);
+	}
+	p->busy--;
+	hole->kind = R_FREE;
+	hole->stream = caller && pending ? caller : NULL;
+	hole->epoch = caller && pending ? caller->epoch : 0;
+	GAUGE_SUB(p, holes, mapped_len);
+	GAUGE_ADD(p, mapped, created);
+	GAUGE_ADD(p, reusable, mapped_len);
+	p->st.pages_created += created / p->page;
+	/* The request ends in adj2: the span takes it in first. A left
+	 * neighbour of another stream that the span merges with afterwards
+	 * would give it that stream, and adj2 (the caller's) could not join. */
+	if (adj2)
+		vpi_free_absorb(p, hole, adj2);
+	*out = vpi_free_insert(p, hole);
+	new_chunk = UINT32_MAX;
+	rc = 0;
+out:
+	for (size_t i = 0; i < pl.n; i++)
+		vpi_event_unref(p, pl.h[i].ev);
+	fresh_free(fr, nfr, nmove);
+	free(order);
+	free(pl.h);
+	if (new_chunk != UINT32_MAX)
+		vpi_chunk_drop_if_unused(p, new_chunk);
+	return rc;
+}

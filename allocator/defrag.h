@@ -1,0 +1,19 @@
+/* defrag.h — defragmentation (defrag.c): gathering free handles into a hole
+ * by remapping them, or creating what is lacking. defrag.c calls region.c,
+ * handle.c, chunk.c and stream.c.
+ */
+#ifndef VPMM_DEFRAG_H
+#define VPMM_DEFRAG_H
+
+#include <stdbool.h>
+
+#include "vpmm.h"
+
+struct region;
+struct stream;
+
+/* Phase 2: a FREE region of at least `need` bytes usable by caller. */
+int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
+	       struct region **out, CUdeviceptr *at);
+
+#endif

@@ -1,0 +1,113 @@
+/* pool.h — struct vpmm_pool, the state every room of the pool shares, with
+ * its invariants beside the fields, and the few helpers that need it whole.
+ * pool.c owns it: creation, destruction and the public vpmm_pool_* calls.
+ */
+#ifndef VPMM_POOL_H
+#define VPMM_POOL_H
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "front.h"
+#include "stream.h"
+#include "tree.h"
+#include "vpi.h"
+#include "vpmm.h"
+
+#define VPMM_MAX_CHUNKS 1024 /* fixed: the fast path reads chunks unlocked */
+#define VPMM_MAX_ACCESS 32   /* devices that may access the pool's memory */
+
+struct chunk;
+struct region;
+struct stream;
+struct event;
+struct small_state; /* small.c */
+
+struct vpmm_pool {
+	pthread_mutex_t lock; /* guards everything below; dropped only around
+			       * driver work on busy regions (pool.c) */
+	pthread_cond_t reclaim_cond; /* zombies appeared, or stop */
+	pthread_t reclaimer;
+	bool reclaimer_running, stopping;
+	CUcontext ctx; /* current where the pool was created; the reclaimer's */
+	struct vpmm_config cfg;
+	vpmm_driver *drv;
+	size_t page;  /* the unit of physical memory: slabs are whole pages */
+	size_t grain; /* the unit of allocation: regions are whole grains; holes,
+		       * slabs and zombies whole pages */
+
+	struct chunk *chunks; /* VPMM_MAX_CHUNKS of them */
+	unsigned nchunks;     /* written under the lock, read atomically */
+
+	struct vpi_tree regions; /* by va: partitions every chunk */
+	struct vpi_tree settled; /* settled FREE by (size, va) */
+	struct vpi_tree holes;   /* HOLE by (size, va) */
+	struct vpi_tree maps;    /* struct mapping by va */
+	struct region *zombie_head, *zombie_tail;
+
+	struct stream *streams;   /* every stream seen, creation order */
+	struct stream **stream_hash;
+	unsigned stream_hash_size, nstreams;
+	/* A VPMM_NO_STREAM malloc came through the lock: synchronous callers
+	 * take only settled memory. Never cleared. Without it and a second
+	 * stream, frees close epochs only every SOLE_RECORD_NS
+	 * (vpi_give_locked). */
+	bool sync_takes;
+	struct stream *last_stream; /* one-entry cache for the hot path */
+
+	struct region *region_cache; /* recycled region structs (via next) */
+	struct event *event_cache;   /* recycled events, CUevent kept */
+	struct event *events;        /* every event created */
+
+	struct small_state *small;
+	struct front sync_front; /* parked frees of VPMM_NO_STREAM */
+	uint64_t gen;            /* tells pools apart in thread-local caches */
+	uint64_t stream_gen;     /* bumped when a stream dies (atomic): stale
+				  * thread-local stream lookups miss */
+	size_t busy;     /* regions in R_BUSY */
+	uint64_t free_seq; /* counter behind region->seq */
+	uint64_t settled_count; /* free regions settled so far */
+	size_t inflight; /* bytes being created by defragmentations, for the limit */
+	unsigned mappers; /* callers inside vpi_defrag()'s driver work (atomic,
+			   * read without the lock): the background thread
+			   * leaves its unmaps for later meanwhile (pool.c,
+			   * defer_to_mappers) */
+	unsigned reclaim_deferrals; /* rounds in a row it did so; written by
+				     * the thread only, under the lock */
+	uint64_t loop_grown; /* bytes created instead of remapping, for the cap */
+
+	/* Devices granted access to every mapped page: [0] is cfg.device, then
+	 * peers (vpmm_pool_grant). A defragmentation copies the list before
+	 * dropping the lock; a grant waits until no region is busy, so no
+	 * mapping in flight can miss a device. */
+	int access[VPMM_MAX_ACCESS];
+	unsigned naccess;
+
+	CUresult last_result;
+	struct vpmm_stats st;
+	uint64_t driver_calls[VPMM_OP_COUNT];
+};
+
+/* vpmm_pool_stats() with the lock held (snapshot.c shares it). */
+void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
+
+/* `size` rounded up to whole grains: what a request above the size classes
+ * takes, and a slab's size (small.c). */
+static inline size_t vpi_grains(const vpmm_pool *p, size_t size)
+{
+	return (size + p->grain - 1) / p->grain * p->grain;
+}
+
+/* `bytes` rounded up to whole pages: what the driver maps. */
+static inline size_t vpi_whole_pages(const vpmm_pool *p, size_t bytes)
+{
+	return (bytes + p->page - 1) / p->page * p->page;
+}
+
+/* s's cache, or the synchronous callers' for s NULL. */
+static inline struct front *vpi_front_of(vpmm_pool *p, struct stream *s)
+{
+	return s ? &s->front : &p->sync_front;
+}
+
+#endif

@@ -1,0 +1,270 @@
+/* stream.c — streams and events: the stream records and their hash, the
+ * events that close a stream's epochs, and learning that work completed
+ * (what completed settles: any stream may take it without waiting).
+ *
+ * Stream order without an event per free: a free is tagged with its
+ * stream's open epoch; an event is recorded only to close an epoch (on the
+ * free path now and then, give.c; or when another stream, a trim or a
+ * defragmentation needs to know).
+ *
+ * Owns struct stream and struct event (stream.h). Calls region.c (settled
+ * regions change index) and loop.c. Lock held throughout.
+ */
+#include <stdlib.h>
+
+#include "pool.h"
+#include "region.h"
+#include "stream.h"
+
+
+unsigned vpi_stream_slot(const vpmm_pool *p, CUstream h)
+{
+	return vpi_hash_bits((uint64_t)(uintptr_t)h, (unsigned)__builtin_ctz(p->stream_hash_size));
+}
+
+static int stream_hash_grow(vpmm_pool *p)
+{
+	unsigned n = p->stream_hash_size ? p->stream_hash_size * 2 : 16;
+	struct stream **t = calloc(n, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	free(p->stream_hash);
+	p->stream_hash = t;
+	p->stream_hash_size = n;
+	for (struct stream *s = p->streams; s; s = s->next) {
+		unsigned i = vpi_stream_slot(p, s->handle);
+		s->hash_next = t[i];
+		t[i] = s;
+	}
+	return 0;
+}
+
+/* The stream record of `h`, created on first sight; NULL if the host is out
+ * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
+struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
+{
+	struct stream *s = p->last_stream;
+	if (s && s->handle == h)
+		return s;
+	if (p->stream_hash_size)
+		for (s = p->stream_hash[vpi_stream_slot(p, h)]; s; s = s->hash_next)
+			if (s->handle == h)
+				return p->last_stream = s;
+	if (p->nstreams + 1 > p->stream_hash_size / 2 && stream_hash_grow(p))
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->handle = h;
+	if (pthread_mutex_init(&s->front.lock, NULL)) {
+		free(s);
+		return NULL;
+	}
+	s->id = __atomic_fetch_add(&p->nstreams, 1, __ATOMIC_RELEASE);
+	s->epoch = 1;
+	vpi_tree_init(&s->free_by_size, vpi_region_by_size, s->id + 1);
+	struct stream **tail = &p->streams;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = s;
+	unsigned i = vpi_stream_slot(p, h);
+	s->hash_next = p->stream_hash[i];
+	p->stream_hash[i] = s;
+	return p->last_stream = s;
+}
+
+/* Unlinks ev from p->events (it is being destroyed). */
+void vpi_event_forget(vpmm_pool *p, struct event *ev)
+{
+	for (struct event **e = &p->events; *e; e = &(*e)->all_next)
+		if (*e == ev) {
+			*e = ev->all_next;
+			return;
+		}
+}
+
+void vpi_event_unref(vpmm_pool *p, struct event *ev)
+{
+	if (ev && --ev->refs == 0) {
+		if (ev->gone) { /* its driver event died with its context */
+			vpi_event_forget(p, ev);
+			free(ev);
+			return;
+		}
+		ev->next = p->event_cache;
+		p->event_cache = ev;
+	}
+}
+
+/* Record an event on s that closes its open epoch. */
+int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
+{
+	struct event *ev = p->event_cache;
+	bool fresh = !ev;
+	CUresult r;
+	if (ev) {
+		p->event_cache = ev->next;
+	} else {
+		ev = calloc(1, sizeof(*ev));
+		if (!ev)
+			return -ENOMEM;
+		r = DRV(p, VPMM_OP_EVENT_CREATE, event_create, &ev->ev);
+		if (r != CUDA_SUCCESS) {
+			free(ev);
+			p->last_result = r;
+			return vpi_cu_errno(r);
+		}
+	}
+	/* The epoch moves before the record: a lock-free free that reads the
+	 * old epoch did so before this record was issued, so the event covers
+	 * its work (front.c). If the record fails, the next event covers both. */
+	uint64_t e = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+	r = DRV(p, VPMM_OP_EVENT_RECORD, event_record, ev->ev, s->handle);
+	if (r != CUDA_SUCCESS) {
+		p->last_result = r;
+		if (fresh) {
+			/* It may be what failed (made in a context the stream is
+			 * not of): not cached, so it cannot fail every record. */
+			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+			free(ev);
+		} else {
+			ev->next = p->event_cache;
+			p->event_cache = ev;
+		}
+		return vpi_cu_errno(r);
+	}
+	if (fresh) {
+		ev->all_next = p->events;
+		p->events = ev;
+	}
+	ev->stream = s;
+	ev->epoch = e;
+	ev->refs = 1;
+	ev->done = false;
+	ev->next = NULL;
+	if (s->ev_tail)
+		s->ev_tail->next = ev;
+	else
+		s->ev_head = ev;
+	s->ev_tail = ev;
+	if (p->cfg.event_interval_ns)
+		s->last_record_ns = vpi_now_ns();
+	p->st.events_recorded++;
+	if (out)
+		*out = ev;
+	return 0;
+}
+
+/* vpi_close_epoch(), unless another thread is capturing s: our event would join
+ * its graph. -EBUSY then, and the epoch stays open. */
+int vpi_close_epoch_uncaptured(vpmm_pool *p, struct stream *s)
+{
+	bool capturing = false;
+	DRV(p, VPMM_OP_STREAM_CAPTURING, stream_capturing, s->handle, &capturing);
+	return capturing ? -EBUSY : vpi_close_epoch(p, s, NULL);
+}
+
+/* The first event of s that completes after every free of `epoch`; NULL when
+ * that epoch is already known complete. Records one if none covers it yet. */
+int vpi_cover_event(vpmm_pool *p, struct stream *s, uint64_t epoch,
+		       struct event **out)
+{
+	*out = NULL;
+	if (epoch <= s->done)
+		return 0;
+	for (struct event *ev = s->ev_head; ev; ev = ev->next)
+		if (ev->epoch >= epoch) {
+			*out = ev;
+			return 0;
+		}
+	if (s->dead) /* its last record failed: nothing can cover this */
+		return -EIO;
+	return vpi_close_epoch(p, s, out);
+}
+
+
+static void settle_stream(vpmm_pool *p, struct stream *s)
+{
+	while (s->fifo_head && s->fifo_head->epoch <= s->done) {
+		struct region *r = s->fifo_head;
+		vpi_free_unindex(p, r);
+		p->settled_count++;
+		r->stream = NULL;
+		r->epoch = 0;
+		vpi_free_insert(p, r);
+	}
+}
+
+/* Query s's events oldest first; what completed settles. */
+void vpi_poll_stream(vpmm_pool *p, struct stream *s)
+{
+	bool moved = false;
+	while (s->ev_head) {
+		struct event *ev = s->ev_head;
+		CUresult r = ev->done ? CUDA_SUCCESS
+				      : DRV(p, VPMM_OP_EVENT_QUERY, event_query, ev->ev);
+		if (r != CUDA_SUCCESS) {
+			if (r != CUDA_ERROR_NOT_READY)
+				p->last_result = r;
+			break;
+		}
+		s->ev_head = ev->next;
+		if (!s->ev_head)
+			s->ev_tail = NULL;
+		s->done = ev->epoch;
+		ev->done = true;
+		vpi_event_unref(p, ev);
+		moved = true;
+	}
+	if (moved)
+		settle_stream(p, s);
+}
+
+/* Phase 1, other streams: close their open epochs so completion can be seen,
+ * then let what completed settle. */
+void vpi_poll_others(vpmm_pool *p, struct stream *caller)
+{
+	for (struct stream *s = p->streams; s; s = s->next) {
+		if (s == caller || !s->fifo_head)
+			continue;
+		if (!s->dead && s->fifo_tail->epoch == s->epoch)
+			vpi_close_epoch_uncaptured(p, s);
+		vpi_poll_stream(p, s);
+	}
+}
+
+bool vpi_event_done_locked(vpmm_pool *p, struct event *ev)
+{
+	if (!ev || ev->done)
+		return true;
+	vpi_poll_stream(p, ev->stream);
+	return ev->done;
+}
+
+bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
+{
+	if (!ev || ev->done)
+		return true;
+	CUresult r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, ev->ev);
+	if (r != CUDA_SUCCESS) {
+		p->last_result = r;
+		return false;
+	}
+	vpi_poll_stream(p, ev->stream);
+	return ev->done;
+}
+
+/* The stream `s`, at *link in its hash chain, is gone: no malloc will name
+ * it again, and a new stream may come with its handle. */
+void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link)
+{
+	s->dead = true;
+	pthread_mutex_lock(&s->front.lock);
+	vpi_loop_fini(&s->front.loop);
+	pthread_mutex_unlock(&s->front.lock);
+	*link = s->hash_next;
+	s->hash_next = NULL;
+	if (p->last_stream == s)
+		p->last_stream = NULL;
+	__atomic_fetch_add(&p->stream_gen, 1, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,82 @@
+/* stream.h — streams and events (stream.c): a stream's epochs, the events
+ * that close them, and settling what completed. stream.c calls region.c
+ * (a settled region moves index) and loop.c.
+ */
+#ifndef VPMM_STREAM_H
+#define VPMM_STREAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "front.h"
+#include "tree.h"
+#include "vpmm.h"
+
+struct region;
+struct small_slab;
+
+/* An event recorded on a stream closes that stream's epoch: it completes once
+ * every free tagged with an epoch <= ev->epoch can be reused by anyone. */
+struct event {
+	CUevent ev;
+	struct stream *stream;
+	uint64_t epoch;
+	unsigned refs;      /* the stream's pending list + zombies waiting on it */
+	bool done;
+	/* Its context ended (vpmm_pool_drop_events): the driver event is
+	 * destroyed, and the struct is freed, not cached, once unreferenced. */
+	bool gone;
+	struct event *next; /* stream's pending list (epoch ascending) or cache */
+	struct event *all_next; /* pool->events: every event, for destroy */
+};
+
+struct stream {
+	CUstream handle;
+	unsigned id;              /* creation order: "oldest stream first" */
+	uint64_t epoch;           /* open epoch: frees now are tagged with it
+				   * (atomic: read by front.c without the lock) */
+	uint64_t done;            /* every epoch <= done has completed; < epoch */
+	uint64_t last_record_ns;
+	struct event *ev_head, *ev_tail; /* recorded, not known complete */
+	/* Pending free regions of this stream: by (size, va) and, in fifo,
+	 * by epoch ascending. Each has done < region->epoch <= epoch. */
+	struct vpi_tree free_by_size;
+	struct region *fifo_head, *fifo_tail;
+	struct small_slab **small_partial; /* small.c: per class, slabs with room */
+	struct front front;
+	/* The program destroyed it: nothing is recorded on it any more; its
+	 * last event covers every free it had (vpmm_pool_stream_gone). */
+	bool dead;
+	struct stream *hash_next;
+	struct stream *next; /* pool->streams, creation order */
+};
+
+/* The stream record of `h`, created on first sight; NULL if the host is out
+ * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
+struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h);
+/* The slot of h in p->stream_hash. */
+unsigned vpi_stream_slot(const vpmm_pool *p, CUstream h);
+/* The stream `s`, at *link in its hash chain, is gone: no malloc will name
+ * it again, and a new stream may come with its handle. */
+void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link);
+/* Record an event on s that closes its open epoch. */
+int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out);
+/* vpi_close_epoch(), unless another thread is capturing s: -EBUSY then. */
+int vpi_close_epoch_uncaptured(vpmm_pool *p, struct stream *s);
+/* The first event of s that completes after every free of `epoch`; NULL when
+ * that epoch is already known complete. Records one if none covers it yet. */
+int vpi_cover_event(vpmm_pool *p, struct stream *s, uint64_t epoch,
+		    struct event **out);
+/* Unlinks ev from p->events (it is being destroyed). */
+void vpi_event_forget(vpmm_pool *p, struct event *ev);
+void vpi_event_unref(vpmm_pool *p, struct event *ev);
+/* Query s's events oldest first; what completed settles. */
+void vpi_poll_stream(vpmm_pool *p, struct stream *s);
+/* Other streams than caller: close their open epochs so completion can be
+ * seen, then let what completed settle. */
+void vpi_poll_others(vpmm_pool *p, struct stream *caller);
+bool vpi_event_done_locked(vpmm_pool *p, struct event *ev);
+/* Wait on the CPU for ev; true once it completed. */
+bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev);
+
+#endif
