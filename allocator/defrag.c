@@ -434,91 +434,112 @@ static bool loop_cap_allows(const vpmm_pool *p, size_t bytes)
  * takes it again to commit. On failure every busy region goes back as it
  * was; only events recorded and waits inserted remain, which order work
  * conservatively and nothing more. */
-/* With *grow (a loop repeats, loop_repeats()), what the request lacks is
- * created rather than harvested, if the loops' cap allows it; *grow then
- * says whether it was. */
-int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
-		  struct region **out, CUdeviceptr *at)
+/* One defragmentation's state, from the choice to the commit. */
+struct defrag {
+	struct stream *caller;
+	size_t need;
+	struct plan pl;
+	struct fresh *fr, **order; /* the ranges to map; in span order */
+	size_t nfr, nmove, nmapped; /* ranges; harvested ones first; mapped */
+	size_t shortfall, hsize;  /* bytes to create, in handles of hsize */
+	struct region *hole, *adj, *adj2; /* the span; the lending neighbour */
+	unsigned new_chunk;       /* a chunk added for it, or UINT32_MAX */
+	CUdeviceptr base, off;    /* the span mapped: [base, off) */
+	int acc[VPMM_MAX_ACCESS]; /* devices granted access, copied */
+	unsigned nacc;
+};
+
+/* Choosing: where to map (beside a free region that lends its bytes, else
+ * the smallest hole that fits), which slabs to harvest and how much to
+ * create; every struct the commit needs, and the events the plan waits
+ * for, before the first driver call. */
+static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 {
-	struct plan pl = {0};
-	struct fresh *fr = NULL, **order = NULL;
-	size_t nfr = 0, nmove = 0, nmapped = 0, shortfall, lack, have = 0, off, k;
-	size_t calls_create = 0, calls_map = 0, calls_access = 0;
-	struct region *hole, *adj, *adj2 = NULL;
-	unsigned new_chunk = UINT32_MAX;
-	CUresult r = CUDA_SUCCESS;
+	size_t lack, have = 0, k;
 	int rc;
 
 	/* Where to map: beside a free region that lends its bytes (see
 	 * find_lender()), else the smallest hole that fits, after a free
 	 * region that lends what it has. */
-	struct region probe = {.size = need}, *lender = NULL;
+	struct region probe = {.size = d->need}, *lender = NULL;
 	bool after = false;
 	if (p->cfg.defrag != VPMM_DEFRAG_ALL)
-		lender = find_lender(p, caller, need, &hole, &after);
+		lender = find_lender(p, d->caller, d->need, &d->hole, &after);
 	if (lender) {
-		adj = after ? NULL : lender;
-		adj2 = after ? lender : NULL;
+		d->adj = after ? NULL : lender;
+		d->adj2 = after ? lender : NULL;
 	} else {
-		while (!(hole = REG(vpi_tree_ceil(&p->holes, &probe.by_size), by_size))) {
-			rc = vpi_chunk_add(p, need, &new_chunk);
-			if (rc)
+		while (!(d->hole = REG(vpi_tree_ceil(&p->holes, &probe.by_size), by_size))) {
+			rc = vpi_chunk_add(p, d->need, &d->new_chunk);
+			if (rc) {
+				/* Nothing to undo; a chunk added by an earlier turn stays. */
+				d->new_chunk = UINT32_MAX;
 				return rc;
+			}
 		}
-		adj = vpi_region_prev(hole);
-		if (!lender_ok(p, adj, hole, caller, need))
-			adj = NULL;
+		d->adj = vpi_region_prev(d->hole);
+		if (!lender_ok(p, d->adj, d->hole, d->caller, d->need))
+			d->adj = NULL;
 	}
-	have = adj ? adj->size : adj2 ? adj2->size : 0;
-	lack = need - have;
+	have = d->adj ? d->adj->size : d->adj2 ? d->adj2->size : 0;
+	lack = d->need - have;
 	if (*grow && !loop_cap_allows(p, vpi_whole_pages(p, lack)))
 		*grow = false;
 
-	pl.room = hole->size;
-	pl.target = *grow ? 0 : p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
-	rc = plan_harvest(p, &pl, caller, adj, adj2);
+	d->pl.room = d->hole->size;
+	d->pl.target = *grow ? 0 : p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
+	rc = plan_harvest(p, &d->pl, d->caller, d->adj, d->adj2);
 	if (rc)
-		goto out;
-	shortfall = pl.taken >= lack ? 0 : lack - pl.taken;
-	shortfall = vpi_whole_pages(p, shortfall); /* mapped whole */
-	if (shortfall && p->cfg.limit &&
-	    p->st.mapped + p->inflight + shortfall > p->cfg.limit) {
+		return rc;
+	d->shortfall = d->pl.taken >= lack ? 0 : lack - d->pl.taken;
+	d->shortfall = vpi_whole_pages(p, d->shortfall); /* mapped whole */
+	if (d->shortfall && p->cfg.limit &&
+	    p->st.mapped + p->inflight + d->shortfall > p->cfg.limit) {
 		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
 		rc = -ENOMEM;
-		goto out;
+		return rc;
 	}
 	/* Every struct the commit needs, before the first driver call. */
-	size_t hsize = handle_size_for(p, shortfall);
-	size_t nnew = (shortfall + hsize - 1) / hsize;
-	for (size_t i = 0; i < pl.n; i++)
-		for (struct mapping *m = vpi_mapping_from(p, pl.h[i].r->chunk, pl.h[i].a);
-		     m && m->va < pl.h[i].b; m = vpi_mapping_next(m))
-			nmove++;
-	nfr = nmove + nnew;
-	rc = vpi_reserve_regions(p, (unsigned)(2 * pl.n + 2));
-	fr = rc ? NULL : calloc(nfr, sizeof(*fr));
-	order = fr ? malloc(nfr * sizeof(*order)) : NULL;
-	if (!order) {
+	d->hsize = handle_size_for(p, d->shortfall);
+	size_t nnew = (d->shortfall + d->hsize - 1) / d->hsize;
+	for (size_t i = 0; i < d->pl.n; i++)
+		for (struct mapping *m = vpi_mapping_from(p, d->pl.h[i].r->chunk, d->pl.h[i].a);
+		     m && m->va < d->pl.h[i].b; m = vpi_mapping_next(m))
+			d->nmove++;
+	d->nfr = d->nmove + nnew;
+	rc = vpi_reserve_regions(p, (unsigned)(2 * d->pl.n + 2));
+	d->fr = rc ? NULL : calloc(d->nfr, sizeof(*d->fr));
+	d->order = d->fr ? malloc(d->nfr * sizeof(*d->order)) : NULL;
+	if (!d->order) {
 		rc = -ENOMEM;
-		goto out;
+		return rc;
 	}
-	for (k = 0; k < nfr; k++) {
-		fr[k].rec = malloc(sizeof(*fr[k].rec));
-		if (!fr[k].rec || (k >= nmove && !(fr[k].slab = calloc(1, sizeof(struct slab))))) {
+	for (k = 0; k < d->nfr; k++) {
+		d->fr[k].rec = malloc(sizeof(*d->fr[k].rec));
+		if (!d->fr[k].rec || (k >= d->nmove && !(d->fr[k].slab = calloc(1, sizeof(struct slab))))) {
 			rc = -ENOMEM;
-			goto out;
+			return rc;
 		}
 	}
-	rc = plan_events(p, &pl, caller);
+	rc = plan_events(p, &d->pl, d->caller);
 	if (rc)
-		goto out;
+		return rc;
+	return 0;
+}
+
+/* Harvesting: the harvested pieces, the lending neighbour and the span of
+ * the hole to map go out of circulation (busy), and each range gets its
+ * address in the span. */
+static void defrag_harvest(vpmm_pool *p, struct defrag *d)
+{
+	size_t k;
 
 	/* Out of circulation: the harvested pieces, the lending neighbour and
 	 * the part of the hole that will be mapped (its end when the request
 	 * ends in adj2). */
 	k = 0;
-	for (size_t i = 0; i < pl.n; i++) {
-		struct harvest *h = &pl.h[i];
+	for (size_t i = 0; i < d->pl.n; i++) {
+		struct harvest *h = &d->pl.h[i];
 		struct region *src = h->r;
 		vpi_free_unindex(p, src);
 		if (h->b < src->va + src->size)
@@ -534,133 +555,147 @@ int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		h->r = src;
 		for (struct mapping *m = vpi_mapping_from(p, src->chunk, h->a); m && m->va < h->b;
 		     m = vpi_mapping_next(m))
-			fr[k++].slab = m->slab;
+			d->fr[k++].slab = m->slab;
 	}
-	for (size_t left = shortfall; k < nfr; k++) {
-		fr[k].slab->size = left < hsize ? left : hsize;
-		left -= fr[k].slab->size;
+	for (size_t left = d->shortfall; k < d->nfr; k++) {
+		d->fr[k].slab->size = left < d->hsize ? left : d->hsize;
+		left -= d->fr[k].slab->size;
 	}
 	/* Largest slab first in the span, from where the request starts (from
 	 * where it ends, when it ends in adj2): what it leaves free at its other
 	 * end lies in the smallest slabs, wholly free ones among them (they can
 	 * move again), rather than in part of a large one. */
-	for (k = 0; k < nfr; k++)
-		order[k] = &fr[k];
-	qsort(order, nfr, sizeof(*order), fresh_by_size);
-	if (adj)
-		vpi_busy_take(p, adj);
-	if (adj2)
-		vpi_busy_take(p, adj2);
-	vpi_tree_remove(&p->holes, &hole->by_size);
-	if (hole->size > pl.taken + shortfall && adj2) {
+	for (k = 0; k < d->nfr; k++)
+		d->order[k] = &d->fr[k];
+	qsort(d->order, d->nfr, sizeof(*d->order), fresh_by_size);
+	if (d->adj)
+		vpi_busy_take(p, d->adj);
+	if (d->adj2)
+		vpi_busy_take(p, d->adj2);
+	vpi_tree_remove(&p->holes, &d->hole->by_size);
+	if (d->hole->size > d->pl.taken + d->shortfall && d->adj2) {
 		/* The request ends in adj2: map the end of the hole. */
-		struct region *back = vpi_split_off(p, hole, hole->va + hole->size - pl.taken - shortfall);
-		vpi_tree_insert(&p->holes, &hole->by_size);
-		hole = back;
-	} else if (hole->size > pl.taken + shortfall) {
+		struct region *back = vpi_split_off(p, d->hole, d->hole->va + d->hole->size - d->pl.taken - d->shortfall);
+		vpi_tree_insert(&p->holes, &d->hole->by_size);
+		d->hole = back;
+	} else if (d->hole->size > d->pl.taken + d->shortfall) {
 		vpi_tree_insert(&p->holes,
-				 &vpi_split_off(p, hole, hole->va + pl.taken + shortfall)->by_size);
+				 &vpi_split_off(p, d->hole, d->hole->va + d->pl.taken + d->shortfall)->by_size);
 	}
-	off = hole->va;
-	for (k = 0; k < nfr; k++) {
-		struct fresh *f = order[adj2 ? nfr - 1 - k : k];
-		f->va = off;
-		off += f->slab->size;
+	d->off = d->hole->va;
+	for (k = 0; k < d->nfr; k++) {
+		struct fresh *f = d->order[d->adj2 ? d->nfr - 1 - k : k];
+		f->va = d->off;
+		d->off += f->slab->size;
 	}
-	hole->was = R_HOLE;
-	hole->kind = R_BUSY;
+	d->hole->was = R_HOLE;
+	d->hole->kind = R_BUSY;
 	p->busy++;
-	p->inflight += shortfall;
-	CUdeviceptr base = hole->va;
-	int acc[VPMM_MAX_ACCESS];
-	unsigned nacc = p->naccess;
-	memcpy(acc, p->access, nacc * sizeof acc[0]);
+	p->inflight += d->shortfall;
+	d->base = d->hole->va;
+	d->nacc = p->naccess;
+	memcpy(d->acc, p->access, d->nacc * sizeof d->acc[0]);
+}
+
+/* Mapping, with the lock dropped: create the shortfall, map harvested
+ * slabs and new ones, grant access; on failure undo the driver's part. */
+static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
+{
+	size_t calls_create = 0, calls_map = 0, calls_access = 0, k;
+	CUresult r = CUDA_SUCCESS;
 
 	__atomic_fetch_add(&p->mappers, 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&p->lock);
 	/* Create the shortfall; map harvested slabs first, new ones after. */
-	for (k = nmove; k < nfr; k++) {
-		r = p->drv->mem_create(p->drv, p->cfg.device, fr[k].slab->size,
-				       &fr[k].slab->handle);
+	for (k = d->nmove; k < d->nfr; k++) {
+		r = p->drv->mem_create(p->drv, p->cfg.device, d->fr[k].slab->size,
+				       &d->fr[k].slab->handle);
 		calls_create++;
 		if (r != CUDA_SUCCESS)
 			break;
-		fr[k].created = true;
+		d->fr[k].created = true;
 	}
-	for (k = 0; r == CUDA_SUCCESS && k < nfr; k++) {
-		r = p->drv->map(p->drv, fr[k].va, fr[k].slab->size, fr[k].slab->handle);
+	for (k = 0; r == CUDA_SUCCESS && k < d->nfr; k++) {
+		r = p->drv->map(p->drv, d->fr[k].va, d->fr[k].slab->size, d->fr[k].slab->handle);
 		calls_map++;
-		nmapped += r == CUDA_SUCCESS;
+		d->nmapped += r == CUDA_SUCCESS;
 	}
 	if (r == CUDA_SUCCESS) {
-		r = p->drv->set_access(p->drv, base, off - base, acc, (int)nacc);
+		r = p->drv->set_access(p->drv, d->base, d->off - d->base, d->acc, (int)d->nacc);
 		calls_access++;
 	}
 	if (r != CUDA_SUCCESS) {
-		for (k = nmapped; k-- > 0;)
-			p->drv->unmap(p->drv, fr[k].va, fr[k].slab->size);
-		for (k = nmove; k < nfr; k++)
-			if (fr[k].created)
-				p->drv->mem_release(p->drv, fr[k].slab->handle);
+		for (k = d->nmapped; k-- > 0;)
+			p->drv->unmap(p->drv, d->fr[k].va, d->fr[k].slab->size);
+		for (k = d->nmove; k < d->nfr; k++)
+			if (d->fr[k].created)
+				p->drv->mem_release(p->drv, d->fr[k].slab->handle);
 	}
 	__atomic_fetch_sub(&p->mappers, 1, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&p->lock);
 	if (p->reclaim_deferrals) /* the background thread waits for us */
 		pthread_cond_signal(&p->reclaim_cond);
-	p->inflight -= shortfall;
+	p->inflight -= d->shortfall;
 	p->st.driver_calls += calls_create + calls_map + calls_access;
 	p->driver_calls[VPMM_OP_MEM_CREATE] += calls_create;
 	p->driver_calls[VPMM_OP_MAP] += calls_map;
 	p->driver_calls[VPMM_OP_SET_ACCESS] += calls_access;
 	if (r != CUDA_SUCCESS) { /* the undo calls above */
-		p->st.driver_calls += nmapped;
-		p->driver_calls[VPMM_OP_UNMAP] += nmapped;
-		for (k = nmove; k < nfr; k++)
-			if (fr[k].created) {
+		p->st.driver_calls += d->nmapped;
+		p->driver_calls[VPMM_OP_UNMAP] += d->nmapped;
+		for (k = d->nmove; k < d->nfr; k++)
+			if (d->fr[k].created) {
 				p->st.driver_calls++;
 				p->driver_calls[VPMM_OP_MEM_RELEASE]++;
 			}
 	}
+	return r;
+}
 
-	if (r != CUDA_SUCCESS) {
-		p->last_result = r;
-		rc = vpi_cu_errno(r);
-		for (size_t i = 0; i < pl.n; i++)
-			vpi_busy_return(p, pl.h[i].r);
-		if (adj)
-			vpi_busy_return(p, adj);
-		if (adj2)
-			vpi_busy_return(p, adj2);
-		vpi_busy_return(p, hole);
-		goto out;
-	}
+/* Undoing: every busy region goes back as it was. */
+static void defrag_undo(vpmm_pool *p, struct defrag *d)
+{
+	for (size_t i = 0; i < d->pl.n; i++)
+		vpi_busy_return(p, d->pl.h[i].r);
+	if (d->adj)
+		vpi_busy_return(p, d->adj);
+	if (d->adj2)
+		vpi_busy_return(p, d->adj2);
+	vpi_busy_return(p, d->hole);
+}
+
+/* Committing (nothing can fail): the new mappings, the harvested ranges
+ * become zombies, and the span a free region; returns it. */
+static struct region *defrag_commit(vpmm_pool *p, struct defrag *d, CUdeviceptr *at)
+{
+	size_t k;
 
 	/* Commit: nothing below can fail. */
-	size_t mapped_len = off - base, created = 0;
+	size_t mapped_len = d->off - d->base, created = 0;
 	bool pending = false;
-	p->st.handles_remapped += nmove;
-	for (k = 0; k < nfr; k++) {
-		fr[k].rec->va = fr[k].va;
-		fr[k].rec->slab = fr[k].slab;
-		fr[k].slab->nmaps++;
-		vpi_tree_insert(&p->maps, &fr[k].rec->by_va);
-		vpi_smap_set(p, hole->chunk, fr[k].rec, true);
-		fr[k].rec = NULL;
-		if (fr[k].created) {
-			created += fr[k].slab->size;
+	p->st.handles_remapped += d->nmove;
+	for (k = 0; k < d->nfr; k++) {
+		d->fr[k].rec->va = d->fr[k].va;
+		d->fr[k].rec->slab = d->fr[k].slab;
+		d->fr[k].slab->nmaps++;
+		vpi_tree_insert(&p->maps, &d->fr[k].rec->by_va);
+		vpi_smap_set(p, d->hole->chunk, d->fr[k].rec, true);
+		d->fr[k].rec = NULL;
+		if (d->fr[k].created) {
+			created += d->fr[k].slab->size;
 			p->st.handles_created++;
-			fr[k].slab = NULL; /* owned by the pool now */
+			d->fr[k].slab = NULL; /* owned by the pool now */
 		}
 	}
-	for (size_t i = 0; i < pl.n; i++) {
-		struct region *z = pl.h[i].r;
+	for (size_t i = 0; i < d->pl.n; i++) {
+		struct region *z = d->pl.h[i].r;
 		pending |= z->stream != NULL;
 		p->busy--;
 		z->kind = R_ZOMBIE;
 		z->stream = NULL;
 		z->epoch = 0;
-		z->ev = pl.h[i].ev; /* plan_events' reference */
-		pl.h[i].ev = NULL;
+		z->ev = d->pl.h[i].ev; /* plan_events' reference */
+		d->pl.h[i].ev = NULL;
 		vpi_zombie_append(p, z);
 		for (struct mapping *m = vpi_mapping_from(p, z->chunk, z->va);
 		     m && m->va < z->va + z->size; m = vpi_mapping_next(m))
@@ -669,37 +704,37 @@ int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		GAUGE_ADD(p, zombies, z->size);
 		p->st.pages_remapped += z->size / p->page;
 	}
-	if (pl.n)
+	if (d->pl.n)
 		pthread_cond_signal(&p->reclaim_cond);
 	/* The allocation starts at the lending neighbour, or ends with the one
 	 * after the span, else starts at the span (a handle boundary), whatever
 	 * the merges below make of them. */
-	*at = adj ? adj->va : adj2 ? adj2->va - (need - adj2->size) : base;
-	if (adj2) { /* absorbed by the span below, before any other merge */
+	*at = d->adj ? d->adj->va : d->adj2 ? d->adj2->va - (d->need - d->adj2->size) : d->base;
+	if (d->adj2) { /* absorbed by the span below, before any other merge */
 		p->busy--;
-		adj2->kind = R_FREE;
-		if (adj2->stream && adj2->epoch <= adj2->stream->done) {
-			adj2->stream = NULL;
-			adj2->epoch = 0;
+		d->adj2->kind = R_FREE;
+		if (d->adj2->stream && d->adj2->epoch <= d->adj2->stream->done) {
+			d->adj2->stream = NULL;
+			d->adj2->epoch = 0;
 		}
-		vpi_free_index(p, adj2);
+		vpi_free_index(p, d->adj2);
 	}
-	if (adj) {
+	if (d->adj) {
 		/* Indexed alone: it must join the new span first (the request
 		 * starts in it); vpi_free_insert() below then also merges the span
 		 * with a left neighbour freed while the lock was dropped. */
 		p->busy--;
-		adj->kind = R_FREE;
-		if (adj->stream && adj->epoch <= adj->stream->done) {
-			adj->stream = NULL;
-			adj->epoch = 0;
+		d->adj->kind = R_FREE;
+		if (d->adj->stream && d->adj->epoch <= d->adj->stream->done) {
+			d->adj->stream = NULL;
+			d->adj->epoch = 0;
 		}
-		vpi_free_index(p, adj);
+		vpi_free_index(p, d->adj);
 	}
 	p->busy--;
-	hole->kind = R_FREE;
-	hole->stream = caller && pending ? caller : NULL;
-	hole->epoch = caller && pending ? caller->epoch : 0;
+	d->hole->kind = R_FREE;
+	d->hole->stream = d->caller && pending ? d->caller : NULL;
+	d->hole->epoch = d->caller && pending ? d->caller->epoch : 0;
 	GAUGE_SUB(p, holes, mapped_len);
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
@@ -707,18 +742,43 @@ int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 	/* The request ends in adj2: the span takes it in first. A left
 	 * neighbour of another stream that the span merges with afterwards
 	 * would give it that stream, and adj2 (the caller's) could not join. */
-	if (adj2)
-		vpi_free_absorb(p, hole, adj2);
-	*out = vpi_free_insert(p, hole);
-	new_chunk = UINT32_MAX;
-	rc = 0;
-out:
-	for (size_t i = 0; i < pl.n; i++)
-		vpi_event_unref(p, pl.h[i].ev);
-	fresh_free(fr, nfr, nmove);
-	free(order);
-	free(pl.h);
-	if (new_chunk != UINT32_MAX)
-		vpi_chunk_drop_if_unused(p, new_chunk);
+	if (d->adj2)
+		vpi_free_absorb(p, d->hole, d->adj2);
+	return vpi_free_insert(p, d->hole);
+}
+
+/* What the plan held, whatever happened. */
+static void defrag_release(vpmm_pool *p, struct defrag *d)
+{
+	for (size_t i = 0; i < d->pl.n; i++)
+		vpi_event_unref(p, d->pl.h[i].ev);
+	fresh_free(d->fr, d->nfr, d->nmove);
+	free(d->order);
+	free(d->pl.h);
+	if (d->new_chunk != UINT32_MAX)
+		vpi_chunk_drop_if_unused(p, d->new_chunk);
+}
+
+/* With *grow (a loop repeats, loop_repeats()), what the request lacks is
+ * created rather than harvested, if the loops' cap allows it; *grow then
+ * says whether it was. */
+int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
+	       struct region **out, CUdeviceptr *at)
+{
+	struct defrag d = {.caller = caller, .need = need, .new_chunk = UINT32_MAX};
+	int rc = defrag_choose(p, &d, grow);
+	if (!rc) {
+		defrag_harvest(p, &d);
+		CUresult r = defrag_map(p, &d);
+		if (r != CUDA_SUCCESS) {
+			p->last_result = r;
+			rc = vpi_cu_errno(r);
+			defrag_undo(p, &d);
+		} else {
+			*out = defrag_commit(p, &d, at);
+			d.new_chunk = UINT32_MAX;
+		}
+	}
+	defrag_release(p, &d);
 	return rc;
 }
