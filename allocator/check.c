@@ -89,9 +89,9 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 			bad += complain(log, "region %#" PRIx64 " crosses its chunk",
 					(uint64_t)r->va);
 		else if (kind_of(r) == R_HOLE && r->size >= p->page &&
-			 (c->smap[(r->va - c->va) / p->page] ||
-			  c->smap[(r->va + r->size - c->va) / p->page - 1]))
-			bad += complain(log, "slab map names a slab over hole %#" PRIx64,
+			 (c->home[(r->va - c->va) / p->page] ||
+			  c->home[(r->va + r->size - c->va) / p->page - 1]))
+			bad += complain(log, "home map names a handle over hole %#" PRIx64,
 					(uint64_t)r->va);
 		expect = r->va + r->size;
 		/* Unclaimed, a lock-free free could take it for a live
@@ -168,7 +168,7 @@ static const struct region *region_at(vpmm_pool *p, CUdeviceptr va)
 }
 
 
-/* Mappings cover exactly the live, free and zombie regions; each slab has one
+/* Mappings cover exactly the live, free and zombie regions; each handle has one
  * home (in live or free memory) plus one mapping per zombie holding it. */
 static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 			     uint64_t *physical)
@@ -177,11 +177,11 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 	const struct mapping *prev = NULL;
 	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n)) {
 		const struct mapping *m = MAP(n);
-		const struct slab *s = m->slab;
-		if (prev && prev->va + prev->slab->size > m->va)
+		const struct handle *s = m->handle;
+		if (prev && prev->va + prev->handle->size > m->va)
 			bad += complain(log, "mappings overlap at %#" PRIx64, (uint64_t)m->va);
 		if (!s->size || s->size % p->page || !s->nmaps)
-			bad += complain(log, "slab at %#" PRIx64 ": size %zu, %u maps",
+			bad += complain(log, "handle at %#" PRIx64 ": size %zu, %u maps",
 					(uint64_t)m->va, s->size, s->nmaps);
 		*mapped_va += s->size;
 		/* Every byte of the mapping lies in non-hole regions of one chunk. */
@@ -200,33 +200,33 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 		}
 		if (home && zombie)
 			bad += complain(log, "mapping %#" PRIx64 " half zombie", (uint64_t)m->va);
-		/* The slab map names a home over its pages, nothing else. */
+		/* The home map names a home over its pages, nothing else. */
 		const struct chunk *c = &p->chunks[chunk];
 		if (m->va >= c->va && end <= c->va + c->size)
 			for (size_t i = 0; i < s->size / p->page; i++)
-				if (c->smap[(m->va - c->va) / p->page + i] != (home ? m : NULL)) {
-					bad += complain(log, "slab map wrong over mapping %#" PRIx64,
+				if (c->home[(m->va - c->va) / p->page + i] != (home ? m : NULL)) {
+					bad += complain(log, "home map wrong over mapping %#" PRIx64,
 							(uint64_t)m->va);
 					break;
 				}
 		prev = m;
 	}
-	/* Count maps and homes per slab in the slabs' scratch fields. */
+	/* Count maps and homes per handle in the handles' scratch fields. */
 	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n))
-		MAP(n)->slab->seen_maps = MAP(n)->slab->seen_homes = 0;
+		MAP(n)->handle->seen_maps = MAP(n)->handle->seen_homes = 0;
 	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n)) {
 		const struct mapping *m = MAP(n);
 		const struct region *r = region_at(p, m->va);
-		m->slab->seen_maps++;
+		m->handle->seen_maps++;
 		if (r && kind_of(r) != R_ZOMBIE) {
-			m->slab->seen_homes++;
-			*physical += m->slab->size;
+			m->handle->seen_homes++;
+			*physical += m->handle->size;
 		}
 	}
 	for (struct vpi_tnode *n = vpi_tree_first(&p->maps); n; n = vpi_tree_next(n)) {
-		const struct slab *s = MAP(n)->slab;
+		const struct handle *s = MAP(n)->handle;
 		if (s->seen_homes != 1 || s->seen_maps != s->nmaps)
-			bad += complain(log, "slab at %#" PRIx64 ": %u homes, %u of %u maps",
+			bad += complain(log, "handle at %#" PRIx64 ": %u homes, %u of %u maps",
 					(uint64_t)MAP(n)->va, s->seen_homes, s->seen_maps, s->nmaps);
 	}
 	return bad;

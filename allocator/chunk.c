@@ -2,7 +2,7 @@
  * back an unused last one, and each chunk's grain map (the per-grain
  * pointer to the live region there, which the lock-free free reads).
  *
- * Owns struct chunk (chunk.h). Calls region.c and handle.c (the slab map).
+ * Owns struct chunk (chunk.h). Calls region.c and handle.c (the home map).
  */
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -34,13 +34,13 @@ int vpi_chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 	struct chunk *c = &p->chunks[p->nchunks];
 	if (p->nchunks < VPMM_MAX_CHUNKS) { /* left by vpi_chunk_drop_if_unused() */
 		vpi_gmap_destroy(p, c);
-		vpi_smap_destroy(p, c);
+		vpi_home_map_destroy(p, c);
 	}
 	*c = (struct chunk){.va = va, .size = size};
 	rc = p->nchunks == VPMM_MAX_CHUNKS ? -ENOMEM : vpi_reserve_regions(p, 1);
 	if (!rc)
 		rc = vpi_gmap_create(p, c);
-	if (!rc && (rc = vpi_smap_create(p, c)))
+	if (!rc && (rc = vpi_home_map_create(p, c)))
 		vpi_gmap_destroy(p, c);
 	if (rc) {
 		DRV(p, VPMM_OP_VA_FREE, va_free, va, size);
@@ -83,15 +83,15 @@ int vpi_gmap_create(vpmm_pool *p, struct chunk *c)
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (m == MAP_FAILED)
 		return -ENOMEM;
-	c->pmap = m;
+	c->gmap = m;
 	return 0;
 }
 
 void vpi_gmap_destroy(vpmm_pool *p, struct chunk *c)
 {
-	if (c->pmap)
-		munmap(c->pmap, c->size / p->grain * sizeof(struct region *));
-	c->pmap = NULL;
+	if (c->gmap)
+		munmap(c->gmap, c->size / p->grain * sizeof(struct region *));
+	c->gmap = NULL;
 }
 
 /* Every grain of a slab, else the first grain of the allocation. */

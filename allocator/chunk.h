@@ -13,9 +13,9 @@ struct mapping;
 struct chunk { /* one VA reservation */
 	CUdeviceptr va;
 	size_t size;          /* multiple of page_size */
-	struct region **pmap; /* grain map (front.c): a live region's first grain,
+	struct region **gmap; /* grain map (front.c): a live region's first grain,
 			       * every grain of a slab; NULL elsewhere */
-	struct mapping **smap; /* slab map, per page: the home mapping over it
+	struct mapping **home; /* home map, per page: the home mapping over it
 				* where the page is live or free memory (and
 				* busy regions taken from free memory); NULL over
 				* holes, zombies and a span being mapped.
@@ -40,7 +40,7 @@ static inline struct region **vpi_gmap_slot(vpmm_pool *p, CUdeviceptr va)
 	for (unsigned i = 0; i < n; i++) {
 		struct chunk *c = &p->chunks[i];
 		if (va >= c->va && va - c->va < c->size)
-			return &c->pmap[(va - c->va) / p->grain];
+			return &c->gmap[(va - c->va) / p->grain];
 	}
 	return NULL;
 }

@@ -1,6 +1,6 @@
 /* defrag.c — defragmentation: makes a free region for a request by
- * remapping whole free slabs into a hole (and creating what is lacking),
- * choosing which slabs to move, taking them out of circulation, mapping with
+ * remapping whole free handles into a hole (and creating what is lacking),
+ * choosing which handles to move, taking them out of circulation, mapping with
  * the lock dropped, and undoing or committing.
  *
  * Calls region.c, handle.c, chunk.c and stream.c. Lock held, dropped around
@@ -19,7 +19,7 @@
 
 struct harvest {
 	struct region *r;     /* free region giving pages */
-	CUdeviceptr a, b;     /* the whole slabs taken: [a, b) inside r */
+	CUdeviceptr a, b;     /* the whole handles taken: [a, b) inside r */
 	struct event *ev;     /* what the old VA waits for; NULL = nothing */
 };
 
@@ -44,14 +44,14 @@ static int plan_push(struct plan *pl, struct harvest h)
 	return 0;
 }
 
-/* Take the slabs lying wholly inside r, lowest address first. A slab that
+/* Take the handles lying wholly inside r, lowest address first. A handle that
  * crosses r's edge (part of it live) cannot move: a handle maps whole. */
 static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
 {
 	CUdeviceptr end = r->va + r->size, a = 0, b = 0;
 	for (struct mapping *m = vpi_mapping_from(p, r->chunk, r->va);
 	     m && m->va < end && pl->taken < pl->target; m = vpi_mapping_next(m)) {
-		size_t sz = m->slab->size;
+		size_t sz = m->handle->size;
 		if (m->va + sz > end || pl->taken + sz > pl->room)
 			break;
 		if (!b)
@@ -62,7 +62,7 @@ static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
 	return b ? plan_push(pl, (struct harvest){.r = r, .a = a, .b = b}) : 0;
 }
 
-/* VPMM_DEFRAG_ALL: every free slab that fits the hole, the caller's
+/* VPMM_DEFRAG_ALL: every free handle that fits the hole, the caller's
  * regions first, then settled ones (smallest first), then other streams'
  * (oldest free first); within a region, lowest address first. */
 static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller,
@@ -108,7 +108,7 @@ static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller
 	return rc;
 }
 
-struct slab_cand { /* a slab a defragmentation may move */
+struct handle_cand { /* a handle a defragmentation may move */
 	struct region *r;   /* the free region it lies wholly inside */
 	struct mapping *m;
 	size_t order;       /* r's rank (harvest order), then address */
@@ -119,32 +119,32 @@ struct slab_cand { /* a slab a defragmentation may move */
 /* Largest first; the caller's and settled memory before other streams'. */
 static int cand_by_size(const void *a, const void *b)
 {
-	const struct slab_cand *x = *(struct slab_cand *const *)a;
-	const struct slab_cand *y = *(struct slab_cand *const *)b;
+	const struct handle_cand *x = *(struct handle_cand *const *)a;
+	const struct handle_cand *y = *(struct handle_cand *const *)b;
 	if (x->others != y->others)
 		return x->others ? 1 : -1;
-	if (x->m->slab->size != y->m->slab->size)
-		return x->m->slab->size < y->m->slab->size ? 1 : -1;
+	if (x->m->handle->size != y->m->handle->size)
+		return x->m->handle->size < y->m->handle->size ? 1 : -1;
 	return vpi_cmp_u64(x->order, y->order);
 }
 
-static int cand_push(struct slab_cand **c, size_t *n, size_t *cap, struct region *r,
+static int cand_push(struct handle_cand **c, size_t *n, size_t *cap, struct region *r,
 		     struct mapping *m, bool others)
 {
 	if (*n == *cap) {
 		size_t nc = *cap ? *cap * 2 : 64;
-		struct slab_cand *t = realloc(*c, nc * sizeof(*t));
+		struct handle_cand *t = realloc(*c, nc * sizeof(*t));
 		if (!t)
 			return -ENOMEM;
 		*c = t;
 		*cap = nc;
 	}
-	(*c)[*n] = (struct slab_cand){.r = r, .m = m, .order = *n, .others = others};
+	(*c)[*n] = (struct handle_cand){.r = r, .m = m, .order = *n, .others = others};
 	(*n)++;
 	return 0;
 }
 
-static int cand_region(vpmm_pool *p, struct slab_cand **c, size_t *n, size_t *cap,
+static int cand_region(vpmm_pool *p, struct handle_cand **c, size_t *n, size_t *cap,
 		       struct region *r, const struct region *const *skip, bool others)
 {
 	CUdeviceptr end = r->va + r->size;
@@ -152,24 +152,24 @@ static int cand_region(vpmm_pool *p, struct slab_cand **c, size_t *n, size_t *ca
 	if (r == skip[0] || r == skip[1])
 		return 0;
 	for (struct mapping *m = vpi_mapping_from(p, r->chunk, r->va);
-	     m && m->va + m->slab->size <= end && !rc; m = vpi_mapping_next(m))
+	     m && m->va + m->handle->size <= end && !rc; m = vpi_mapping_next(m))
 		rc = cand_push(c, n, cap, r, m, others);
 	return rc;
 }
 
-/* VPMM_DEFRAG_LACKING: which free slabs supply `target` bytes. A slab moved
+/* VPMM_DEFRAG_LACKING: which free handles supply `target` bytes. A handle moved
  * beyond the lack stays free in the new span, behind the allocation and in
  * the same handle as its end: a piece no defragmentation can move again.
- * So the slabs are chosen by size, largest first (fewest handles to remap)
+ * So the handles are chosen by size, largest first (fewest handles to remap)
  * among those that still fit the lack; the rest, if any, is covered by the
- * smallest single slab that covers it, before anything is created (a
+ * smallest single handle that covers it, before anything is created (a
  * creation grows the pool for good, an overshoot only until the allocation
  * is freed). The caller's and settled memory come before other streams'. */
 static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 			const struct region *skip1, const struct region *skip2)
 {
 	const struct region *skip[2] = {skip1, skip2};
-	struct slab_cand *c = NULL, **by = NULL;
+	struct handle_cand *c = NULL, **by = NULL;
 	size_t n = 0, cap = 0, lim, i;
 	int rc = 0;
 
@@ -219,28 +219,28 @@ static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 	if (lim > pl->room)
 		lim = pl->room;
 	for (i = 0; i < n && pl->taken < pl->target; i++)
-		if (pl->taken + by[i]->m->slab->size <= lim) {
+		if (pl->taken + by[i]->m->handle->size <= lim) {
 			by[i]->take = true;
-			pl->taken += by[i]->m->slab->size;
+			pl->taken += by[i]->m->handle->size;
 		}
 	if (pl->taken < pl->target) {
-		struct slab_cand *best = NULL;
+		struct handle_cand *best = NULL;
 		size_t rest = pl->target - pl->taken;
 		for (i = 0; i < n; i++) {
-			struct slab_cand *x = by[i];
-			if (x->take || x->m->slab->size < rest ||
-			    pl->taken + x->m->slab->size > pl->room)
+			struct handle_cand *x = by[i];
+			if (x->take || x->m->handle->size < rest ||
+			    pl->taken + x->m->handle->size > pl->room)
 				continue;
 			if (!best || x->others < best->others ||
-			    (x->others == best->others && x->m->slab->size < best->m->slab->size))
+			    (x->others == best->others && x->m->handle->size < best->m->handle->size))
 				best = x;
 		}
 		if (best) {
 			best->take = true;
-			pl->taken += best->m->slab->size;
+			pl->taken += best->m->handle->size;
 		}
 	}
-	/* One harvest per run of adjacent chosen slabs. Within a region the
+	/* One harvest per run of adjacent chosen handles. Within a region the
 	 * runs go highest address first: vpi_defrag() splits each off the end of
 	 * what is left of the region. */
 	for (i = n; i-- > 0 && !rc;) {
@@ -248,10 +248,10 @@ static int plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 		if (!c[i].take)
 			continue;
 		while (j > 0 && c[j - 1].take && c[j - 1].r == c[i].r &&
-		       c[j - 1].m->va + c[j - 1].m->slab->size == c[j].m->va)
+		       c[j - 1].m->va + c[j - 1].m->handle->size == c[j].m->va)
 			j--;
 		rc = plan_push(pl, (struct harvest){.r = c[i].r, .a = c[j].m->va,
-						    .b = c[i].m->va + c[i].m->slab->size});
+						    .b = c[i].m->va + c[i].m->handle->size});
 		i = j;
 	}
 out:
@@ -300,18 +300,18 @@ static int plan_events(vpmm_pool *p, struct plan *pl, struct stream *caller)
 
 struct fresh { /* a range mapped by this defragmentation */
 	CUdeviceptr va;
-	struct slab *slab;
+	struct handle *handle;
 	bool created;
 	struct mapping *rec; /* preallocated record */
 };
 
-/* Largest first; ties in harvest order, the new slabs last. */
+/* Largest first; ties in harvest order, the new handles last. */
 static int fresh_by_size(const void *a, const void *b)
 {
 	const struct fresh *x = *(struct fresh *const *)a;
 	const struct fresh *y = *(struct fresh *const *)b;
-	if (x->slab->size != y->slab->size)
-		return x->slab->size < y->slab->size ? 1 : -1;
+	if (x->handle->size != y->handle->size)
+		return x->handle->size < y->handle->size ? 1 : -1;
 	return x < y ? -1 : x > y;
 }
 
@@ -322,7 +322,7 @@ static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
 	for (size_t i = 0; i < n; i++)
 		free(fr[i].rec);
 	for (size_t i = nmove; i < n; i++)
-		free(fr[i].slab);
+		free(fr[i].handle);
 	free(fr);
 }
 
@@ -357,9 +357,9 @@ static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
 }
 
 /* Whether `have` free bytes beside the span spare it a page. When they do
- * not, the request would only start (or end) inside a slab that stays
+ * not, the request would only start (or end) inside a handle that stays
  * partly live, and leave as much free at the span's far end: no byte saved
- * and one more slab pinned. The first allocation of a PyTorch process (a
+ * and one more handle pinned. The first allocation of a PyTorch process (a
  * small tensor in a page of its own) made every later large one straddle
  * that page this way. */
 static bool lends_a_page(const vpmm_pool *p, size_t have, size_t need)
@@ -375,7 +375,7 @@ static bool lender_ok(const vpmm_pool *p, const struct region *f,
 }
 
 /* A free region usable by caller beside a hole lends its bytes: only the
- * rest of `need` is remapped or created, and the partly live slab at its
+ * rest of `need` is remapped or created, and the partly live handle at its
  * far end gets used instead of left behind (a harvest leaves such pieces
  * beside the hole it makes). The region may lie before the hole (the
  * request starts in it, *after = false) or after it (the request ends in
@@ -450,7 +450,7 @@ struct defrag {
 };
 
 /* Choosing: where to map (beside a free region that lends its bytes, else
- * the smallest hole that fits), which slabs to harvest and how much to
+ * the smallest hole that fits), which handles to harvest and how much to
  * create; every struct the commit needs, and the events the plan waits
  * for, before the first driver call. */
 static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
@@ -516,7 +516,7 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 	}
 	for (k = 0; k < d->nfr; k++) {
 		d->fr[k].rec = malloc(sizeof(*d->fr[k].rec));
-		if (!d->fr[k].rec || (k >= d->nmove && !(d->fr[k].slab = calloc(1, sizeof(struct slab))))) {
+		if (!d->fr[k].rec || (k >= d->nmove && !(d->fr[k].handle = calloc(1, sizeof(struct handle))))) {
 			rc = -ENOMEM;
 			return rc;
 		}
@@ -555,15 +555,15 @@ static void defrag_harvest(vpmm_pool *p, struct defrag *d)
 		h->r = src;
 		for (struct mapping *m = vpi_mapping_from(p, src->chunk, h->a); m && m->va < h->b;
 		     m = vpi_mapping_next(m))
-			d->fr[k++].slab = m->slab;
+			d->fr[k++].handle = m->handle;
 	}
 	for (size_t left = d->shortfall; k < d->nfr; k++) {
-		d->fr[k].slab->size = left < d->hsize ? left : d->hsize;
-		left -= d->fr[k].slab->size;
+		d->fr[k].handle->size = left < d->hsize ? left : d->hsize;
+		left -= d->fr[k].handle->size;
 	}
-	/* Largest slab first in the span, from where the request starts (from
+	/* Largest handle first in the span, from where the request starts (from
 	 * where it ends, when it ends in adj2): what it leaves free at its other
-	 * end lies in the smallest slabs, wholly free ones among them (they can
+	 * end lies in the smallest handles, wholly free ones among them (they can
 	 * move again), rather than in part of a large one. */
 	for (k = 0; k < d->nfr; k++)
 		d->order[k] = &d->fr[k];
@@ -586,7 +586,7 @@ static void defrag_harvest(vpmm_pool *p, struct defrag *d)
 	for (k = 0; k < d->nfr; k++) {
 		struct fresh *f = d->order[d->adj2 ? d->nfr - 1 - k : k];
 		f->va = d->off;
-		d->off += f->slab->size;
+		d->off += f->handle->size;
 	}
 	d->hole->was = R_HOLE;
 	d->hole->kind = R_BUSY;
@@ -598,7 +598,7 @@ static void defrag_harvest(vpmm_pool *p, struct defrag *d)
 }
 
 /* Mapping, with the lock dropped: create the shortfall, map harvested
- * slabs and new ones, grant access; on failure undo the driver's part. */
+ * handles and new ones, grant access; on failure undo the driver's part. */
 static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
 {
 	size_t calls_create = 0, calls_map = 0, calls_access = 0, k;
@@ -606,17 +606,17 @@ static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
 
 	__atomic_fetch_add(&p->mappers, 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&p->lock);
-	/* Create the shortfall; map harvested slabs first, new ones after. */
+	/* Create the shortfall; map harvested handles first, new ones after. */
 	for (k = d->nmove; k < d->nfr; k++) {
-		r = p->drv->mem_create(p->drv, p->cfg.device, d->fr[k].slab->size,
-				       &d->fr[k].slab->handle);
+		r = p->drv->mem_create(p->drv, p->cfg.device, d->fr[k].handle->size,
+				       &d->fr[k].handle->cu);
 		calls_create++;
 		if (r != CUDA_SUCCESS)
 			break;
 		d->fr[k].created = true;
 	}
 	for (k = 0; r == CUDA_SUCCESS && k < d->nfr; k++) {
-		r = p->drv->map(p->drv, d->fr[k].va, d->fr[k].slab->size, d->fr[k].slab->handle);
+		r = p->drv->map(p->drv, d->fr[k].va, d->fr[k].handle->size, d->fr[k].handle->cu);
 		calls_map++;
 		d->nmapped += r == CUDA_SUCCESS;
 	}
@@ -626,10 +626,10 @@ static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
 	}
 	if (r != CUDA_SUCCESS) {
 		for (k = d->nmapped; k-- > 0;)
-			p->drv->unmap(p->drv, d->fr[k].va, d->fr[k].slab->size);
+			p->drv->unmap(p->drv, d->fr[k].va, d->fr[k].handle->size);
 		for (k = d->nmove; k < d->nfr; k++)
 			if (d->fr[k].created)
-				p->drv->mem_release(p->drv, d->fr[k].slab->handle);
+				p->drv->mem_release(p->drv, d->fr[k].handle->cu);
 	}
 	__atomic_fetch_sub(&p->mappers, 1, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&p->lock);
@@ -676,15 +676,15 @@ static struct region *defrag_commit(vpmm_pool *p, struct defrag *d, CUdeviceptr 
 	p->st.handles_remapped += d->nmove;
 	for (k = 0; k < d->nfr; k++) {
 		d->fr[k].rec->va = d->fr[k].va;
-		d->fr[k].rec->slab = d->fr[k].slab;
-		d->fr[k].slab->nmaps++;
+		d->fr[k].rec->handle = d->fr[k].handle;
+		d->fr[k].handle->nmaps++;
 		vpi_tree_insert(&p->maps, &d->fr[k].rec->by_va);
-		vpi_smap_set(p, d->hole->chunk, d->fr[k].rec, true);
+		vpi_home_map_set(p, d->hole->chunk, d->fr[k].rec, true);
 		d->fr[k].rec = NULL;
 		if (d->fr[k].created) {
-			created += d->fr[k].slab->size;
+			created += d->fr[k].handle->size;
 			p->st.handles_created++;
-			d->fr[k].slab = NULL; /* owned by the pool now */
+			d->fr[k].handle = NULL; /* owned by the pool now */
 		}
 	}
 	for (size_t i = 0; i < d->pl.n; i++) {
@@ -699,7 +699,7 @@ static struct region *defrag_commit(vpmm_pool *p, struct defrag *d, CUdeviceptr 
 		vpi_zombie_append(p, z);
 		for (struct mapping *m = vpi_mapping_from(p, z->chunk, z->va);
 		     m && m->va < z->va + z->size; m = vpi_mapping_next(m))
-			vpi_smap_set(p, z->chunk, m, false);
+			vpi_home_map_set(p, z->chunk, m, false);
 		GAUGE_SUB(p, reusable, z->size);
 		GAUGE_ADD(p, zombies, z->size);
 		p->st.pages_remapped += z->size / p->page;

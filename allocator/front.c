@@ -146,7 +146,7 @@ static uint16_t take_slot(struct front *f)
 int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 {
 	struct region **slot = vpi_gmap_slot(p, ptr), *r;
-	struct small_slab *small;
+	struct slab *small;
 	struct front *f;
 	size_t size;
 

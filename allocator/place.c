@@ -1,8 +1,8 @@
 /* place.c — placement: of the free memory a request fits, the place that
- * strands the least (free memory in a slab that also holds live memory,
+ * strands the least (free memory in a handle that also holds live memory,
  * which no defragmentation can move), and the places a loop went before.
  *
- * Calls region.c, handle.c (the slab map) and front.c (a place may hold an
+ * Calls region.c, handle.c (the home map) and front.c (a place may hold an
  * allocation parked in the caller's cache). Lock held; no driver call.
  */
 #include <stdint.h>
@@ -16,63 +16,63 @@
 
 
 /* What placing [x, x + need) inside free region r risks leaving stranded:
- * free memory in a slab that also holds live memory, which no
+ * free memory in a handle that also holds live memory, which no
  * defragmentation can move (a handle moves only whole). Two parts:
  *
- * - Now: every wholly free slab it touches counts whole, since that slab
- *   becomes partly live. The slabs r shares with its neighbours are pinned
+ * - Now: every wholly free handle it touches counts whole, since that handle
+ *   becomes partly live. The handles r shares with its neighbours are pinned
  *   already; using their free part costs nothing. (This part less `need`
  *   is exactly the change in stranded bytes.)
- * - Later: a slab its start or its end falls inside (not on a slab
+ * - Later: a handle its start or its end falls inside (not on a handle
  *   boundary) counts once more. Whatever lies on the other side of that
- *   boundary, once one side is freed the other pins the slab. Half, where
+ *   boundary, once one side is freed the other pins the handle. Half, where
  *   the request lies against r's neighbour: that boundary exists already
- *   (a neighbour that goes first leaves the slab pinned either way).
+ *   (a neighbour that goes first leaves the handle pinned either way).
  *
- * O(1): r is wholly mapped, by the slabs between s1 (over x) and s2 (over
+ * O(1): r is wholly mapped, by the handles between s1 (over x) and s2 (over
  * its last byte). */
 static size_t place_cost(const struct region *r, CUdeviceptr x, size_t need,
 			 const struct mapping *s1, const struct mapping *s2)
 {
-	CUdeviceptr lo = s1->va, hi = s2->va + s2->slab->size, end = r->va + r->size;
+	CUdeviceptr lo = s1->va, hi = s2->va + s2->handle->size, end = r->va + r->size;
 	size_t cost = hi - lo;
 	if (lo < r->va) /* shared with the left neighbour already */
-		cost -= s1->slab->size;
+		cost -= s1->handle->size;
 	if (hi > end && (s2 != s1 || lo >= r->va)) /* with the right one */
-		cost -= s2->slab->size;
+		cost -= s2->handle->size;
 	if (x > lo)
-		cost += x == r->va ? s1->slab->size / 2 : s1->slab->size;
+		cost += x == r->va ? s1->handle->size / 2 : s1->handle->size;
 	if (x + need < hi)
-		cost += x + need == end ? s2->slab->size / 2 : s2->slab->size;
+		cost += x + need == end ? s2->handle->size / 2 : s2->handle->size;
 	return cost;
 }
 
 /* The cheapest place for `need` bytes in r (need <= r->size) among those
  * where the cost can change: r's two ends, and the request's start or end
- * on the slab boundary nearest either end of r. The slab map finds the
- * slab over any page of r. */
+ * on the handle boundary nearest either end of r. The home map finds the
+ * handle over any page of r. */
 static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
 			    size_t *cost)
 {
 	CUdeviceptr a = r->va, b = r->va + r->size, best = a;
-	struct mapping *head = vpi_slab_at(p, r->chunk, a);
-	struct mapping *first_end = vpi_slab_at(p, r->chunk, a + need - 1);
+	struct mapping *head = vpi_home_at(p, r->chunk, a);
+	struct mapping *first_end = vpi_home_at(p, r->chunk, a + need - 1);
 	*cost = place_cost(r, a, need, head, first_end);
 	if (need == r->size)
 		return a;
-	struct mapping *tail = vpi_slab_at(p, r->chunk, b - 1);
-	struct mapping *last_start = vpi_slab_at(p, r->chunk, b - need);
-	struct spot { /* a place; its end slabs where known, else NULL */
+	struct mapping *tail = vpi_home_at(p, r->chunk, b - 1);
+	struct mapping *last_start = vpi_home_at(p, r->chunk, b - need);
+	struct spot { /* a place; its end handles where known, else NULL */
 		CUdeviceptr x;
 		struct mapping *s1, *s2;
 	} c[5];
 	unsigned n = 0;
 	c[n++] = (struct spot){b - need, last_start, tail};
 	if (head->va < a) /* start on the first boundary */
-		c[n++] = (struct spot){head->va + head->slab->size, NULL, NULL};
+		c[n++] = (struct spot){head->va + head->handle->size, NULL, NULL};
 	/* end on the first boundary it can */
-	c[n++] = (struct spot){first_end->va + first_end->slab->size - need, NULL, first_end};
-	if (tail->va + tail->slab->size > b) /* end on the last boundary */
+	c[n++] = (struct spot){first_end->va + first_end->handle->size - need, NULL, first_end};
+	if (tail->va + tail->handle->size > b) /* end on the last boundary */
 		c[n++] = (struct spot){tail->va - need, NULL, NULL};
 	/* start on the last boundary it can */
 	c[n++] = (struct spot){last_start->va, last_start, NULL};
@@ -82,8 +82,8 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
 		if (c[i].x - a > r->size - need || c[i].x == best)
 			continue;
 		k = place_cost(r, c[i].x, need,
-			       c[i].s1 ? c[i].s1 : vpi_slab_at(p, r->chunk, c[i].x),
-			       c[i].s2 ? c[i].s2 : vpi_slab_at(p, r->chunk, c[i].x + need - 1));
+			       c[i].s1 ? c[i].s1 : vpi_home_at(p, r->chunk, c[i].x),
+			       c[i].s2 ? c[i].s2 : vpi_home_at(p, r->chunk, c[i].x + need - 1));
 		if (k < *cost) {
 			*cost = k;
 			best = c[i].x;
@@ -94,7 +94,7 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
 
 /* Free regions looked at per request, from the best fit up, the caller's
  * and the settled ones together. 8, 12 and 16 gave the same ratios in the
- * replays (docs/design.md); each region costs a few slab map lookups. */
+ * replays (docs/design.md); each region costs a few home map lookups. */
 #define PLACE_SCAN 8
 
 /* Phase 1's choice: of the free regions usable by caller that fit `need`,

@@ -146,14 +146,14 @@ void vpmm_pool_destroy(vpmm_pool *p)
 	vpi_small_fini(p);
 	while ((n = vpi_tree_first(&p->maps))) {
 		struct mapping *m = MAP(n);
-		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->slab->size);
+		DRV(p, VPMM_OP_UNMAP, unmap, m->va, m->handle->size);
 		vpi_mapping_forget(p, m);
 	}
 	for (unsigned i = 0; i < VPMM_MAX_CHUNKS; i++) {
 		if (i < p->nchunks)
 			DRV(p, VPMM_OP_VA_FREE, va_free, p->chunks[i].va, p->chunks[i].size);
 		vpi_gmap_destroy(p, &p->chunks[i]);
-		vpi_smap_destroy(p, &p->chunks[i]);
+		vpi_home_map_destroy(p, &p->chunks[i]);
 	}
 	while ((n = vpi_tree_first(&p->regions))) {
 		struct region *r = REG(n, by_va);

@@ -1,5 +1,5 @@
 /* reclaim.c — giving memory back: unmapping zombies once their events
- * completed (they become holes), trimming settled free slabs down to a
+ * completed (they become holes), trimming settled free handles down to a
  * threshold, and the background thread that does both off the callers'
  * threads.
  *
@@ -104,7 +104,7 @@ int vpi_reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 		for (struct mapping *m = vpi_mapping_ceil(p, z->va);
 		     m && m->va < z->va + z->size; m = vpi_mapping_next(m))
 			job[k++] = (struct unmap_job){.z = z, .m = m, .va = m->va,
-						      .size = m->slab->size};
+						      .size = m->handle->size};
 
 	/* A zombie stops at its first failed unmap: what is unmapped stays a
 	 * prefix, which becomes a hole; the rest remains a zombie. */
@@ -184,13 +184,13 @@ int vpi_reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 
 
 struct release_job {
-	struct region *r;   /* busy piece holding exactly this slab */
+	struct region *r;   /* busy piece holding exactly this handle */
 	struct mapping *m;
 	CUresult r_unmap;
 };
 
-/* Unmap and release settled free slabs until at most `keep` reusable bytes
- * remain. Only slabs wholly inside a settled region with no zombie mapping
+/* Unmap and release settled free handles until at most `keep` reusable bytes
+ * remain. Only handles wholly inside a settled region with no zombie mapping
  * qualify: nothing can still touch them. Lock held; dropped for the driver
  * work. Returns the bytes given back. */
 size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
@@ -204,14 +204,14 @@ size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
 		return 0;
 	want = p->st.reusable - keep;
 	/* Largest settled regions first: they are the least likely to be
-	 * reused soon, and free whole slabs. */
+	 * reused soon, and free whole handles. */
 	for (struct vpi_tnode *t = vpi_tree_last(&p->settled); t && got < want;) {
 		struct region *r = REG(t, by_size);
 		struct mapping *m = vpi_mapping_ceil(p, r->va);
 		t = vpi_tree_prev(t);
-		/* The first slab wholly inside r that no zombie still maps. */
+		/* The first handle wholly inside r that no zombie still maps. */
 		while (m && m->va < r->va + r->size &&
-		       (m->slab->nmaps != 1 || m->va + m->slab->size > r->va + r->size))
+		       (m->handle->nmaps != 1 || m->va + m->handle->size > r->va + r->size))
 			m = vpi_mapping_next(m);
 		if (!m || m->va >= r->va + r->size)
 			continue;
@@ -225,20 +225,20 @@ size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
 			job = j;
 			cap = c;
 		}
-		/* Split that slab's range off and take it. */
+		/* Split that handle's range off and take it. */
 		vpi_free_unindex(p, r);
 		if (m->va > r->va) {
 			struct region *mid = vpi_split_off(p, r, m->va);
 			vpi_free_index(p, r);
 			r = mid;
 		}
-		if (m->slab->size < r->size)
-			vpi_free_index(p, vpi_split_off(p, r, m->va + m->slab->size));
+		if (m->handle->size < r->size)
+			vpi_free_index(p, vpi_split_off(p, r, m->va + m->handle->size));
 		r->was = R_FREE;
 		r->kind = R_BUSY;
 		p->busy++;
 		job[n++] = (struct release_job){.r = r, .m = m};
-		got += m->slab->size;
+		got += m->handle->size;
 		t = vpi_tree_last(&p->settled); /* indexes changed: start over */
 	}
 	if (!n) {
@@ -247,7 +247,7 @@ size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
 	}
 	pthread_mutex_unlock(&p->lock);
 	for (size_t i = 0; i < n; i++)
-		job[i].r_unmap = p->drv->unmap(p->drv, job[i].m->va, job[i].m->slab->size);
+		job[i].r_unmap = p->drv->unmap(p->drv, job[i].m->va, job[i].m->handle->size);
 	pthread_mutex_lock(&p->lock);
 	got = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -260,7 +260,7 @@ size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
 			continue;
 		}
 		got += r->size;
-		vpi_smap_set(p, r->chunk, job[i].m, false);
+		vpi_home_map_set(p, r->chunk, job[i].m, false);
 		vpi_mapping_forget(p, job[i].m); /* releases the handle: last mapping */
 		p->busy--;
 		r->kind = R_HOLE;

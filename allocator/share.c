@@ -130,7 +130,7 @@ int vpmm_pool_pieces(vpmm_pool *p, CUdeviceptr ptr, size_t first,
 	 * so the nearest mapping at or below base is it. */
 	struct mapping mp = {.va = base};
 	struct mapping *m = MAP(vpi_tree_floor(&p->maps, &mp.by_va));
-	if (!m || m->va + m->slab->size <= base)
+	if (!m || m->va + m->handle->size <= base)
 		goto out; /* a broken map; vpmm_pool_check() would say so */
 	ext->base = base;
 	ext->size = size;
@@ -139,7 +139,7 @@ int vpmm_pool_pieces(vpmm_pool *p, CUdeviceptr ptr, size_t first,
 	for (; m && m->va < base + size; m = MAP(vpi_tree_next(&m->by_va))) {
 		size_t i = ext->npieces++;
 		if (i >= first && i - first < cap)
-			out[i - first] = (struct vpmm_piece){m->slab->handle, m->slab->size};
+			out[i - first] = (struct vpmm_piece){m->handle->cu, m->handle->size};
 	}
 	rc = (int)(ext->npieces > first ? (ext->npieces - first < cap ? ext->npieces - first : cap) : 0);
 out:

@@ -23,7 +23,7 @@
 #include "small.h"
 #include "stream.h"
 
-static uint64_t *parked_map(struct small_slab *sl)
+static uint64_t *parked_map(struct slab *sl)
 {
 	return sl->used + sl->words;
 }
@@ -73,7 +73,7 @@ int vpi_small_init(vpmm_pool *p)
 	return 0;
 }
 
-struct small_slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,
+struct slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,
 					unsigned cls)
 {
 	struct small_state *s = vpi_small_st(p);
@@ -89,7 +89,7 @@ struct small_slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,
 
 /* A claimed block becomes free. The used bit goes first: a lock-free park
  * that finds the block unparked and then not used gives it up. */
-static void block_clear(struct small_slab *sl, uint32_t b)
+static void block_clear(struct slab *sl, uint32_t b)
 {
 	__atomic_fetch_and(&sl->used[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
 	__atomic_fetch_and(&parked_map(sl)[b / 64], ~(1ull << (b % 64)), __ATOMIC_RELEASE);
@@ -100,7 +100,7 @@ static void block_clear(struct small_slab *sl, uint32_t b)
 /* Deferred blocks whose stream completed become free. */
 /* `wait`: block on the CPU for each pending event (the last resort before
  * an allocation fails). */
-void vpi_small_drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
+void vpi_small_drain_deferred(vpmm_pool *p, struct slab *sl, bool wait)
 {
 	struct deferred **link = &sl->deferred;
 	while (*link) {
@@ -118,9 +118,9 @@ void vpi_small_drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait)
 	}
 }
 
-static void slab_release(vpmm_pool *p, struct small_slab *sl)
+static void slab_release(vpmm_pool *p, struct slab *sl)
 {
-	struct small_slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
+	struct slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
 	if (vpi_small_st(p)->kept[sl->cls] == sl)
 		vpi_small_st(p)->kept[sl->cls] = NULL;
 	if (sl->listed && head)
@@ -131,7 +131,7 @@ static void slab_release(vpmm_pool *p, struct small_slab *sl)
 	vpi_small_st(p)->spare[sl->cls] = sl;
 }
 
-static bool slab_empty(const struct small_slab *sl)
+static bool slab_empty(const struct slab *sl)
 {
 	return sl->nfree == sl->nblocks && !sl->deferred;
 }
@@ -154,11 +154,11 @@ static bool slab_empty(const struct small_slab *sl)
  * memory settles for any stream sooner. A sweep keeps the kept one. An
  * empty slab of a destroyed stream is never kept: it can have no malloc
  * again. */
-static void keep_or_release(vpmm_pool *p, struct small_slab *sl, bool newest)
+static void keep_or_release(vpmm_pool *p, struct slab *sl, bool newest)
 {
 	struct small_state *s = vpi_small_st(p);
-	struct small_slab *kept = s->kept[sl->cls];
-	struct small_slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
+	struct slab *kept = s->kept[sl->cls];
+	struct slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
 	bool alone = head && *head == sl && !sl->next;
 	bool dead = sl->owner && sl->owner->dead;
 	bool other = kept && kept != sl && slab_empty(kept);
@@ -176,7 +176,7 @@ static void keep_or_release(vpmm_pool *p, struct small_slab *sl, bool newest)
 int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   struct stream *s, uint64_t epoch, bool claimed)
 {
-	struct small_slab *sl = r->small;
+	struct slab *sl = r->small;
 	size_t bs = vpi_small_st(p)->block[sl->cls];
 	CUdeviceptr off = ptr - r->va;
 	uint32_t b = (uint32_t)(off / bs);
@@ -209,7 +209,7 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 		block_clear(sl, b);
 	}
 	if (!sl->listed) {
-		struct small_slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
+		struct slab **head = vpi_small_partial_list(p, sl->owner, sl->cls);
 		if (head)
 			vpi_small_list_add(head, sl);
 	}
@@ -221,10 +221,10 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
  * become free; empty slabs go back. `all` (the last resort before an
  * allocation fails): wait for deferred blocks and return every empty slab;
  * else keep one per class (keep_or_release). Returns how many went back. */
-static size_t sweep_list(vpmm_pool *p, struct small_slab **head, bool all)
+static size_t sweep_list(vpmm_pool *p, struct slab **head, bool all)
 {
 	size_t n = 0;
-	for (struct small_slab *sl = *head, *next; sl; sl = next) {
+	for (struct slab *sl = *head, *next; sl; sl = next) {
 		next = sl->next;
 		if (sl->deferred)
 			vpi_small_drain_deferred(p, sl, all);
@@ -273,7 +273,7 @@ size_t vpi_small_class_size(const vpmm_pool *p, size_t size)
 
 /* Lock-free: only the marks are touched, the used bits are read. A block's
  * used bit cannot change under us while the caller legitimately owns it. */
-int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
+int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 		    CUdeviceptr ptr, size_t *size)
 {
 	size_t bs = vpi_small_st(p)->block[sl->cls]; /* spares keep their class */
@@ -300,7 +300,7 @@ int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
 	return 0;
 }
 
-void vpi_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
+void vpi_small_unpark(vpmm_pool *p, struct slab *sl, struct region *r,
 		       CUdeviceptr ptr)
 {
 	uint32_t b = (uint32_t)((ptr - r->va) / vpi_small_st(p)->block[sl->cls]);
@@ -309,7 +309,7 @@ void vpi_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
 
 bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
 {
-	struct small_slab *sl = r->small;
+	struct slab *sl = r->small;
 	uint32_t b = (uint32_t)((ptr - r->va) / vpi_small_st(p)->block[sl->cls]);
 	return (ptr - r->va) % vpi_small_st(p)->block[sl->cls] == 0 && b < sl->nblocks &&
 	       (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))) &&
@@ -319,7 +319,7 @@ bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr)
 int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size)
 {
-	struct small_slab *sl = r->small;
+	struct slab *sl = r->small;
 	size_t bs = vpi_small_st(p)->block[sl->cls];
 	uint32_t b = (uint32_t)((ptr - r->va) / bs);
 	if (b >= sl->nblocks || !(sl->used[b / 64] & (1ull << (b % 64))) ||
@@ -342,7 +342,7 @@ size_t vpi_small_check_locked(vpmm_pool *p, FILE *log)
 		kept += s->kept[c] != NULL;
 	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n; n = vpi_tree_next(n)) {
 		const struct region *r = vpi_container_of(n, struct region, by_va);
-		const struct small_slab *sl = r->small;
+		const struct slab *sl = r->small;
 		if (!sl)
 			continue;
 		slabs++;
@@ -379,7 +379,7 @@ size_t vpi_small_check_locked(vpmm_pool *p, FILE *log)
 	}
 	/* A spare's next slab starts from its bitmaps as they are. */
 	for (unsigned c = 0; c < s->nclasses; c++)
-		for (const struct small_slab *sl = s->spare[c]; sl; sl = sl->next) {
+		for (const struct slab *sl = s->spare[c]; sl; sl = sl->next) {
 			uint64_t any = 0;
 			for (uint32_t w = 0; w < 2 * sl->words; w++)
 				any |= __atomic_load_n(&sl->used[w], __ATOMIC_ACQUIRE);
@@ -399,7 +399,7 @@ void vpi_small_fini(vpmm_pool *p)
 		return;
 	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n; n = vpi_tree_next(n)) {
 		struct region *r = vpi_container_of(n, struct region, by_va);
-		struct small_slab *sl = r->small;
+		struct slab *sl = r->small;
 		if (!sl)
 			continue;
 		while (sl->deferred) {
@@ -416,7 +416,7 @@ void vpi_small_fini(vpmm_pool *p)
 	}
 	for (unsigned c = 0; c < s->nclasses; c++)
 		while (s->spare[c]) {
-			struct small_slab *sl = s->spare[c];
+			struct slab *sl = s->spare[c];
 			s->spare[c] = sl->next;
 			free(sl);
 		}

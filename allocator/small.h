@@ -24,7 +24,7 @@ struct deferred { /* a block freed on a stream other than the slab's */
 	struct deferred *next;
 };
 
-struct small_slab {
+struct slab {
 	struct region *r;          /* the live region it carves */
 	struct stream *owner;      /* NULL: synchronous callers */
 	unsigned cls;
@@ -33,7 +33,7 @@ struct small_slab {
 	bool listed;               /* in its owner's partial list of cls, iff
 				    * it has a free or a deferred block */
 	struct deferred *deferred; /* blocks freed elsewhere, still marked used */
-	struct small_slab *prev, *next; /* owner's partial list of cls */
+	struct slab *prev, *next; /* owner's partial list of cls */
 	/* Two bitmaps of `words` words each: used (handed out, parked or
 	 * deferred; written under the pool lock) then parked (freed but not yet
 	 * free: in a stream's cache or deferred; atomic, front.c sets it). */
@@ -46,16 +46,16 @@ struct small_state {
 	unsigned nclasses;
 	size_t block[MAX_CLASSES];    /* class sizes, ascending */
 	size_t slab_bytes[MAX_CLASSES];
-	struct small_slab *sync_partial[MAX_CLASSES]; /* owner NULL */
+	struct slab *sync_partial[MAX_CLASSES]; /* owner NULL */
 	/* Released slabs' structs, for the next slab of their class: never
 	 * freed while the pool lives, since a lock-free free may still hold
 	 * one it read from its region (front.c). Chained by `next`. */
-	struct small_slab *spare[MAX_CLASSES];
+	struct slab *spare[MAX_CLASSES];
 	/* The one slab of each class allowed to stay empty: NULL or a live
 	 * slab of that class, which may have blocks out again since (its
 	 * owner took one). Every slab of the class with no block out (none
 	 * handed out, parked or deferred) is this one: vpmm_pool_check(). */
-	struct small_slab *kept[MAX_CLASSES];
+	struct slab *kept[MAX_CLASSES];
 	size_t slabs;
 	size_t deferred; /* blocks waiting for another stream's work */
 };
@@ -65,7 +65,7 @@ static inline struct small_state *vpi_small_st(vpmm_pool *p)
 	return p->small;
 }
 
-static inline void vpi_small_list_add(struct small_slab **head, struct small_slab *sl)
+static inline void vpi_small_list_add(struct slab **head, struct slab *sl)
 {
 	sl->prev = NULL;
 	sl->next = *head;
@@ -75,7 +75,7 @@ static inline void vpi_small_list_add(struct small_slab **head, struct small_sla
 	sl->listed = true;
 }
 
-static inline void vpi_small_list_del(struct small_slab **head, struct small_slab *sl)
+static inline void vpi_small_list_del(struct slab **head, struct slab *sl)
 {
 	if (sl->prev)
 		sl->prev->next = sl->next;
@@ -125,17 +125,17 @@ size_t vpi_small_class_size(const vpmm_pool *p, size_t size);
  * or -EINVAL if ptr is not a handed-out, unparked block of sl, the slab
  * the caller read from r (r->small may have changed since); *size = its
  * class. */
-int vpi_small_park(vpmm_pool *p, struct small_slab *sl, struct region *r,
+int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 		    CUdeviceptr ptr, size_t *size);
-void vpi_small_unpark(vpmm_pool *p, struct small_slab *sl, struct region *r,
+void vpi_small_unpark(vpmm_pool *p, struct slab *sl, struct region *r,
 		       CUdeviceptr ptr);
 bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
 
 /* The list of owner's slabs of class cls with room; NULL without memory. */
-struct small_slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,
+struct slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,
 					   unsigned cls);
 /* Deferred blocks of sl whose stream completed become free; `wait`: wait
  * on the CPU for each pending event. */
-void vpi_small_drain_deferred(vpmm_pool *p, struct small_slab *sl, bool wait);
+void vpi_small_drain_deferred(vpmm_pool *p, struct slab *sl, bool wait);
 
 #endif

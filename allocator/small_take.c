@@ -17,7 +17,7 @@
 #include "take.h"
 
 static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
-		    struct small_slab **out)
+		    struct slab **out)
 {
 	struct small_state *s = vpi_small_st(p);
 	size_t nblocks = s->slab_bytes[cls] / s->block[cls];
@@ -25,8 +25,8 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	/* Whole cache lines of its own: the front path sets bits of `parked`
 	 * from any thread, and slabs of different streams side by side in the
 	 * heap would make threads that share nothing wait on each other. */
-	size_t bytes = (sizeof(struct small_slab) + 2 * words * sizeof(uint64_t) + 63) & ~(size_t)63;
-	struct small_slab *sl = s->spare[cls];
+	size_t bytes = (sizeof(struct slab) + 2 * words * sizeof(uint64_t) + 63) & ~(size_t)63;
+	struct slab *sl = s->spare[cls];
 	struct region *r;
 	int rc;
 	if (sl) {
@@ -69,7 +69,7 @@ int vpi_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 {
 	struct small_state *s = vpi_small_st(p);
 	unsigned cls = vpi_small_class_of(s, size);
-	struct small_slab **head = vpi_small_partial_list(p, caller, cls), *sl;
+	struct slab **head = vpi_small_partial_list(p, caller, cls), *sl;
 	int rc;
 	if (!head)
 		return -ENOMEM;

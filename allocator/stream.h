@@ -13,7 +13,7 @@
 #include "vpmm.h"
 
 struct region;
-struct small_slab;
+struct slab;
 
 /* An event recorded on a stream closes that stream's epoch: it completes once
  * every free tagged with an epoch <= ev->epoch can be reused by anyone. */
@@ -42,7 +42,7 @@ struct stream {
 	 * by epoch ascending. Each has done < region->epoch <= epoch. */
 	struct vpi_tree free_by_size;
 	struct region *fifo_head, *fifo_tail;
-	struct small_slab **small_partial; /* small.c: per class, slabs with room */
+	struct slab **small_partial; /* small.c: per class, slabs with room */
 	struct front front;
 	/* The program destroyed it: nothing is recorded on it any more; its
 	 * last event covers every free it had (vpmm_pool_stream_gone). */
