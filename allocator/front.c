@@ -15,6 +15,10 @@
  * Locks: pool lock -> front lock is the only order; the fast path takes a
  * front lock alone. Page map entries and the per-allocation "parked" marks
  * are atomics, written by the pool under its lock or by the fast path.
+ *
+ * Owns struct front (front.h). Calls give.c, small.c (parks and frees),
+ * stream.c, region.c, loop.c and chunk.h's grain map; never the take path
+ * (take.c calls the flushes here).
  */
 #include <errno.h>
 #include <stdatomic.h>

@@ -27,6 +27,8 @@
  * whose tensor defragments only every tenth step grows the rings to ten
  * steps, and its places are then offered from ten and twenty steps back,
  * where the same mallocs went.
+ *
+ * Owns struct loop (loop.h). Calls nothing else of the pool.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -12,6 +12,10 @@
  * Classes: multiples of 512 B up to 4 KiB, then four steps per doubling, up
  * to the pool's grain; a slab spans enough grains to hold at least 8 blocks. Everything here runs
  * under the pool's lock.
+ *
+ * Owns struct slab (small.h). Calls give.c and stream.c; the malloc path,
+ * which takes slabs from the pool, is small_take.c, above this file and
+ * above take.c (whose last resort trims empty slabs here).
  */
 #include <errno.h>
 #include <stdlib.h>
