@@ -11,6 +11,7 @@
 
 #include "chunk.h"
 #include "defrag.h"
+#include "growth.h"
 #include "handle.h"
 #include "pool.h"
 #include "region.h"
@@ -338,7 +339,7 @@ static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
  * can strand is measured against the whole pool: in an empty pool the
  * first growth (model weights, a preallocated cache) costs one handle, as
  * cudaMalloc would, and later growths split finer as the pool grows. */
-static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
+static size_t handle_size_for(vpmm_pool *p, size_t shortfall)
 {
 	size_t h = p->page, k = p->cfg.growth_split;
 	uint64_t mapped = p->st.mapped;
@@ -351,7 +352,10 @@ static size_t handle_size_for(const vpmm_pool *p, size_t shortfall)
 	k = 1 + (size_t)((wide)k * mapped / ((wide)mapped + shortfall));
 	if (k > p->cfg.growth_split)
 		k = p->cfg.growth_split;
-	while (h * 2 <= shortfall / k && h * 2 <= p->cfg.handle_size)
+	size_t most = p->cfg.handle_size, cap = vpi_growth_handle_cap(p);
+	if (cap < most)
+		most = cap; /* finer as the device fills (growth.c) */
+	while (h * 2 <= shortfall / k && h * 2 <= most)
 		h *= 2;
 	return h;
 }
@@ -442,6 +446,8 @@ struct defrag {
 	struct fresh *fr, **order; /* the ranges to map; in span order */
 	size_t nfr, nmove, nmapped; /* ranges; harvested ones first; mapped */
 	size_t shortfall, hsize;  /* bytes to create, in handles of hsize */
+	size_t room;              /* growing for room: handles of at most this */
+	bool refused;             /* the driver refused to create: out of memory */
 	struct region *hole, *adj, *adj2; /* the span; the lending neighbour */
 	unsigned new_chunk;       /* a chunk added for it, or UINT32_MAX */
 	CUdeviceptr base, off;    /* the span mapped: [base, off) */
@@ -483,7 +489,7 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 	}
 	have = d->adj ? d->adj->size : d->adj2 ? d->adj2->size : 0;
 	lack = d->need - have;
-	if (*grow && !loop_cap_allows(p, vpi_whole_pages(p, lack)))
+	if (*grow && !d->room && !loop_cap_allows(p, vpi_whole_pages(p, lack)))
 		*grow = false;
 
 	d->pl.room = d->hole->size;
@@ -500,7 +506,8 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 		return rc;
 	}
 	/* Every struct the commit needs, before the first driver call. */
-	d->hsize = handle_size_for(p, d->shortfall);
+	d->hsize = d->room ? (d->shortfall && d->shortfall < d->room ? d->shortfall : d->room)
+			   : handle_size_for(p, d->shortfall);
 	size_t nnew = (d->shortfall + d->hsize - 1) / d->hsize;
 	for (size_t i = 0; i < d->pl.n; i++)
 		for (struct mapping *m = vpi_mapping_from(p, d->pl.h[i].r->chunk, d->pl.h[i].a);
@@ -611,8 +618,10 @@ static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
 		r = p->drv->mem_create(p->drv, p->cfg.device, d->fr[k].handle->size,
 				       &d->fr[k].handle->cu);
 		calls_create++;
-		if (r != CUDA_SUCCESS)
+		if (r != CUDA_SUCCESS) {
+			d->refused = r == CUDA_ERROR_OUT_OF_MEMORY;
 			break;
+		}
 		d->fr[k].created = true;
 	}
 	for (k = 0; r == CUDA_SUCCESS && k < d->nfr; k++) {
@@ -761,11 +770,14 @@ static void defrag_release(vpmm_pool *p, struct defrag *d)
 
 /* With *grow (a loop repeats, loop_repeats()), what the request lacks is
  * created rather than harvested, if the loops' cap allows it; *grow then
- * says whether it was. */
+ * says whether it was. With `room` (the device has room, growth.c), *grow
+ * is set and what the request lacks is created regardless of that cap, in
+ * handles of up to `room` bytes. */
 int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
-	       struct region **out, CUdeviceptr *at)
+	       size_t room, struct region **out, CUdeviceptr *at)
 {
-	struct defrag d = {.caller = caller, .need = need, .new_chunk = UINT32_MAX};
+	struct defrag d = {.caller = caller, .need = need, .room = room,
+			   .new_chunk = UINT32_MAX};
 	int rc = defrag_choose(p, &d, grow);
 	if (!rc) {
 		defrag_harvest(p, &d);
@@ -773,6 +785,8 @@ int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		if (r != CUDA_SUCCESS) {
 			p->last_result = r;
 			rc = vpi_cu_errno(r);
+			if (d.refused)
+				vpi_growth_refused(p); /* the device is full, for now */
 			defrag_undo(p, &d);
 		} else {
 			*out = defrag_commit(p, &d, at);

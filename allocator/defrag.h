@@ -12,8 +12,10 @@
 struct region;
 struct stream;
 
-/* Phase 2: a FREE region of at least `need` bytes usable by caller. */
+/* Phase 2: a FREE region of at least `need` bytes usable by caller. With
+ * `room` (growth.c), what the request lacks is created in handles of at
+ * most `room` bytes, and nothing is remapped. */
 int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
-	       struct region **out, CUdeviceptr *at);
+	       size_t room, struct region **out, CUdeviceptr *at);
 
 #endif

@@ -27,8 +27,10 @@
 enum opt_type { T_SIZE, T_COUNT, T_ENUM, T_BOOL, T_STRING };
 enum opt_group { G_POOL, G_PROCESS };
 
-/* Indexed by enum vpmm_defrag_policy and enum vpmm_log_level. */
+/* Indexed by enum vpmm_defrag_policy, enum vpmm_remap_policy and enum
+ * vpmm_log_level. */
 static const char *const defrag_names[] = { "lacking", "all", NULL };
+static const char *const remap_names[] = { "pressure", "always", NULL };
 static const char *const log_names[] = { "error", "warn", "info", "debug", NULL };
 
 /* THE table. X(id, name, group, type, choices, default text, description).
@@ -65,6 +67,12 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(DEFRAG, "VPMM_DEFRAG", G_POOL, T_ENUM, defrag_names, "lacking",      \
 	  "what a defragmentation remaps: lacking (only what the request "     \
 	  "lacks) or all (every free page)")                                   \
+	X(REMAP, "VPMM_REMAP", G_POOL, T_ENUM, remap_names, "pressure",       \
+	  "when a request no free range fits remaps free pages: pressure "    \
+	  "(only as memory runs out: while the device and VPMM_LIMIT leave "  \
+	  "16 times the request and the pool holds under 1/50 free, it grows " \
+	  "instead, in handles of at most 1/256 of that room) or always (the " \
+	  "least memory at every moment)")                                    \
 	X(EVENT_INTERVAL_US, "VPMM_EVENT_INTERVAL_US", G_POOL, T_COUNT, NULL,  \
 	  "50",                                                                \
 	  "microseconds: a free records a new event on its stream only if "    \
@@ -166,6 +174,7 @@ void vpmm_config_default(struct vpmm_config *cfg)
 	cfg->front_bytes = GIB;
 	cfg->device = 0;
 	cfg->defrag = VPMM_DEFRAG_LACKING;
+	cfg->remap = VPMM_REMAP_PRESSURE;
 	cfg->event_interval_ns = (uint64_t)DEFAULT_EVENT_INTERVAL_US * 1000u;
 }
 
@@ -528,6 +537,8 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.small_max = r.val[OPT_SMALL_MAX].size;
 	if (r.set[OPT_DEFRAG])
 		c.defrag = (enum vpmm_defrag_policy)r.val[OPT_DEFRAG].choice;
+	if (r.set[OPT_REMAP])
+		c.remap = (enum vpmm_remap_policy)r.val[OPT_REMAP].choice;
 	if (r.set[OPT_EVENT_INTERVAL_US])
 		c.event_interval_ns = r.val[OPT_EVENT_INTERVAL_US].count * 1000u;
 	if (r.set[OPT_FRONT_ENTRIES])

@@ -75,6 +75,9 @@ struct vpmm_pool {
 	unsigned reclaim_deferrals; /* rounds in a row it did so; written by
 				     * the thread only, under the lock */
 	uint64_t loop_grown; /* bytes created instead of remapping, for the cap */
+	size_t dev_free;      /* the device's free bytes at dev_read_ns, less
+			       * what the pool created since (growth.c) */
+	uint64_t dev_read_ns; /* when they were read; 0: never */
 
 	/* Devices granted access to every mapped page: [0] is cfg.device, then
 	 * peers (vpmm_pool_grant). A defragmentation copies the list before

@@ -3,14 +3,15 @@
  * flushing caches and polling other streams), 2 defragment; then carve the
  * live region off the free one.
  *
- * Calls place.c, defrag.c, reclaim.c, front.c, small.c, stream.c, region.c,
- * chunk.c and loop.c. Lock held.
+ * Calls place.c, defrag.c, growth.c, reclaim.c, front.c, small.c, stream.c,
+ * region.c, chunk.c and loop.c. Lock held.
  */
 #include <errno.h>
 
 #include "chunk.h"
 #include "defrag.h"
 #include "front.h"
+#include "growth.h"
 #include "place.h"
 #include "pool.h"
 #include "reclaim.h"
@@ -112,17 +113,23 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		r = vpi_place_locked(p, caller, need, &at, &cost);
 	}
 	if (!r) {
-		bool grow = loop_repeats(p, caller, need);
+		/* With room the pool grows (growth.c), and the loops, which
+		 * trade remaps for growth, are not told: a growth is no
+		 * defragmentation that repeats. */
+		size_t room = vpi_growth_room(p, need);
+		bool grow = room || loop_repeats(p, caller, need);
 		uint64_t created = p->st.pages_created;
-		rc = vpi_defrag(p, caller, need, &grow, &r, &at);
-		if (!rc && grow) {
+		rc = vpi_defrag(p, caller, need, &grow, room, &r, &at);
+		if (!rc && grow && room) {
+			p->st.room_growths++;
+		} else if (!rc && grow) {
 			p->st.loop_growths++;
 			p->loop_grown += (p->st.pages_created - created) * p->page;
 		} else if (rc == -ENOMEM && grow) {
 			/* Past the limit or the device's memory: what the loop
-			 * would have grown, remapping still finds. */
+			 * or the room would have grown, remapping still finds. */
 			grow = false;
-			rc = vpi_defrag(p, caller, need, &grow, &r, &at);
+			rc = vpi_defrag(p, caller, need, &grow, 0, &r, &at);
 		}
 		if (rc == -ENOMEM) {
 			/* Last resort before failing: empty sub-page slabs go
@@ -134,9 +141,10 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			if (trimmed || settled != p->settled_count) {
 				r = vpi_place_locked(p, caller, need, &at, &cost);
 				grow = false;
-				rc = r ? 0 : vpi_defrag(p, caller, need, &grow, &r, &at);
+				rc = r ? 0 : vpi_defrag(p, caller, need, &grow, 0, &r, &at);
 			}
 		}
+		vpi_growth_created(p, (p->st.pages_created - created) * p->page);
 		if (rc)
 			return rc;
 		p->st.defrags++;

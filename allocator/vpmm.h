@@ -27,6 +27,17 @@ enum vpmm_defrag_policy {
 	VPMM_DEFRAG_ALL,     /* remap every harvestable free page, as the reference design */
 };
 
+/* When a request that no free range fits is served by remapping free
+ * pages rather than by new memory (VPMM_REMAP). */
+enum vpmm_remap_policy {
+	/* Under memory pressure only: new memory alone while the device and
+	 * the limit leave room, defragmentation as that room runs out
+	 * (default; growth.c). */
+	VPMM_REMAP_PRESSURE,
+	/* Always defragment first: the least memory at every moment. */
+	VPMM_REMAP_ALWAYS,
+};
+
 #define VPMM_FRONT_ENTRIES_MAX 256 /* most entries of a stream's cache */
 #define VPMM_LOOP_GROWTH_MAX 1000  /* percent */
 #define VPMM_GROWTH_SPLIT_MAX 4096 /* finer is one page a handle anyway */
@@ -58,6 +69,7 @@ struct vpmm_config {
 	size_t small_max;
 	int device;
 	enum vpmm_defrag_policy defrag;
+	enum vpmm_remap_policy remap;
 	/* A free records an event on its stream only if the stream's last event
 	 * is older than this; sooner frees join the open epoch. 0 = every free. */
 	uint64_t event_interval_ns;
@@ -189,6 +201,8 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 	X(failures, "failed allocations")                                     \
 	X(defrags, "allocations that remapped or grew")                       \
 	X(loop_growths, "of them, a repeating loop's, grown instead of remapped") \
+	X(room_growths, "of them, grown without remapping: the device had room") \
+	X(growth_refusals, "growths the driver refused for want of memory")    \
 	X(loop_hints, "mallocs placed where the same malloc went a step before") \
 	X(pages_created, "pages of physical memory created")                  \
 	X(pages_remapped, "pages moved to a new address")                     \
@@ -213,6 +227,9 @@ struct vpmm_stats {
 	uint64_t page_size;
 	uint64_t regions;
 	uint64_t parked; /* bytes in streams' caches: counted in reusable */
+	/* What the device and the limit left the pool at the last growth
+	 * (VPMM_GROWTH=headroom; 0 before the first). */
+	uint64_t headroom;
 };
 
 void vpmm_pool_stats(vpmm_pool *pool, struct vpmm_stats *out);

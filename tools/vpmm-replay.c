@@ -547,6 +547,16 @@ struct result {
 	struct vpmm_stats stats;
 };
 
+/* Another process on the simulated device (--tenant): from operation
+ * step[i].op on, it holds step[i].bytes. */
+struct tenant {
+	struct tenant_step {
+		uint64_t op;
+		size_t bytes;
+	} *step;
+	size_t n;
+};
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -555,14 +565,17 @@ static uint64_t now_ns(void)
 }
 
 static void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv,
-		   const CUstream *streams, uint64_t complete_every, bool check,
-		   struct result *r)
+		   const CUstream *streams, const struct tenant *tn,
+		   uint64_t complete_every, bool check, struct result *r)
 {
 	uint64_t live = 0, since = 0;
+	size_t next_step = 0;
 
 	uint64_t t0 = now_ns();
 	for (size_t i = 0; i < lg->nops; i++) {
 		const struct op *op = &lg->ops[i];
+		while (next_step < tn->n && tn->step[next_step].op <= i)
+			vpmm_host_set_tenant(drv, tn->step[next_step++].bytes);
 		struct alloc *a = &lg->allocs[op->id];
 		CUstream s = streams[op->stream];
 
@@ -664,11 +677,14 @@ static void print_json(FILE *f, const struct log *lg, const struct result *r,
 	fprintf(f, ", \"handles_created\": %" PRIu64 ", \"handles_remapped\": %" PRIu64
 		   ", \"zombies_reclaimed\": %" PRIu64 ", \"front_hits\": %" PRIu64
 		   ", \"loop_growths\": %" PRIu64 ", \"loop_hints\": %" PRIu64
-		   ", \"events_recorded\": %" PRIu64,
+		   ", \"events_recorded\": %" PRIu64 ", \"room_growths\": %" PRIu64
+		   ", \"growth_refusals\": %" PRIu64,
 		s->handles_created, s->handles_remapped, s->zombies_reclaimed, s->front_hits,
-		s->loop_growths, s->loop_hints, s->events_recorded);
-	fprintf(f, ", \"defrag\": \"%s\", \"complete_every\": %" PRIu64,
-		cfg->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking", complete_every);
+		s->loop_growths, s->loop_hints, s->events_recorded, s->room_growths,
+		s->growth_refusals);
+	fprintf(f, ", \"defrag\": \"%s\", \"remap\": \"%s\", \"complete_every\": %" PRIu64,
+		cfg->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking",
+		cfg->remap == VPMM_REMAP_ALWAYS ? "always" : "pressure", complete_every);
 	fprintf(f, ", \"wall_ns\": %" PRIu64 ", \"ns_per_op\": %.1f",
 		r->wall_ns, r->ops ? (double)r->wall_ns / (double)r->ops : 0.0);
 	if (r->check_violations)
@@ -746,6 +762,10 @@ static void usage(FILE *f)
 "  --small-max SIZE      requests up to this share slabs of size classes\n"
 "  --limit SIZE          most bytes the pool may map (default 0: none)\n"
 "  --defrag lacking|all  what a defragmentation remaps (default lacking)\n"
+"  --remap pressure|always\n"
+"                        remap only as the device fills (default), or always\n"
+"                        before growing\n"
+"  --growth-split N      VPMM_GROWTH_SPLIT: handles a growth is split into\n"
 "  --event-interval-us N a free records an event only if its stream's last one\n"
 "                        is older than N us (default 50; 0 makes runs repeatable)\n"
 "  --front N             entries of each stream's cache of freed allocations\n"
@@ -754,6 +774,9 @@ static void usage(FILE *f)
 "Simulated device:\n"
 "  --granularity SIZE    allocation granularity (default 2M)\n"
 "  --capacity SIZE       device memory (default 1P)\n"
+"  --tenant OP:SIZE[,OP:SIZE...]\n"
+"                        another process holds SIZE of the device from\n"
+"                        operation OP on (0 = the first), e.g. 0:60G,9000:40G\n"
 "  --complete-every N    the device finishes all queued work after every N\n"
 "                        operations (default 1; 0: never, so other streams'\n"
 "                        memory is reused only through defragmentation waits)\n"
@@ -774,7 +797,7 @@ static void usage(FILE *f)
 
 enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
-	O_GRAIN, O_SMALL_MAX,
+	O_GRAIN, O_SMALL_MAX, O_REMAP, O_GROWTH_SPLIT, O_TENANT,
 	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
 	O_CHECK,
 };
@@ -788,6 +811,41 @@ static bool size_arg(const char *opt, const char *s, size_t *out)
 		rc == -ERANGE ? "too large"
 			      : "expected a size such as 2M or 2097152");
 	return false;
+}
+
+/* --tenant OP:SIZE[,OP:SIZE...], operations in ascending order. */
+static bool tenant_arg(const char *opt, const char *s, struct tenant *t)
+{
+	free(t->step);
+	t->step = NULL;
+	t->n = 0;
+	char *copy = strdup(s), *save = NULL, *item;
+	bool ok = copy && *s;
+	for (item = copy ? strtok_r(copy, ",", &save) : NULL; ok && item;
+	     item = strtok_r(NULL, ",", &save)) {
+		char *colon = strchr(item, ':');
+		struct tenant_step st;
+		struct tenant_step *grown;
+		if (!colon) {
+			ok = false;
+			break;
+		}
+		*colon = '\0';
+		if (!parse_dec(item, &st.op) || vpmm_parse_size(colon + 1, &st.bytes) ||
+		    (t->n && st.op < t->step[t->n - 1].op) ||
+		    !(grown = realloc(t->step, (t->n + 1) * sizeof(*grown)))) {
+			ok = false;
+			break;
+		}
+		t->step = grown;
+		t->step[t->n++] = st;
+	}
+	free(copy);
+	if (!ok)
+		fprintf(stderr, "vpmm-replay: %s \"%s\": expected OP:SIZE[,OP:SIZE...] "
+				"with operations in ascending order, e.g. 0:60G,5000:70G\n",
+			opt, s);
+	return ok;
 }
 
 static bool count_arg(const char *opt, const char *s, uint64_t *out)
@@ -814,6 +872,8 @@ static const struct {
 	{ O_SMALL_MAX, "VPMM_SMALL_MAX" },
 	{ O_LIMIT, "VPMM_LIMIT" },
 	{ O_DEFRAG, "VPMM_DEFRAG" },
+	{ O_REMAP, "VPMM_GROWTH" },
+	{ O_GROWTH_SPLIT, "VPMM_GROWTH_SPLIT" },
 	{ O_EVENT_INTERVAL, "VPMM_EVENT_INTERVAL_US" },
 	{ O_FRONT, "VPMM_FRONT_ENTRIES" },
 };
@@ -877,6 +937,9 @@ int main(int argc, char **argv)
 		{ "small-max", required_argument, NULL, O_SMALL_MAX },
 		{ "limit", required_argument, NULL, O_LIMIT },
 		{ "defrag", required_argument, NULL, O_DEFRAG },
+		{ "remap", required_argument, NULL, O_REMAP },
+		{ "growth-split", required_argument, NULL, O_GROWTH_SPLIT },
+		{ "tenant", required_argument, NULL, O_TENANT },
 		{ "event-interval-us", required_argument, NULL, O_EVENT_INTERVAL },
 		{ "front", required_argument, NULL, O_FRONT },
 		{ "granularity", required_argument, NULL, O_GRANULARITY },
@@ -892,6 +955,7 @@ int main(int argc, char **argv)
 					  .capacity = (size_t)1 << 50,
 					  .unbacked = true };
 	uint64_t complete_every = 1;
+	struct tenant tenant = { 0 };
 	bool json = false, check = false;
 	char err[256];
 	int c;
@@ -913,12 +977,15 @@ int main(int argc, char **argv)
 		case O_SMALL_MAX:
 		case O_LIMIT:
 		case O_DEFRAG:
+		case O_REMAP:
+		case O_GROWTH_SPLIT:
 		case O_EVENT_INTERVAL:
 		case O_FRONT:
 			ok = pool_arg(c, name, optarg);
 			break;
 		case O_GRANULARITY: ok = size_arg(opt, optarg, &host.granularity); break;
 		case O_CAPACITY: ok = size_arg(opt, optarg, &host.capacity); break;
+		case O_TENANT: ok = tenant_arg(opt, optarg, &tenant); break;
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
 		case O_JSON: json = true; break;
 		case O_CHECK: check = true; break;
@@ -1002,7 +1069,7 @@ int main(int argc, char **argv)
 				     : vpmm_host_stream_create(drv);
 
 	struct result r = { 0 };
-	replay(&lg, pool, drv, streams, complete_every, check, &r);
+	replay(&lg, pool, drv, streams, &tenant, complete_every, check, &r);
 	if (json)
 		print_json(stdout, &lg, &r, &cfg, complete_every);
 	else
@@ -1015,6 +1082,7 @@ out:
 	if (drv)
 		drv->destroy(drv);
 	free(streams);
+	free(tenant.step);
 	free(lg.stream_values);
 	free(lg.ops);
 	free(lg.allocs);

@@ -34,6 +34,7 @@ struct pt_setup {
 	size_t initial_pages;
 	size_t limit_pages;   /* cfg.limit in pages */
 	enum vpmm_defrag_policy defrag;
+	enum vpmm_remap_policy remap; /* default: the library's (pressure) */
 	size_t unit;          /* layout unit (default: one page) */
 	bool keep_event_interval; /* keep the default event interval, else
 				   * use event_interval_ns (0: every free
@@ -96,6 +97,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 	cfg.initial_pages = s->initial_pages;
 	cfg.limit = s->limit_pages * cfg.page_size;
 	cfg.defrag = s->defrag;
+	cfg.remap = s->remap;
 	cfg.small_max = s->small_max; /* default 0: whole pages, the page-level
 				       * rules under test */
 	cfg.front_entries = s->front_entries;

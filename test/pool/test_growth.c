@@ -1,0 +1,244 @@
+/* test_growth.c — VPMM_REMAP=pressure (growth.c): the pool grows without
+ * remapping while the device has room, makes its handles finer as the room
+ * shrinks, and remaps at the limit, where the driver refuses to create.
+ * The room is what the host driver's capacity, another tenant
+ * (vpmm_host_set_tenant) and VPMM_LIMIT leave. */
+#include <time.h>
+
+#include "pool_test.h"
+
+#define PAGE (64 * PT_KiB)
+#define DEVICE_PAGES 16384 /* 1 GiB of 64 KiB pages */
+
+static void open_growth(struct pt *t, enum vpmm_remap_policy remap, size_t limit_pages)
+{
+	struct pt_setup su = { .capacity = DEVICE_PAGES * PAGE,
+			       .va_pages = 4 * DEVICE_PAGES,
+			       .handle_pages = 1024, /* VPMM_HANDLE_SIZE 64 MiB */
+			       .no_loop_growth = true,
+			       .remap = remap,
+			       .limit_pages = limit_pages };
+	pt_open(t, &su);
+}
+
+/* A pool of `n` allocations of `each` pages, live, then every `stride`-th
+ * one freed: free memory in pieces of `each` pages between live ones.
+ * Returns the live pointers' array (owned by the caller). */
+static CUdeviceptr *scatter(struct pt *t, CUstream s, size_t n, size_t each, size_t stride)
+{
+	CUdeviceptr *p = calloc(n, sizeof *p);
+	cr_assert_not_null(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = PT_MALLOC(t, each, s);
+	for (size_t i = 0; i < n; i += stride) {
+		PT_FREE(t, p[i], s);
+		p[i] = 0;
+	}
+	return p;
+}
+
+static void unscatter(struct pt *t, CUstream s, CUdeviceptr *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			PT_FREE(t, p[i], s);
+	free(p);
+}
+
+/* Handles created by one malloc of `pages`, and what else it did. */
+struct grown {
+	uint64_t created, remapped, room_growths, refusals;
+	CUdeviceptr ptr;
+};
+
+static struct grown grow_once(struct pt *t, size_t pages, CUstream s)
+{
+	struct vpmm_stats a = pt_stats(t), b;
+	struct grown g;
+	g.ptr = PT_MALLOC(t, pages, s);
+	b = pt_stats(t);
+	g.created = b.handles_created - a.handles_created;
+	g.remapped = b.handles_remapped - a.handles_remapped;
+	g.room_growths = b.room_growths - a.room_growths;
+	g.refusals = b.growth_refusals - a.growth_refusals;
+	return g;
+}
+
+/* With room, a request no free range fits grows by one handle and remaps
+ * nothing, though free pages lie scattered; VPMM_REMAP=always remaps them. */
+Test(growth, room_grows_without_remapping)
+{
+	for (int always = 0; always < 2; always++) {
+		struct pt t;
+		open_growth(&t, always ? VPMM_REMAP_ALWAYS : VPMM_REMAP_PRESSURE, 0);
+		CUstream s = vpmm_host_stream_create(t.drv);
+		/* 100 x 8 pages, one in 50 freed: 2 % of the pool is free
+		 * in pieces of 8 pages, under the spare share once grown. */
+		CUdeviceptr *p = scatter(&t, s, 100, 8, 50);
+		struct grown g = grow_once(&t, 16, s);
+		if (always) {
+			cr_expect_gt(g.remapped, 0, "always: the scattered pages were not remapped");
+			cr_expect_eq(g.room_growths, 0);
+		} else {
+			cr_expect_eq(g.remapped, 0, "pressure: %llu handles remapped with room",
+				     (unsigned long long)g.remapped);
+			cr_expect_eq(g.room_growths, 1);
+			cr_expect_eq(g.created, 1, "one handle for the growth, made %llu",
+				     (unsigned long long)g.created);
+			cr_expect_gt(pt_stats(&t).headroom, 0);
+		}
+		PT_FREE(&t, g.ptr, s);
+		unscatter(&t, s, p, 100);
+		pt_close(&t);
+	}
+}
+
+/* Room or not, a pool holding more than its spare share free remaps: the
+ * free pages are used before the device gives more. */
+Test(growth, free_share_over_the_spare_remaps)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr *p = scatter(&t, s, 100, 8, 2); /* half of it free */
+	struct vpmm_stats before = pt_stats(&t);
+	struct grown g = grow_once(&t, 16, s);
+	cr_expect_gt(g.remapped, 0);
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_eq(pt_stats(&t).mapped, before.mapped, "the pool grew instead of remapping");
+	PT_FREE(&t, g.ptr, s);
+	unscatter(&t, s, p, 100);
+	pt_close(&t);
+}
+
+/* As another tenant takes the device, the handles of a growth get finer:
+ * at most 1/256 of the room (a power of two of pages), so that what live
+ * memory strands in them stays small against what is left. */
+Test(growth, handles_get_finer_as_the_room_shrinks)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 64, s);
+	/* The device free but for 64 pages: handles up to a power of two
+	 * within (16384 - 64) / 256 pages, 32. */
+	struct grown big = grow_once(&t, 256, s);
+	cr_expect_eq(big.room_growths, 1);
+	cr_expect_eq(big.created, 8, "256 pages in handles of 32: made %llu",
+		     (unsigned long long)big.created);
+	/* A tenant leaves 1024 pages: handles of 4 pages; 64 pages (1/16
+	 * of the room) still grow without remapping. The device's free
+	 * memory is read again after GROWTH_READ_NS (100 ms). */
+	struct vpmm_host_live l;
+	vpmm_host_live(t.drv, &l);
+	vpmm_host_set_tenant(t.drv, DEVICE_PAGES * PAGE - l.handle_bytes - 1024 * PAGE);
+	nanosleep(&(struct timespec){ .tv_nsec = 110 * 1000 * 1000 }, NULL);
+	struct grown fine = grow_once(&t, 64, s);
+	cr_expect_eq(fine.room_growths, 1);
+	cr_expect_eq(fine.remapped, 0);
+	cr_expect_eq(fine.created, 16, "64 pages in handles of 4: made %llu",
+		     (unsigned long long)fine.created);
+	cr_expect_leq(pt_stats(&t).headroom, 1024 * PAGE);
+	PT_FREE(&t, fine.ptr, s);
+	PT_FREE(&t, big.ptr, s);
+	PT_FREE(&t, a, s);
+	pt_close(&t);
+}
+
+/* Less room than 16 times the request: a defragmentation serves it. */
+Test(growth, shrinking_room_remaps)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr *p = scatter(&t, s, 100, 8, 50);
+	struct vpmm_host_live l;
+	vpmm_host_live(t.drv, &l);
+	/* 200 pages left: under 16 x 16. */
+	vpmm_host_set_tenant(t.drv, DEVICE_PAGES * PAGE - l.handle_bytes - 200 * PAGE);
+	nanosleep(&(struct timespec){ .tv_nsec = 110 * 1000 * 1000 }, NULL);
+	struct grown g = grow_once(&t, 16, s);
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_gt(g.remapped, 0);
+	PT_FREE(&t, g.ptr, s);
+	unscatter(&t, s, p, 100);
+	pt_close(&t);
+}
+
+/* The device fills between two reads of its free memory: the growth the
+ * pool planned is refused by the driver, and the request is served by
+ * remapping the free pages instead; later growths wait for the next read. */
+Test(growth, refused_growth_falls_back_to_remapping)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr *p = scatter(&t, s, 100, 8, 50);
+	/* The pool read the device's free memory at its last growth; now
+	 * another process takes all of it. */
+	vpmm_host_set_tenant(t.drv, DEVICE_PAGES * PAGE);
+	struct grown g = grow_once(&t, 16, s);
+	cr_expect_eq(g.refusals, 1, "the refused growth was not counted");
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_gt(g.remapped, 0, "the request was not served from the free pages");
+	/* Until the next read, the pool counts no room: no growth tried. */
+	unsigned long creates = vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE);
+	PT_FREE(&t, g.ptr, s);
+	struct grown again = grow_once(&t, 16, s);
+	cr_expect_eq(again.refusals, 0);
+	cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE), creates);
+	PT_FREE(&t, again.ptr, s);
+	/* Nothing left anywhere: a clean out of memory, the pool intact. */
+	CUdeviceptr q = 0;
+	cr_expect_eq(vpmm_pool_malloc(t.pool, 64 * PAGE, s, &q), -ENOMEM);
+	PT_CHECK(&t);
+	vpmm_host_set_tenant(t.drv, 0);
+	unscatter(&t, s, p, 100);
+	pt_close(&t);
+}
+
+/* VPMM_LIMIT bounds the room as the device does: with the limit near,
+ * the pool remaps; far from it, it grows. */
+Test(growth, the_limit_is_room_too)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 1000); /* 1000 pages */
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr *p = scatter(&t, s, 100, 8, 50); /* 800 mapped, 16 free */
+	struct grown g = grow_once(&t, 16, s);     /* 200 pages of room < 16 x 16 */
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_gt(g.remapped, 0);
+	cr_expect_leq(pt_stats(&t).headroom, 200 * PAGE);
+	PT_FREE(&t, g.ptr, s);
+	unscatter(&t, s, p, 100);
+	pt_close(&t);
+}
+
+/* The device's free memory is read on the growth path only, and at most
+ * once per 100 ms there: not on mallocs served from free memory. */
+Test(growth, free_memory_is_read_rarely)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	CUdeviceptr p[200];
+	for (int i = 0; i < 200; i++) /* 200 growths */
+		p[i] = PT_MALLOC(&t, 1 + i % 3, s);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	unsigned long reads = vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO);
+	double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+	cr_expect_geq(reads, 1);
+	cr_expect_leq(reads, 1 + (unsigned long)(ms / 100), "%lu reads in %.0f ms", reads, ms);
+	for (int i = 0; i < 200; i++) /* reuse: no growth, no read */
+		PT_FREE(&t, p[i], s);
+	for (int i = 0; i < 200; i++)
+		p[i] = PT_MALLOC(&t, 1 + i % 3, s);
+	if (vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO) != reads)
+		cr_expect_gt(pt_stats(&t).room_growths + pt_stats(&t).defrags, 200,
+			     "free memory read on a malloc that did not grow");
+	for (int i = 0; i < 200; i++)
+		PT_FREE(&t, p[i], s);
+	pt_close(&t);
+}
