@@ -164,15 +164,18 @@ Test(placement, a_small_first_tensor_strands_nothing)
 	seed_case_after_a_small_tensor(1);
 }
 
-/* How many handles a growth makes, at split 16 with handles of up to 64
- * pages: one for the first growth of an empty pool (nothing yet to strand
- * against), then finer as the pool outgrows the request: k = 1 + 16 *
- * mapped / (mapped + shortfall), handles the largest power of two of pages
- * within shortfall / k. */
+/* How many handles a defragmentation's growth makes, at split 16 with
+ * handles of up to 64 pages: one for the first growth of an empty pool
+ * (nothing yet to strand against), then finer as the pool outgrows the
+ * request: k = 1 + 16 * mapped / (mapped + shortfall), handles the largest
+ * power of two of pages within shortfall / k. VPMM_REMAP=always, so that
+ * every growth is a defragmentation's (with room, VPMM_REMAP=pressure
+ * grows in handles sized by the room: test_growth.c). */
 Test(placement, growth_splits_finer_as_the_pool_grows)
 {
 	struct pt t;
-	struct pt_setup su = {.va_pages = 4096, .handle_pages = 64, .growth_split = 16};
+	struct pt_setup su = {.va_pages = 4096, .handle_pages = 64, .growth_split = 16,
+			      .remap = VPMM_REMAP_ALWAYS};
 	pt_open(&t, &su);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	struct vpmm_stats s0 = pt_stats(&t), s1, s2, s3;
