@@ -656,7 +656,7 @@ def main(argv=None):
                        help="--fake: VPMM_BENCH_DRY_FAULT=KIND:N for ALLOC's replays")
 
     p = sub.add_parser("pressure", help="each workload x allocator alone and under pressure")
-    common(p, "cuda_pool,torch_native,torch_expandable,vpmm_torch,vpmm_preload", 240, 90, 0)
+    common(p, "cuda_pool,torch_native,torch_expandable,vpmm_torch,vpmm_preload", 220, 60, 0)
     p.add_argument("--margin", type=float, default=1.02,
                    help="the holder leaves this x peak live (+ set-up, allowance)")
     s = sub.add_parser("soak", help="margins x VPMM settings x allocators x workloads")

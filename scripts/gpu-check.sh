@@ -153,4 +153,7 @@ echo
 echo "================ summary ================"
 cat "$SUMMARY"
 [ -f "$OUT/table.md" ] && grep -E "peak used|replay time|growth|threads|pool hit" "$OUT/table.md" | cut -c1-200 | head -30
+for m in $pmodes; do
+	[ -f "$OUT/$m.md" ] && { echo; cat "$OUT/$m.md"; }
+done
 rm -rf "$W"

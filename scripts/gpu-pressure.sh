@@ -20,11 +20,13 @@
 #             before its context) is measured by its run alone, per allocator
 #             and workload; a few hundred MiB, the CUDA context most of it.
 #             The allowance (16 MiB) covers what that measure cannot: the
-#             set-up's spread between two processes (a few MiB) and the
-#             driver's page tables for the replay's mappings (under 1 MiB per
-#             20 GiB of 2 MiB pages); the holder itself stops within 2 MiB
-#             above what it is asked to leave, never under. Table: outcome,
-#             call time, and that time over the CUDA pool's alone.
+#             set-up's spread between two processes, and the driver's own
+#             bookkeeping (page tables) for the replay's mappings, which every
+#             allocator pays alike; the holder stops within 2 MiB above what
+#             it is asked to leave, never under. Each run records its
+#             effective margin, (the holder's free - its own set-up) / peak
+#             live. Table: outcome, call time, that time over the CUDA
+#             pool's alone, peak used / peak live.
 #   soak      SOAK_MARGINS x SOAK_VPMM_SETS x SOAK_ALLOCS x every workload,
 #             traces cut to SOAK_MAX_OPS operations, in a seeded shuffled
 #             order until SOAK_DEADLINE (280 planned; about 1 s each, so the
@@ -61,11 +63,12 @@
 #                       (replay_gpu.py's dry allocator, its capacity the
 #                       holder's free memory); the tables say FAKE
 #
-# Wall time on an H100 with the defaults: build ~15 s; pressure ~3-4 min (70
-# replays of one to a few seconds, the torch ones longer for the import),
-# never past build + PRESSURE_DEADLINE + PRESSURE_TIMEOUT (~5 min); soak
-# ~3.7 min (calibration, then runs until SOAK_DEADLINE, at most SOAK_TIMEOUT
-# more). Both in one 10-minute device call: lower the deadlines
+# Wall time with the defaults, estimated from gpu-bench.sh's replays (one to
+# a few seconds a process, the torch ones longer for the import; every
+# record keeps its process_s to check): build ~15 s; pressure 2-4 min for its
+# 70 replays, never past build + PRESSURE_DEADLINE + PRESSURE_TIMEOUT (~5
+# min); soak ~4 min (calibration, then runs until SOAK_DEADLINE, at most
+# SOAK_TIMEOUT more). Both in one 10-minute device call: lower the deadlines
 # (PRESSURE_DEADLINE=180 SOAK_DEADLINE=150).
 #
 # The holder never outlives a run of this script: it dies with
