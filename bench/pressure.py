@@ -82,7 +82,6 @@ def parse_size(s):
     return int(float(s[:-1]) * mult) if mult else int(s)
 
 
-
 # ---- the holder -----------------------------------------------------------------
 
 
@@ -514,7 +513,6 @@ def setup_of(alone, runs, alloc, args):
     return max(others) if others else None
 
 
-
 def say(rec):
     res = rec.get("result") or {}
     extra = ""
@@ -614,8 +612,8 @@ def crash_text(rec, args):
         rec.get("margin", 0), rec.get("why"), "rc %s" % rec.get("rc")),
         "   holder: leave %s, held %s, free %s (bytes); settled %s" % (
             rec.get("leave"), st.get("held"), st.get("free"), st.get("settled")),
-        "   again: %s --leave %s --sleep & then: %s" % (args.hold, rec.get("leave"),
-                                                 rec.get("command")),
+        "   again: %s --leave %s --sleep & then: %s" % (
+            args.hold, rec.get("leave"), rec.get("command")),
         "   stderr, last lines:"]
     lines += ["   | " + x for x in rec.get("stderr_tail") or []]
     return "\n".join(lines) + "\n"

@@ -45,7 +45,6 @@ def setup_from(rec):
     return None
 
 
-
 def title(doc, what):
     dev = doc.get("device") or "no GPU"
     if doc.get("fake"):
@@ -143,8 +142,8 @@ def counts_line(runs):
     c = {}
     for r in runs:
         c[r.get("outcome")] = c.get(r.get("outcome"), 0) + 1
-    return ["", "Runs: " + ", ".join("%s %d" % (k, v) for k, v in
-                                      sorted(c.items(), key=lambda kv: str(kv[0]))) + "."]
+    items = sorted(c.items(), key=lambda kv: str(kv[0]))
+    return ["", "Runs: " + ", ".join("%s %d" % (k, v) for k, v in items) + "."]
 
 
 def bad_runs(runs, limit=30):
