@@ -132,9 +132,12 @@ for r in p["runs"]:
 md = open(os.path.join(d, "pressure.md")).read()
 assert "FAKE" in md and "**CRASH** SIGABRT" in md and "oom at" in md, md
 s = json.load(open(os.path.join(d, "soak.json")))
-assert len(s["calibration"]) == 8 and len(s["runs"]) > 20, (len(s["calibration"]), len(s["runs"]))
-assert {r["outcome"] for r in s["runs"]} >= {"completed", "oom"}
-assert s.get("not_run", 0) > 0    # the 12 s deadline stopped it
+# How many runs the 12 s deadline leaves depends on the machine's load.
+assert len(s["calibration"]) == 8 and s["runs"], (len(s["calibration"]), len(s["runs"]))
+for r in s["runs"]:    # the only crashes are the injected ones
+    bad = r["outcome"] == "crash" and not (r["alloc"] == "vpmm_torch" and "status 3" in r["why"])
+    assert r["outcome"] in ("completed", "oom", "crash") and not bad, (r["outcome"], r["why"])
+assert s.get("not_run", 0) > 0 and len(s["runs"]) + s["not_run"] == s["planned"]
 assert os.path.exists(os.path.join(d, "soak.md"))
 EOF
 check "FAKE_GPU=1: outcomes classified, leaves right, tables written" $?
