@@ -5,8 +5,13 @@ and the time the allocator calls took.
 
 Owns: the GPU side of the workload comparison of issue 5. Two commands:
 
-  replay_gpu.py run --alloc NAME --trace FILE.csv [--libvpmm PATH]
-      One replay in this process; prints one line `RESULT {json}`.
+  replay_gpu.py run --alloc NAME --trace FILE.csv [--libvpmm PATH] [--max-ops N]
+      One replay in this process; prints one line `RESULT {json}` and exits
+      0 when it completed, 1 when it did not (the reason in the result: an
+      allocation that failed is `failure` "oom" or "error" with `failed_at`,
+      the index of its operation; anything else is an `error` alone).
+      --max-ops N replays the trace's first N operations only (peak_live is
+      then the cut trace's).
   replay_gpu.py matrix --workloads DIR --out FILE.json [--allocs a,b] [--libvpmm PATH]
       One subprocess per (allocator, workload), in turn (cudaMemGetInfo is
       device-wide, so two replays must never overlap), each with its own
@@ -24,6 +29,8 @@ Allocators (NAME):
   vpmm_torch_h1g    the same with VPMM_HANDLE_SIZE=1G: growth makes one
                     handle per shortfall (up to 1 GiB) instead of 2 MiB pages
   vpmm_preload      plain cudaMalloc/cudaFree with libvpmm.so in LD_PRELOAD
+  vpmm_preload_always  the same with VPMM_REMAP=always: remapping before
+                    every growth, the least memory at every moment
 
 Measurements (run):
   peak_used   max over every allocate of the device memory used (NVML's
@@ -35,6 +42,17 @@ Measurements (run):
   peak_used_rt  the same through cudaMemGetInfo (torch.cuda.mem_get_info for
               the torch allocators): what the program itself sees.
   peak_live   the trace's own peak of requested bytes alive.
+  setup_used  what the process itself added to the device's used memory
+              before the first allocation (context, streams, allocator
+              set-up): NVML's count then minus NVML's count before the
+              CUDA context was made (None without NVML). What another
+              process must leave free beyond the allocations themselves.
+  failure, failed_at, failed_size  for a replay whose allocation failed:
+              "oom" when the allocator said out of memory
+              (cudaErrorMemoryAllocation, torch's OutOfMemoryError, NULL from
+              the pluggable entry point, which logs any other cause on
+              stderr), "error" for any other error code; the operation's
+              index in the trace and the size asked for.
   call_s      sum of the host time of the allocator calls alone (each call
               timed with perf_counter_ns; the sampling is outside), plus the
               final device synchronisation. Python's call overhead (~0.1-1 us
@@ -48,7 +66,9 @@ Measurements (run):
               nothing measured plain CUDA, not libvpmm.
 
 torch and cupy are imported only by the allocators that need them, so this
-file loads (and --help works) on a machine without either.
+file loads (and --help works) on a machine without either. The `dry`
+allocator needs no GPU at all: it checks the harness (and bench/pressure.py)
+on any machine; see setup_dry_allocator for its test knobs.
 """
 import argparse
 import ctypes
@@ -56,25 +76,31 @@ import ctypes.util
 import glob
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
 
 ALLOCATORS = ["cudaMalloc", "cuda_pool", "torch_native", "torch_expandable",
-              "torch_async", "vpmm_torch", "vpmm_torch_h1g", "vpmm_preload"]
+              "torch_async", "vpmm_torch", "vpmm_torch_h1g", "vpmm_preload",
+              "vpmm_preload_always"]
 TORCH_CONF = {
     "torch_native": None,
     "torch_expandable": "expandable_segments:True",
     "torch_async": "backend:cudaMallocAsync",
 }
-VPMM_ALLOCATORS = ("vpmm_torch", "vpmm_torch_h1g", "vpmm_preload")
+VPMM_ALLOCATORS = ("vpmm_torch", "vpmm_torch_h1g", "vpmm_preload",
+                   "vpmm_preload_always")
+PRELOAD_ALLOCATORS = ("vpmm_preload", "vpmm_preload_always")
 # Environment of the libvpmm variants (VPMM_* options of the library).
-VPMM_ENV = {"vpmm_torch_h1g": {"VPMM_HANDLE_SIZE": "1G"}}
+VPMM_ENV = {"vpmm_torch_h1g": {"VPMM_HANDLE_SIZE": "1G"},
+            "vpmm_preload_always": {"VPMM_REMAP": "always"}}
 UINT64_MAX = (1 << 64) - 1
 SLOW_NS = 20000    # calls slower than this went to the driver (growth, defrag)
 CUDA_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4   # cudaMemPoolAttrReleaseThreshold
 CUDA_STREAM_NON_BLOCKING = 1
+CUDA_ERROR_MEMORY_ALLOCATION = 2          # cudaErrorMemoryAllocation
 
 
 # ---- the trace ----------------------------------------------------------------
@@ -87,9 +113,10 @@ def parse_id(s):
     return int(s, 16)
 
 
-def load_trace(path):
+def load_trace(path, max_ops=0):
     """[(is_alloc, slot, size, stream_value)], number of slots, peak live.
-    Slots number the allocations so the loop indexes a list, not a dict."""
+    Slots number the allocations so the loop indexes a list, not a dict.
+    max_ops > 0 keeps the first max_ops operations (and their peak)."""
     ops = []
     live = {}       # log pointer -> (slot, size)
     nslots = 0
@@ -99,6 +126,8 @@ def load_trace(path):
         if header[:6] != ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]:
             raise ValueError("%s: not an RMM log (header %r)" % (path, header))
         for lineno, line in enumerate(f, 2):
+            if max_ops and len(ops) >= max_ops:
+                break
             fields = line.rstrip("\n").split(",")
             if len(fields) < 6:
                 continue
@@ -244,8 +273,10 @@ def make_nvml():
 # ---- allocators ----------------------------------------------------------------
 #
 # Each builds (alloc(size, stream) -> ptr or 0, free(ptr, size, stream),
-# used() -> bytes, sync(), make_stream() -> handle). Streams are handles
-# (ints); trace stream 0 is the legacy default stream (handle 0).
+# used() -> bytes, sync(), make_stream() -> handle, via, why() -> (failure,
+# text) for the last allocation that returned 0, failure "oom" or "error").
+# Streams are handles (ints); trace stream 0 is the legacy default stream
+# (handle 0). An allocator that raises (torch) is classified by run_one.
 
 def shim_report(libvpmm):
     """What libvpmm says of itself after a replay: whether the shim was
@@ -287,13 +318,26 @@ def setup_cudart_allocator(name, libvpmm):
     rt.init()
     out = ctypes.c_void_p()
     ref = ctypes.byref(out)
-    if name in ("cudaMalloc", "vpmm_preload"):
-        if name == "vpmm_preload" and "libvpmm" not in os.environ.get("LD_PRELOAD", ""):
-            raise RuntimeError("vpmm_preload needs libvpmm.so in LD_PRELOAD")
+    last = [0]      # the error code of the last allocation that failed
+
+    def why():
+        rc = last[0]
+        if rc is None:      # the pluggable entry point returns NULL alone
+            return "oom", "vpmm_torch_malloc returned NULL"
+        text = "%s (%d)" % (rt.cudaGetErrorString(rc).decode(), rc)
+        return ("oom" if rc == CUDA_ERROR_MEMORY_ALLOCATION else "error"), text
+
+    if name == "cudaMalloc" or name in PRELOAD_ALLOCATORS:
+        if name in PRELOAD_ALLOCATORS and "libvpmm" not in os.environ.get("LD_PRELOAD", ""):
+            raise RuntimeError("%s needs libvpmm.so in LD_PRELOAD" % name)
         cm, cf = rt.cudaMalloc, rt.cudaFree
 
         def alloc(size, stream):
-            return out.value if cm(ref, size) == 0 else 0
+            rc = cm(ref, size)
+            if rc == 0:
+                return out.value
+            last[0] = rc
+            return 0
 
         def free(ptr, size, stream):
             return cf(ptr)
@@ -308,7 +352,11 @@ def setup_cudart_allocator(name, libvpmm):
         ma, fa = rt.cudaMallocAsync, rt.cudaFreeAsync
 
         def alloc(size, stream):
-            return out.value if ma(ref, size, stream) == 0 else 0
+            rc = ma(ref, size, stream)
+            if rc == 0:
+                return out.value
+            last[0] = rc
+            return 0
 
         def free(ptr, size, stream):
             return fa(ptr, stream)
@@ -325,6 +373,8 @@ def setup_cudart_allocator(name, libvpmm):
         vf.restype = None
         vf.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
 
+        last[0] = None
+
         def alloc(size, stream):
             return va(size, 0, stream) or 0
 
@@ -337,7 +387,7 @@ def setup_cudart_allocator(name, libvpmm):
     def sync():
         rt.check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
-    return alloc, free, rt.used, sync, rt.stream, rt.path
+    return alloc, free, rt.used, sync, rt.stream, rt.path, why
 
 
 def setup_torch_allocator(name):
@@ -380,18 +430,43 @@ def setup_torch_allocator(name):
         f, t = torch.cuda.mem_get_info()
         return t - f
 
+    def why():      # torch raises instead of returning 0
+        return "error", "the allocator returned 0 without raising"
+
     backend = torch.cuda.get_allocator_backend()
     return alloc, free, used, torch.cuda.synchronize, make_stream, \
-        "torch %s (%s)" % (torch.__version__, backend)
+        "torch %s (%s)" % (torch.__version__, backend), why
 
 
 def setup_dry_allocator():
     """No GPU: memory is a counter of 2 MiB-rounded live bytes. Only for
-    checking the harness and the report on a machine without a GPU."""
-    state = {"used": 0, "next": 1 << 40}
+    checking the harness, bench/pressure.py and the report on a machine
+    without a GPU. Test knobs (environment):
+      VPMM_BENCH_DRY_CAPACITY=BYTES  an allocation that would take the
+          counter over BYTES fails as out of memory;
+      VPMM_BENCH_DRY_FAULT=KIND:N    at the N-th allocation (from 0) the
+          process aborts (abort: SIGABRT), hangs (hang), or exits with
+          status 3 without a result (exit)."""
+    state = {"used": 0, "next": 1 << 40, "calls": 0}
+    capacity = int(os.environ.get("VPMM_BENCH_DRY_CAPACITY") or 0)
+    fault, _, at = (os.environ.get("VPMM_BENCH_DRY_FAULT") or "").partition(":")
+    if fault and fault not in ("abort", "hang", "exit"):
+        raise ValueError("VPMM_BENCH_DRY_FAULT: %r is not abort, hang or exit" % fault)
+    fault_at = int(at) if fault else -1
 
     def alloc(size, stream):
-        state["used"] += (size + (2 << 20) - 1) >> 21 << 21
+        if state["calls"] == fault_at:
+            if fault == "abort":
+                os.kill(os.getpid(), signal.SIGABRT)
+            elif fault == "hang":
+                time.sleep(3600)
+            sys.stdout.flush()
+            os._exit(3)
+        state["calls"] += 1
+        rounded = (size + (2 << 20) - 1) >> 21 << 21
+        if capacity and state["used"] + rounded > capacity:
+            return 0
+        state["used"] += rounded
         state["next"] += size + 512
         return state["next"]
 
@@ -399,9 +474,12 @@ def setup_dry_allocator():
         state["used"] -= (size + (2 << 20) - 1) >> 21 << 21
         return 0
 
+    def why():
+        return "oom", "dry capacity of %d bytes" % capacity
+
     counter = iter(range(1, 1 << 30))
     return alloc, free, lambda: state["used"], lambda: None, \
-        lambda: next(counter), "dry (no GPU)"
+        lambda: next(counter), "dry (no GPU)", why
 
 
 def device_name():
@@ -414,21 +492,25 @@ def device_name():
         return None
 
 
-def run_one(name, trace_path, libvpmm):
-    ops, nslots, peak_live = load_trace(trace_path)
+def run_one(name, trace_path, libvpmm, max_ops=0):
+    ops, nslots, peak_live = load_trace(trace_path, max_ops)
+    # NVML before the context: what the process itself adds is the
+    # difference (setup_used), the figure another process must leave free.
+    nvml = make_nvml() if name != "dry" else None
+    pre_context = nvml.used() if nvml else None
     if name == "dry":
-        alloc, free, used, sync, make_stream, via = setup_dry_allocator()
+        alloc, free, used, sync, make_stream, via, why = setup_dry_allocator()
     elif name in TORCH_CONF:
-        alloc, free, used, sync, make_stream, via = setup_torch_allocator(name)
+        alloc, free, used, sync, make_stream, via, why = setup_torch_allocator(name)
     else:
-        alloc, free, used, sync, make_stream, via = setup_cudart_allocator(name, libvpmm)
+        alloc, free, used, sync, make_stream, via, why = \
+            setup_cudart_allocator(name, libvpmm)
     # Real streams for the trace's stream values, made before the baseline.
     smap = {0: 0}
     for _, _, _, s in ops:
         if s not in smap:
             smap[s] = make_stream()
     ops = [(a, slot, size, smap[s]) for a, slot, size, s in ops]
-    nvml = make_nvml() if name != "dry" else None
     used_rt = used
     if nvml:
         used = nvml.used
@@ -439,7 +521,7 @@ def run_one(name, trace_path, libvpmm):
     peak = peak_rt = 0
     t_alloc, t_free = [], []
     clock = time.perf_counter_ns
-    error = None
+    error = failure = failed_at = failed_size = None
     w0 = clock()
     for is_alloc, slot, size, stream in ops:
         if is_alloc:
@@ -448,10 +530,15 @@ def run_one(name, trace_path, libvpmm):
                 p = alloc(size, stream)
             except Exception as e:     # torch raises on OOM
                 p, error = 0, "%s: %s" % (type(e).__name__, str(e)[:200])
+                failure = "oom" if type(e).__name__ == "OutOfMemoryError" or \
+                    "out of memory" in str(e).lower() else "error"
             t1 = clock()
             if not p:
-                error = error or "allocation of %d bytes failed at op %d" % (
-                    size, len(t_alloc) + len(t_free))
+                failed_at, failed_size = len(t_alloc) + len(t_free), size
+                if failure is None:
+                    failure, text = why()
+                    error = "allocation of %d bytes failed at op %d: %s" % (
+                        size, failed_at, text)
                 break
             ptrs[slot] = p
             t_alloc.append(t1 - t0)
@@ -471,29 +558,40 @@ def run_one(name, trace_path, libvpmm):
             ptrs[slot] = 0
             t_free.append(t1 - t0)
     t0 = clock()
-    sync()
+    sync_error = None
+    try:
+        sync()
+    except Exception as e:
+        sync_error = "%s: %s" % (type(e).__name__, e)
     t_sync = clock() - t0
     wall = clock() - w0
     final = used() - base
-    # Live allocations left by a failed replay: give them back so the process
-    # exits cleanly (best effort).
+    # Live allocations left by a failed or cut replay: give them back so the
+    # process exits cleanly (best effort).
     for slot, p in enumerate(ptrs):
         if p:
             try:
                 free(p, 0, 0)
             except Exception:
                 pass
+    if sync_error and error is None:
+        error = "final synchronisation: " + sync_error
     slow = [t for t in t_alloc + t_free if t > SLOW_NS]
     res = {
         "alloc": name, "trace": os.path.basename(trace_path).rsplit(".", 1)[0],
         "ok": error is None, "error": error, "via": via,
-        "ops": len(ops), "done_ops": len(t_alloc) + len(t_free),
+        "failure": failure, "failed_at": failed_at, "failed_size": failed_size,
+        "sync_error": sync_error,
+        "ops": len(ops), "max_ops": max_ops, "done_ops": len(t_alloc) + len(t_free),
         "peak_live": peak_live, "peak_used": peak,
         "ratio": (peak / peak_live) if peak_live else None,
-        "measured_by": "nvml" if nvml else "cudaMemGetInfo",
+        "measured_by": "nvml" if nvml else ("dry" if name == "dry" else "cudaMemGetInfo"),
         "peak_used_rt": peak_rt,
         "ratio_rt": (peak_rt / peak_live) if peak_live else None,
         "baseline_used": base, "final_used": final,
+        "pre_context_used": pre_context,
+        "setup_used": (base - pre_context) if pre_context is not None else
+                      (0 if name == "dry" else None),
         "call_s": (sum(t_alloc) + sum(t_free) + t_sync) / 1e9,
         "wall_s": wall / 1e9,
         "alloc_ns": statistics.median(t_alloc) if t_alloc else None,
@@ -502,14 +600,14 @@ def run_one(name, trace_path, libvpmm):
         "slow_calls": len(slow), "slow_s": sum(slow) / 1e9,
     }
     if name in VPMM_ALLOCATORS:
-        res.update(shim_report(libvpmm if name != "vpmm_preload"
+        res.update(shim_report(libvpmm if name not in PRELOAD_ALLOCATORS
                                else os.environ.get("LD_PRELOAD", "").split(":")[0]))
     return res
 
 
 def cmd_run(args):
     try:
-        res = run_one(args.alloc, args.trace, args.libvpmm)
+        res = run_one(args.alloc, args.trace, args.libvpmm, args.max_ops)
     except Exception as e:
         res = {"alloc": args.alloc,
                "trace": os.path.basename(args.trace).rsplit(".", 1)[0],
@@ -529,7 +627,7 @@ def child_env(name, libvpmm):
     env.update(VPMM_ENV.get(name, {}))
     if name in TORCH_CONF and TORCH_CONF[name]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = TORCH_CONF[name]
-    if name == "vpmm_preload":
+    if name in PRELOAD_ALLOCATORS:
         env["LD_PRELOAD"] = os.path.abspath(libvpmm)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -616,6 +714,8 @@ def main(argv=None):
     r.add_argument("--alloc", required=True, choices=ALLOCATORS + ["dry"])
     r.add_argument("--trace", required=True)
     r.add_argument("--libvpmm")
+    r.add_argument("--max-ops", type=int, default=0,
+                   help="replay only the trace's first N operations")
     m = sub.add_parser("matrix", help="every (allocator, workload) in its own process")
     m.add_argument("--workloads", required=True, help="directory written by workloads.py")
     m.add_argument("--out", required=True, help="results JSON")

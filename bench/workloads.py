@@ -13,9 +13,11 @@ draws from its own random.Random seeded from (seed, name), so adding one
 workload never changes another's trace. Pointers are synthetic and never
 reused; a replayer maps them to what its allocator returns.
 
-Usage: workloads.py --out DIR [--seed N] [--only NAME,...] [--list]
+Usage: workloads.py --out DIR [--seed N] [--only NAME,...] [--lab-scale K] [--list]
 Writes DIR/NAME.csv per workload and DIR/index.json with ops, allocations,
-peak live bytes and the largest request of each.
+peak live bytes and the largest request of each. --lab-scale K multiplies
+every size of the laboratory cases by K (default 1; bench/pressure.py uses 4,
+so that a fixed allowance of a few MiB does not dwarf a 64 MiB case).
 """
 import argparse
 import json
@@ -372,12 +374,16 @@ def scratch_streams(seed):
 
 # ---- the seed's laboratory cases ------------------------------------------------
 
+# Multiplies every size of the laboratory cases (--lab-scale).
+LAB_SCALE = 1
+
+
 def lab_8x16_then_4x32(seed):
     """8 x 16 MiB, free all, then 4 x 32 MiB (native caching: 2.0)."""
     t = Trace("lab_8x16_then_4x32")
-    small = [t.alloc(16 * MiB) for _ in range(8)]
+    small = [t.alloc(16 * MiB * LAB_SCALE) for _ in range(8)]
     t.free_all(small)
-    large = [t.alloc(32 * MiB) for _ in range(4)]
+    large = [t.alloc(32 * MiB * LAB_SCALE) for _ in range(4)]
     t.free_all(large)
     return t
 
@@ -385,10 +391,10 @@ def lab_8x16_then_4x32(seed):
 def lab_free_0_2_then_32(seed):
     """Four 16 MiB, free #0 and #2, then 32 MiB (every pool seen: 1.5)."""
     t = Trace("lab_free_0_2_then_32")
-    p = [t.alloc(16 * MiB) for _ in range(4)]
+    p = [t.alloc(16 * MiB * LAB_SCALE) for _ in range(4)]
     t.free(p[0])
     t.free(p[2])
-    big = t.alloc(32 * MiB)
+    big = t.alloc(32 * MiB * LAB_SCALE)
     t.free(big)
     t.free(p[1])
     t.free(p[3])
@@ -399,7 +405,7 @@ def lab_10g_pattern(seed):
     """+10G +1G -10G +4G +11G scaled by 1/4 (units of 256 MiB): +2.5G +256M
     -2.5G +1G +2.75G; peak live 4 GiB. Native and expandable: 1.375."""
     t = Trace("lab_10g_pattern")
-    u = 256 * MiB
+    u = 256 * MiB * LAB_SCALE
     a = t.alloc(10 * u)
     b = t.alloc(1 * u)
     t.free(a)
@@ -434,8 +440,15 @@ def main(argv=None):
     ap.add_argument("--out", help="directory for NAME.csv and index.json")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--only", help="comma-separated workload names")
+    ap.add_argument("--lab-scale", type=int, default=1,
+                    help="multiply the laboratory cases' sizes by this (1-5)")
     ap.add_argument("--list", action="store_true", help="list the workloads")
     args = ap.parse_args(argv)
+    if not 1 <= args.lab_scale <= 5:
+        # lab_10g_pattern peaks at 4 GiB x K, under PEAK_BUDGET up to 5.
+        ap.error("--lab-scale must be 1-5")
+    global LAB_SCALE
+    LAB_SCALE = args.lab_scale
     if args.list:
         for name, fn in WORKLOADS.items():
             print("%-22s %s" % (name, fn.__doc__.split("\n")[0]))
@@ -461,6 +474,8 @@ def main(argv=None):
         t.write(path)
         info = t.summary()
         info["seed"] = args.seed
+        if name.startswith("lab_") and args.lab_scale != 1:
+            info["lab_scale"] = args.lab_scale
         info["file"] = name + ".csv"
         info["description"] = " ".join(WORKLOADS[name].__doc__.split())
         index[name] = info

@@ -7,27 +7,35 @@
 # sharing checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and
 # soak checks (scripts/gpu-reliability.sh; about 60 s with the 40 s soak of
 # these defaults, 6 minutes with its own 300 s), what the driver's calls cost
-# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds) and issue 5's
-# comparisons (scripts/gpu-bench.sh). Prints a short table last.
+# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds), issue 5's
+# comparisons (scripts/gpu-bench.sh), and the replays under memory pressure
+# from a second process (scripts/gpu-pressure.sh: part pressure, every
+# workload x allocator alone and under a process holding all but 1.02 x its
+# peak live, about 4-5 minutes; part soak, the vpmm allocators under margins
+# 1.00-1.10 x VPMM_* settings, about 4 minutes; both share one build when
+# both are asked for). Prints a short table last.
 #
 # The device tool brings back at most 8 files from $OUT: the logs go into one
-# archive, $OUT/logs.tgz, beside summary.txt and table.md.
+# archive, $OUT/logs.tgz, beside summary.txt, table.md, and pressure.md and
+# soak.md when those parts ran.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|hotpath|share|reliab|costs|step|bench; "all" for every part; the
-# default is shim|dump|share|reliab|bench), SHIM_STEPS (100), SHIM_JAX_STEPS
-# (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1), STEP_MODES (the
-# defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh), DEADLINE (bench,
-# 170 s).
+# shim|dump|hotpath|share|reliab|costs|step|bench|pressure|soak; "all" for
+# every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
+# (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
+# STEP_MODES (the defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh),
+# DEADLINE (bench, 170 s); pressure and soak read gpu-pressure.sh's own
+# (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
 # (2026-11-26, 22:10-22:33 UTC) the parts took: shim 216-222 s (85 s of it
 # JAX), dump 22 s, share 33-38 s, reliab 60 s, step 42 s, bench 169 s,
 # hotpath and costs together over 50 s: the whole ran past 600 s twice. The
 # default runs every test and the table (about 510 s by those figures);
-# PARTS='hotpath|costs|step' is a second call. The figures in docs/ come
-# from longer runs of single parts: SOAK_DURATION=300 PARTS=reliab,
-# STEP_ROUNDS=4 PARTS=step.
+# PARTS='hotpath|costs|step' is a second call, PARTS=pressure a third and
+# PARTS=soak a fourth (or both in one call with PRESSURE_DEADLINE=180
+# SOAK_DEADLINE=150). The figures in docs/ come from longer runs of single
+# parts: SOAK_DURATION=300 PARTS=reliab, STEP_ROUNDS=4 PARTS=step.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build-gpu}
@@ -127,9 +135,25 @@ if part bench; then
 	cp "$W/logs/bench/table.md" "$OUT/table.md" 2>/dev/null
 fi
 
+pmodes=""
+part pressure && pmodes=pressure
+part soak && pmodes="${pmodes:+$pmodes }soak"
+if [ -n "$pmodes" ]; then
+	t0=$SECONDS
+	OUT=$W/logs/pressure MODES=$pmodes SOAK=0 bash "$ROOT/scripts/gpu-pressure.sh" >"$W/logs/pressure.txt" 2>&1
+	note "memory pressure from another process ($pmodes): exit $? ($((SECONDS - t0)) s); the tables: ${pmodes// /.md, }.md"
+	for m in $pmodes; do
+		cp "$W/logs/pressure/$m.md" "$OUT/$m.md" 2>/dev/null
+		grep -E '^(Runs|Stopped|Fewer)' "$W/logs/pressure/$m.md" 2>/dev/null | sed "s/^/  $m: /" | tee -a "$SUMMARY"
+	done
+fi
+
 tar -C "$W" -czf "$OUT/logs.tgz" logs
 echo
 echo "================ summary ================"
 cat "$SUMMARY"
 [ -f "$OUT/table.md" ] && grep -E "peak used|replay time|growth|threads|pool hit" "$OUT/table.md" | cut -c1-200 | head -30
+for m in $pmodes; do
+	[ -f "$OUT/$m.md" ] && { echo; cat "$OUT/$m.md"; }
+done
 rm -rf "$W"
