@@ -292,6 +292,7 @@ Test(replay, an_option_is_judged_as_its_variable)
 		{"--defrag", "VPMM_DEFRAG", "some", "expected one of: lacking, all"},
 		{"--pages", "VPMM_PAGES", "-1", "VPMM_PAGES=\"-1\""},
 		{"--event-interval-us", "VPMM_EVENT_INTERVAL_US", "18446744073709552", "too large"},
+		{"--remap", "VPMM_REMAP", "never", "expected one of: pressure, always"},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char env[96];
@@ -329,6 +330,64 @@ Test(replay, an_option_is_judged_as_its_variable)
 	cr_expect_eq(r.status, 0, "exit %d: %s", r.status, r.err);
 	cr_expect_eq(json_u64(r.out, "page_size"), GiB, "%s", r.out);
 	run_free(&r);
+}
+
+/* 50 GiB in 1 GiB pieces, one freed in the middle (under 1/50 of the
+ * pool free), then 2 GiB: a request no free range fits. */
+static const char *growth_log(void)
+{
+	struct logbuf l;
+	log_open(&l);
+	for (int i = 0; i < 50; i++)
+		log_add(&l, "1,10:00:00.000001,allocate,0x%x,%" PRIu64 ",0x0", 0x1000 + i, GiB);
+	log_add(&l, "1,10:00:00.000002,free,0x%x,%" PRIu64 ",0x0", 0x1000 + 25, GiB);
+	log_add(&l, "1,10:00:00.000003,allocate,0x9000,%" PRIu64 ",0x0", 2 * GiB);
+	return log_write(&l, "growth.csv");
+}
+
+/* --remap and --tenant: with the device's room the request grows without
+ * remapping; with VPMM_REMAP=always, or another process leaving the pool
+ * too little room, it remaps the free page and creates only the other. */
+Test(replay, remap_follows_the_room_a_tenant_leaves)
+{
+	const char *log = growth_log();
+	static const struct {
+		const char *args[8];
+		uint64_t remapped, created;
+		const char *says;
+	} c[] = {
+		{ { "--capacity", "1T", NULL }, 0, 52, "\"remap\": \"pressure\"" },
+		{ { "--capacity", "1T", "--remap", "always", NULL }, 1, 51, "\"remap\": \"always\"" },
+		/* 54 GiB for the pool: 4 GiB of room once 50 are mapped, under
+		 * 16 times the request. */
+		{ { "--capacity", "1T", "--tenant", "0:970G", NULL }, 1, 51, "\"remap\": \"pressure\"" },
+		/* The tenant comes only after the 2 GiB request (operation 51). */
+		{ { "--capacity", "1T", "--tenant", "52:970G", NULL }, 0, 52, "\"remap\": \"pressure\"" },
+	};
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		const char *args[16] = { "--page-size", "1G", "--json" };
+		size_t n = 3;
+		for (size_t k = 0; c[i].args[k]; k++)
+			args[n++] = c[i].args[k];
+		args[n++] = log;
+		args[n] = NULL;
+		struct run r = replay(args, NULL);
+		cr_assert_eq(r.status, 0, "case %zu: exit %d: %s", i, r.status, r.err);
+		cr_expect_eq(json_u64(r.out, "failures"), 0, "case %zu: %s", i, r.out);
+		cr_expect_eq(json_u64(r.out, "pages_remapped"), c[i].remapped, "case %zu: %s", i, r.out);
+		cr_expect_eq(json_u64(r.out, "pages_created"), c[i].created, "case %zu: %s", i, r.out);
+		cr_expect(strstr(r.out, c[i].says), "case %zu: %s", i, r.out);
+		run_free(&r);
+	}
+	/* A schedule out of order, or not OP:SIZE, is refused by name. */
+	static const char *const bad[] = { "5:1G,2:1G", "1G", "x:1G", "1:lots", "" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct run r = replay((const char *[]){ "--tenant", bad[i], log, NULL }, NULL);
+		cr_expect_eq(r.status, 2, "--tenant \"%s\": exit %d", bad[i], r.status);
+		cr_expect(strstr(r.err, "--tenant") && strstr(r.err, "OP:SIZE"), "%s", r.err);
+		cr_expect_str_empty(r.out);
+		run_free(&r);
+	}
 }
 
 Test(replay, text_output)
