@@ -327,39 +327,6 @@ static void fresh_free(struct fresh *fr, size_t n, size_t nmove)
 	free(fr);
 }
 
-/* The handle size for a growth of `shortfall` bytes: the largest power of
- * two of pages within shortfall / k, at most handle_size. Each handle costs
- * about as much as a whole cudaMalloc (cuMemSetAccess is per handle), but
- * only whole handles can move: see docs/design.md.
- *
- * k is growth_split once the pool holds much more than the growth, and
- * falls to 1 as the growth outweighs what the pool holds:
- * k = 1 + split * mapped / (mapped + shortfall). A large handle strands
- * memory only once it holds live and free bytes side by side, and what it
- * can strand is measured against the whole pool: in an empty pool the
- * first growth (model weights, a preallocated cache) costs one handle, as
- * cudaMalloc would, and later growths split finer as the pool grows. */
-static size_t handle_size_for(vpmm_pool *p, size_t shortfall)
-{
-	size_t h = p->page, k = p->cfg.growth_split;
-	uint64_t mapped = p->st.mapped;
-	if (!k)
-		return p->cfg.handle_size;
-	if (!shortfall)
-		return h;
-	/* 128 bits: split * mapped may pass 64; the quotient is below split. */
-	__extension__ typedef unsigned __int128 wide;
-	k = 1 + (size_t)((wide)k * mapped / ((wide)mapped + shortfall));
-	if (k > p->cfg.growth_split)
-		k = p->cfg.growth_split;
-	size_t most = p->cfg.handle_size, cap = vpi_growth_handle_cap(p);
-	if (cap < most)
-		most = cap; /* finer as the device fills (growth.c) */
-	while (h * 2 <= shortfall / k && h * 2 <= most)
-		h *= 2;
-	return h;
-}
-
 /* Whether `have` free bytes beside the span spare it a page. When they do
  * not, the request would only start (or end) inside a handle that stays
  * partly live, and leave as much free at the span's far end: no byte saved
@@ -446,7 +413,7 @@ struct defrag {
 	struct fresh *fr, **order; /* the ranges to map; in span order */
 	size_t nfr, nmove, nmapped; /* ranges; harvested ones first; mapped */
 	size_t shortfall, hsize;  /* bytes to create, in handles of hsize */
-	size_t room;              /* growing for room: handles of at most this */
+	bool room;                /* growing for room: nothing remapped */
 	bool refused;             /* the driver refused to create: out of memory */
 	struct region *hole, *adj, *adj2; /* the span; the lending neighbour */
 	unsigned new_chunk;       /* a chunk added for it, or UINT32_MAX */
@@ -506,8 +473,7 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 		return rc;
 	}
 	/* Every struct the commit needs, before the first driver call. */
-	d->hsize = d->room ? (d->shortfall && d->shortfall < d->room ? d->shortfall : d->room)
-			   : handle_size_for(p, d->shortfall);
+	d->hsize = vpi_growth_handle_size(p, d->need, d->shortfall, d->room);
 	size_t nnew = (d->shortfall + d->hsize - 1) / d->hsize;
 	for (size_t i = 0; i < d->pl.n; i++)
 		for (struct mapping *m = vpi_mapping_from(p, d->pl.h[i].r->chunk, d->pl.h[i].a);
@@ -771,10 +737,10 @@ static void defrag_release(vpmm_pool *p, struct defrag *d)
 /* With *grow (a loop repeats, loop_repeats()), what the request lacks is
  * created rather than harvested, if the loops' cap allows it; *grow then
  * says whether it was. With `room` (the device has room, growth.c), *grow
- * is set and what the request lacks is created regardless of that cap, in
- * handles of up to `room` bytes. */
+ * is set and what the request lacks is created regardless of that cap.
+ * New handles are as large as growth.c says. */
 int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
-	       size_t room, struct region **out, CUdeviceptr *at)
+	       bool room, struct region **out, CUdeviceptr *at)
 {
 	struct defrag d = {.caller = caller, .need = need, .room = room,
 			   .new_chunk = UINT32_MAX};

@@ -13,9 +13,9 @@ struct region;
 struct stream;
 
 /* Phase 2: a FREE region of at least `need` bytes usable by caller. With
- * `room` (growth.c), what the request lacks is created in handles of at
- * most `room` bytes, and nothing is remapped. */
+ * `room` (growth.c), what the request lacks is created and nothing is
+ * remapped. */
 int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
-	       size_t room, struct region **out, CUdeviceptr *at);
+	       bool room, struct region **out, CUdeviceptr *at);
 
 #endif

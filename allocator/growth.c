@@ -18,7 +18,10 @@
  *  - in both, new handles are at most H / GROWTH_HANDLE_RATIO (and
  *    VPMM_HANDLE_SIZE): what live allocations can strand in the handles
  *    made now stays small against what is left, so that they can still be
- *    served once the device is full;
+ *    served once the device is full. While H is GROWTH_COARSE_RATIO times
+ *    the pool, a growth for room is one handle, and a defragmentation's
+ *    new handles are up to 1/GROWTH_POOL_RATIO of the pool; past that, the
+ *    split rule (VPMM_GROWTH_SPLIT) sizes them;
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
  */
@@ -61,37 +64,76 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 	return room;
 }
 
-/* The largest power of two of pages within room / GROWTH_HANDLE_RATIO, at
- * most the configured handle size; one page at least. */
-static size_t growth_cap(const vpmm_pool *p, size_t room)
+/* The largest power of two of pages within `bytes`, at most `most`; one
+ * page at least. */
+static size_t pages_within(const vpmm_pool *p, size_t bytes, size_t most)
 {
-	size_t h = p->page, most = p->cfg.handle_size ? p->cfg.handle_size : p->page;
-	while (h * 2 <= room / GROWTH_HANDLE_RATIO && h * 2 <= most)
+	size_t h = p->page;
+	while (h * 2 <= bytes && h * 2 <= most)
 		h *= 2;
 	return h;
 }
 
-size_t vpi_growth_room(vpmm_pool *p, size_t need)
+bool vpi_growth_room(vpmm_pool *p, size_t need)
 {
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE)
-		return 0;
+		return false;
 	size_t room = vpi_growth_headroom(p);
 	if (room / GROWTH_ROOM_RATIO < need)
-		return 0;
+		return false;
 	/* The free share once grown: at most the spare share of the pool.
 	 * Past it, the free pages are put to use first. */
 	__extension__ typedef unsigned __int128 wide;
 	wide pool = (wide)p->st.mapped + need;
-	if ((wide)p->st.reusable * 1000 > pool * GROWTH_SPARE_PERMILLE)
-		return 0;
-	return growth_cap(p, room);
+	return (wide)p->st.reusable * 1000 <= pool * GROWTH_SPARE_PERMILLE;
 }
 
-size_t vpi_growth_handle_cap(vpmm_pool *p)
+/* The split rule: the largest power of two of pages within shortfall / k,
+ * at most `most`. Each handle costs about as much as a whole cudaMalloc
+ * (cuMemSetAccess is per handle), but only whole handles can move: see
+ * docs/design.md.
+ *
+ * k is growth_split once the pool holds much more than the growth, and
+ * falls to 1 as the growth outweighs what the pool holds:
+ * k = 1 + split * mapped / (mapped + shortfall). A large handle strands
+ * memory only once it holds live and free bytes side by side, and what it
+ * can strand is measured against the whole pool: in an empty pool the
+ * first growth (model weights, a preallocated cache) costs one handle, as
+ * cudaMalloc would, and later growths split finer as the pool grows. */
+static size_t split_size(const vpmm_pool *p, size_t shortfall, size_t most)
 {
+	size_t k = p->cfg.growth_split;
+	uint64_t mapped = p->st.mapped;
+	if (!k)
+		return most;
+	/* 128 bits: split * mapped may pass 64; the quotient is below split. */
+	__extension__ typedef unsigned __int128 wide;
+	k = 1 + (size_t)((wide)k * mapped / ((wide)mapped + shortfall));
+	if (k > p->cfg.growth_split)
+		k = p->cfg.growth_split;
+	return pages_within(p, shortfall / k, most);
+}
+
+size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool room)
+{
+	size_t most = p->cfg.handle_size;
+	if (!shortfall)
+		return p->page;
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE)
-		return SIZE_MAX;
-	return growth_cap(p, vpi_growth_headroom(p));
+		return split_size(p, shortfall, most);
+	size_t left = vpi_growth_headroom(p), cap = pages_within(p, left / GROWTH_HANDLE_RATIO, most);
+	/* A device mostly empty, and room for the request: coarse handles,
+	 * one a growth for room (as cudaMalloc would make), at most 1/64 of
+	 * the pool in a defragmentation's (whose pool is fragmented already).
+	 * The device filling: the split rule, at most 1/256 of the room, so
+	 * that what live memory strands in the handles made now stays small
+	 * against what is left once the device is full. */
+	if (left / GROWTH_COARSE_RATIO >= p->st.mapped && left / GROWTH_ROOM_RATIO >= need) {
+		if (!room)
+			cap = pages_within(p, (size_t)p->st.mapped / GROWTH_POOL_RATIO, cap);
+		return shortfall < cap ? shortfall : cap;
+	}
+	return split_size(p, shortfall, cap);
 }
 
 void vpi_growth_created(vpmm_pool *p, size_t bytes)

@@ -4,6 +4,7 @@
 #ifndef VPMM_GROWTH_H
 #define VPMM_GROWTH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "vpmm.h"
@@ -11,14 +12,18 @@
 #define GROWTH_ROOM_RATIO 16     /* room needed per byte grown without remapping */
 #define GROWTH_HANDLE_RATIO 256  /* room needed per byte of a new handle */
 #define GROWTH_SPARE_PERMILLE 20 /* free share of the pool that stops growth */
+#define GROWTH_COARSE_RATIO 4    /* room per byte of the pool for coarse handles */
+#define GROWTH_POOL_RATIO 64     /* pool bytes per byte of a defragmentation's
+				  * coarse handle */
 
 /* What the device's free memory and VPMM_LIMIT leave the pool. */
 size_t vpi_growth_headroom(vpmm_pool *p);
-/* 0: a defragmentation serves `need` bytes. Else the pool has room: it
- * grows by what the request lacks, in handles of at most the result. */
-size_t vpi_growth_room(vpmm_pool *p, size_t need);
-/* The largest handle a growth may make now (SIZE_MAX: no headroom bound). */
-size_t vpi_growth_handle_cap(vpmm_pool *p);
+/* Whether `need` bytes grow the pool without remapping (else a
+ * defragmentation serves them). */
+bool vpi_growth_room(vpmm_pool *p, size_t need);
+/* The size of the handles that create `shortfall` bytes for a request of
+ * `need`, growing for room (`room`) or in a defragmentation. */
+size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool room);
 /* The pool created `bytes`; the driver refused a growth (out of memory). */
 void vpi_growth_created(vpmm_pool *p, size_t bytes);
 void vpi_growth_refused(vpmm_pool *p);

@@ -95,7 +95,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		rc = vpi_chunk_add(p, p->cfg.va_size, &chunk);
 	if (!rc && cfg->initial_pages) {
 		bool grow = false; /* vpmm_config_check() bounded the product */
-		rc = vpi_defrag(p, NULL, cfg->initial_pages * p->page, &grow, 0, &first, &at);
+		rc = vpi_defrag(p, NULL, cfg->initial_pages * p->page, &grow, false, &first, &at);
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (!rc && cfg->background &&

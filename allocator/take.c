@@ -116,7 +116,7 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		/* With room the pool grows (growth.c), and the loops, which
 		 * trade remaps for growth, are not told: a growth is no
 		 * defragmentation that repeats. */
-		size_t room = vpi_growth_room(p, need);
+		bool room = vpi_growth_room(p, need);
 		bool grow = room || loop_repeats(p, caller, need);
 		uint64_t created = p->st.pages_created;
 		rc = vpi_defrag(p, caller, need, &grow, room, &r, &at);
@@ -129,7 +129,7 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			/* Past the limit or the device's memory: what the loop
 			 * or the room would have grown, remapping still finds. */
 			grow = false;
-			rc = vpi_defrag(p, caller, need, &grow, 0, &r, &at);
+			rc = vpi_defrag(p, caller, need, &grow, false, &r, &at);
 		}
 		if (rc == -ENOMEM) {
 			/* Last resort before failing: empty sub-page slabs go
@@ -141,7 +141,7 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			if (trimmed || settled != p->settled_count) {
 				r = vpi_place_locked(p, caller, need, &at, &cost);
 				grow = false;
-				rc = r ? 0 : vpi_defrag(p, caller, need, &grow, 0, &r, &at);
+				rc = r ? 0 : vpi_defrag(p, caller, need, &grow, false, &r, &at);
 			}
 		}
 		vpi_growth_created(p, (p->st.pages_created - created) * p->page);

@@ -111,6 +111,26 @@ Test(growth, free_share_over_the_spare_remaps)
 	pt_close(&t);
 }
 
+/* On a device mostly empty, a defragmentation (the pool holds more than its
+ * spare share free) creates what the free pages lack in handles of up to
+ * 1/64 of the pool, whatever the split rule would make of the growth. */
+Test(growth, a_defragmentation_on_an_empty_device_makes_pool_sized_handles)
+{
+	struct pt t;
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr *p = scatter(&t, s, 100, 8, 2); /* 800 pages, 400 free */
+	/* 600 pages: the 400 free are remapped, 200 created in handles of
+	 * 8 pages (800 / 64 = 12.5, a power of two of pages). */
+	struct grown g = grow_once(&t, 600, s);
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_eq(g.remapped, 50, "remapped %llu handles", (unsigned long long)g.remapped);
+	cr_expect_eq(g.created, 25, "made %llu handles", (unsigned long long)g.created);
+	PT_FREE(&t, g.ptr, s);
+	unscatter(&t, s, p, 100);
+	pt_close(&t);
+}
+
 /* As another tenant takes the device, the handles of a growth get finer:
  * at most 1/256 of the room (a power of two of pages), so that what live
  * memory strands in them stays small against what is left. */
