@@ -30,6 +30,7 @@
 #include "json.h"
 #include "options.h"
 #include "vpmm.h"
+#include "vpmm/version.h"
 
 #define EXIT_INPUT 2 /* usage, unreadable or malformed log, bad option */
 #define HEADER "Thread,Time,Action,Pointer,Size,Stream"
@@ -788,6 +789,7 @@ static void usage(FILE *f)
 "  --check               run the pool's consistency check after every operation\n"
 "                        (slow); exit 1 if it finds anything\n"
 "  -h, --help            this text\n"
+"  --version             the version\n"
 "\n"
 "SIZE: bytes, or with a K/M/G/T suffix (powers of 1024), e.g. 2M, 1G.\n"
 "Exit status: 0 replayed (allocation failures are counted, not fatal);\n"
@@ -799,7 +801,7 @@ enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
 	O_GRAIN, O_SMALL_MAX, O_REMAP, O_GROWTH_SPLIT, O_TENANT,
 	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
-	O_CHECK,
+	O_CHECK, O_VERSION,
 };
 
 static bool size_arg(const char *opt, const char *s, size_t *out)
@@ -948,6 +950,7 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, O_JSON },
 		{ "check", no_argument, NULL, O_CHECK },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct vpmm_config cfg;
@@ -991,6 +994,9 @@ int main(int argc, char **argv)
 		case O_CHECK: check = true; break;
 		case 'h':
 			usage(stdout);
+			return stdout_ok() ? 0 : 1;
+		case O_VERSION:
+			printf("vpmm-replay %s\n", VPMM_VERSION);
 			return stdout_ok() ? 0 : 1;
 		default: ok = false; break;
 		}
