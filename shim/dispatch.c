@@ -156,8 +156,9 @@ static size_t server_pools(vpmm_pool **out, size_t cap, void *arg)
 }
 
 /* Trims the pool of `dev` in its own context: the bytes released, or a
- * negative errno. */
-static long long trim_one(int dev, size_t keep)
+ * negative errno. `wait`: the context's work completes first, and every
+ * free that waited on it settles. */
+static long long trim_one(int dev, size_t keep, bool wait)
 {
 	vpmm_pool *p = existing_pool(dev);
 	bool pushed = false;
@@ -165,19 +166,30 @@ static long long trim_one(int dev, size_t keep)
 		return -ENODEV;
 	/* trimming closes streams' epochs: events of the pool's context */
 	CUresult r = vpmm_push_pool_ctx(dev, &pushed);
-	long long n = r == CUDA_SUCCESS ? vpmm_pool_trim(p, keep) : -EIO;
+	long long n = -EIO;
+	if (r == CUDA_SUCCESS) {
+		if (wait) {
+			vpmm_pool_poll(p, true);
+			if (vpmm_real.ctx_synchronize() == CUDA_SUCCESS)
+				vpmm_pool_poll(p, false);
+		}
+		n = vpmm_pool_trim(p, keep);
+	}
 	vpmm_pop_ctx(pushed);
 	return n;
 }
 
-long long vpmm_shim_trim(int device, size_t keep)
+long long vpmm_shim_trim(int device, size_t keep, unsigned flags)
 {
 	int ndev = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	bool wait = flags & VPMM_TRIM_WAIT;
 	long long sum = 0;
+	if (flags & ~VPMM_TRIM_WAIT)
+		return -EINVAL;
 	if (device >= 0)
-		return trim_one(device, keep);
+		return trim_one(device, keep, wait);
 	for (int i = 0; i < ndev; i++) {
-		long long n = trim_one(i, keep);
+		long long n = trim_one(i, keep, wait);
 		if (n == -ENODEV)
 			continue;
 		if (n < 0)
@@ -189,7 +201,7 @@ long long vpmm_shim_trim(int device, size_t keep)
 
 static int server_trim(uint64_t keep, uint64_t *released, void *arg)
 {
-	long long n = vpmm_shim_trim(-1, keep > SIZE_MAX ? SIZE_MAX : (size_t)keep);
+	long long n = vpmm_shim_trim(-1, keep > SIZE_MAX ? SIZE_MAX : (size_t)keep, 0);
 	*released = n > 0 ? (uint64_t)n : 0;
 	return n < 0 ? (int)n : 0;
 }

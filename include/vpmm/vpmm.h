@@ -78,11 +78,16 @@ VPMM_API long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit);
 /* Gives free memory back to the driver: free pages whose queued work has
  * completed are unmapped and released until at most `keep` reusable bytes
  * stay in the pool, of `device` or, for a negative device, of every device.
- * Returns the bytes released (0 when there was nothing to release, or no
- * pool at all for a negative device), -ENODEV when `device` has no pool, or
- * another negative errno when the driver refused (what was released before
- * the failure stays released). The same as `vpmm-dump --trim`. */
-VPMM_API long long vpmm_shim_trim(int device, size_t keep);
+ * Memory freed on a stream whose work is still queued stays, unless flags
+ * has VPMM_TRIM_WAIT: then the pool's context is synchronised first (as
+ * cudaDeviceSynchronize; torch.cuda.empty_cache() waits likewise), so that
+ * every free page can go. Returns the bytes released (0 when there was
+ * nothing to release, or no pool at all for a negative device), -ENODEV
+ * when `device` has no pool, -EINVAL for unknown flags, or another negative
+ * errno when the driver refused (what was released before the failure
+ * stays released). Without flags, what `vpmm-dump --trim` asks for. */
+#define VPMM_TRIM_WAIT 1u
+VPMM_API long long vpmm_shim_trim(int device, size_t keep, unsigned flags);
 
 /* How often a hook (an exported CUDA name such as "cudaMalloc") or an
  * internal counter ("pool_malloc", "pool_free", "passthrough",
