@@ -61,7 +61,8 @@ else
 fi
 
 # ---- pkg-config and a program linked against the library ---------------------------------
-export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$dest
+PKG_CONFIG_PATH=$(dirname "$pc")
+export PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR=$dest
 unset PKG_CONFIG_LIBDIR
 command -v pkg-config >/dev/null || fail "pkg-config not found (scripts/install.sh installs it)"
 got=$(pkg-config --modversion libvpmm) || fail "pkg-config does not find libvpmm"
