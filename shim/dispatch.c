@@ -1184,6 +1184,11 @@ long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit)
 	return (long)vpmm_pool_layout(p, buf, len, unit);
 }
 
+const char *vpmm_shim_socket(void)
+{
+	return vpmm_server_socket();
+}
+
 /* How often a hook (or counter: "pool_malloc", "passthrough", ...) ran;
  * ULLONG_MAX for a name that is none. */
 unsigned long long vpmm_shim_hook_calls(const char *name)

@@ -89,6 +89,12 @@ VPMM_API long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit);
 #define VPMM_TRIM_WAIT 1u
 VPMM_API long long vpmm_shim_trim(int device, size_t keep, unsigned flags);
 
+/* The path of the Unix socket this process serves for vpmm-dump (and any
+ * client of its protocol, such as the Python package's snapshot), or ""
+ * while it serves none (not set up yet, VPMM_SOCKET=off, or it could not
+ * start). */
+VPMM_API const char *vpmm_shim_socket(void);
+
 /* How often a hook (an exported CUDA name such as "cudaMalloc") or an
  * internal counter ("pool_malloc", "pool_free", "passthrough",
  * "sync_free") ran in this process; ULLONG_MAX for a name that is none. */

@@ -15,11 +15,12 @@ by `python -m vpmm run` or LD_PRELOAD) or else with the bundled one, so
 that a process never holds two pools. Failures raise VpmmError saying why.
 """
 from ._lib import VpmmError, library_path
-from . import _lib, _torch
+from . import _lib, _snapshot, _torch
 from ._version import __version__
 
 __all__ = ["VpmmError", "enable", "enabled", "stats", "memory_stats", "empty_cache",
-           "layout", "active", "library_path", "library_version", "__version__"]
+           "layout", "snapshot", "dump_snapshot", "active", "library_path",
+           "library_version", "__version__"]
 
 
 def enable():
@@ -112,6 +113,25 @@ def empty_cache(device=None, keep=0, wait=True):
     if keep < 0:
         raise ValueError("keep must be 0 or more bytes")
     return _lib.trim(-1 if device is None else device, keep, wait)
+
+
+def snapshot():
+    """Every pool of the process as PyTorch's memory snapshot (the dict of
+    torch.cuda.memory._snapshot(): "segments" with their "blocks", and
+    "device_traces", left empty: no allocation history is recorded), the
+    same as `vpmm-dump --torch-snapshot` writes. Read through the process's
+    own vpmm socket: raises VpmmError with VPMM_SOCKET=off."""
+    return _snapshot.snapshot()
+
+
+def dump_snapshot(path):
+    """snapshot() pickled into `path`, for pytorch.org/memory_viz (as
+    torch.cuda.memory._dump_snapshot writes it)."""
+    import pickle
+    snap = snapshot()
+    with open(path, "wb") as f:
+        pickle.dump(snap, f)
+    return snap
 
 
 def layout(device=0, unit=0):

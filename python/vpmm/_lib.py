@@ -93,6 +93,7 @@ def handle():
                                              ctypes.c_size_t]),
         "vpmm_shim_trim": (ctypes.c_longlong, [ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]),
         "vpmm_shim_hook_calls": (ctypes.c_ulonglong, [ctypes.c_char_p]),
+        "vpmm_shim_socket": (ctypes.c_char_p, []),
         "vpmm_torch_malloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
         "vpmm_torch_free": (None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
                                    ctypes.c_void_p]),

@@ -90,7 +90,8 @@ int main(void)
 	    vpmm_shim_layout(0, buf, sizeof buf, 0) != -ENODEV || vpmm_shim_stats(0, NULL) != -EINVAL ||
 	    vpmm_shim_trim(0, 0, 0) != -ENODEV || vpmm_shim_trim(-1, 0, VPMM_TRIM_WAIT) != 0 ||
 	    vpmm_shim_trim(-1, 0, 2) != -EINVAL ||
-	    vpmm_shim_hook_calls("no such hook") != ~0ULL || vpmm_shim_hook_calls("cudaMalloc") != 0) {
+	    vpmm_shim_hook_calls("no such hook") != ~0ULL || vpmm_shim_hook_calls("cudaMalloc") != 0 ||
+	    strcmp(vpmm_shim_socket(), "") != 0) {
 		printf("unexpected answers without a pool\n");
 		return 1;
 	}

@@ -127,6 +127,45 @@ def s_enable_and_stats():
     check(released > 0 and s["mapped"] == 0 and s["pages_released"] > 0,
           "empty_cache() released %d, stats %r" % (released, s))
     check(vpmm.memory_stats()["reserved_bytes.all.current"] == 0, "reserved after empty_cache")
+    try:
+        vpmm.snapshot()
+        check(False, "snapshot() with VPMM_SOCKET=off did not raise")
+    except vpmm.VpmmError as e:
+        check("VPMM_SOCKET=off" in str(e), "snapshot() without a socket says: %s" % e)
+
+
+def s_snapshot():
+    import pickle
+    import torch
+    import vpmm
+    mem = torch.cuda.memory
+    vpmm.enable()
+    check(ctypes.CDLL("libcuda.so.1").cuInit(0) == 0, "cuInit")
+    a, b, c = (mem.current.malloc(n * MIB, 0, None) for n in (3, 1, 2))
+    check(a and b and c, "mallocs")
+    mem.current.free(b, MIB, 0, None)
+    s = vpmm.stats()
+    snap = vpmm.snapshot()
+    segs = snap["segments"]
+    check(len(snap["device_traces"]) == 1, "device_traces %r" % snap["device_traces"])
+    check(sum(g["total_size"] for g in segs) == s["mapped"] and
+          sum(g["allocated_size"] for g in segs) == s["live"],
+          "segments against stats %r: %r" % (s, segs))
+    live = {k["address"] for g in segs for k in g["blocks"] if k["state"] == "active_allocated"}
+    check(live == {a, c}, "live blocks %r, allocations %r" % (live, (a, c)))
+    for g in segs:
+        check(sum(k["size"] for k in g["blocks"]) == g["total_size"], "blocks tile %r" % g)
+    tmp = tempfile.mkdtemp()
+    mine = os.path.join(tmp, "vpmm.pickle")
+    vpmm.dump_snapshot(mine)
+    with open(mine, "rb") as f:
+        check(pickle.load(f) == snap, "dump_snapshot() wrote another snapshot")
+    # vpmm-dump --torch-snapshot of this very process writes the same
+    theirs = os.path.join(tmp, "dump.pickle")
+    run([os.path.join(os.path.dirname(sys.executable), "vpmm-dump"), "--socket",
+         os.environ["VPMM_SOCKET"], "--torch-snapshot", theirs], os.environ)
+    with open(theirs, "rb") as f:
+        check(pickle.load(f) == snap, "vpmm-dump --torch-snapshot differs from snapshot()")
 
 
 def s_too_late():
@@ -241,6 +280,7 @@ SCENARIOS = {
     "no-torch": s_no_torch,
     "enable-and-stats": s_enable_and_stats,
     "too-late": s_too_late,
+    "snapshot": s_snapshot,
     "run": s_run,
 }
 
@@ -255,6 +295,9 @@ def main():
     scenario("no-torch")
     scenario("enable-and-stats", LD_LIBRARY_PATH=FAKE_DIR, PYTHONPATH=TORCH_DIR)
     scenario("too-late", PYTHONPATH=TORCH_DIR, STANDIN_TORCH_CUDA_INITIALIZED="1")
+    sock_dir = tempfile.mkdtemp()
+    scenario("snapshot", LD_LIBRARY_PATH=FAKE_DIR, PYTHONPATH=TORCH_DIR,
+             VPMM_SOCKET=os.path.join(sock_dir, "s.sock"))
     scenario("run")
 
 
