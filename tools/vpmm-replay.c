@@ -843,10 +843,15 @@ static bool tenant_arg(const char *opt, const char *s, struct tenant *t)
 		t->step[t->n++] = st;
 	}
 	free(copy);
-	if (!ok)
+	if (!ok) {
+		/* a refused schedule leaves none behind */
+		free(t->step);
+		t->step = NULL;
+		t->n = 0;
 		fprintf(stderr, "vpmm-replay: %s \"%s\": expected OP:SIZE[,OP:SIZE...] "
 				"with operations in ascending order, e.g. 0:60G,5000:70G\n",
 			opt, s);
+	}
 	return ok;
 }
 
@@ -1002,6 +1007,7 @@ int main(int argc, char **argv)
 		}
 		if (!ok) {
 			fprintf(stderr, "Try 'vpmm-replay --help'.\n");
+			free(tenant.step);
 			return EXIT_INPUT;
 		}
 	}
@@ -1009,12 +1015,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "vpmm-replay: %s\n",
 			optind == argc ? "no log given" : "one log at a time");
 		usage(stderr);
+		free(tenant.step);
 		return EXIT_INPUT;
 	}
 	if (vpmm_config_from_env(&cfg, pool_getenv, err, sizeof(err))) {
 		const char *o = option_of(err, longopts);
 		fprintf(stderr, "vpmm-replay: %s%s%s%s\n", o ? "--" : "", o ? o : "", o ? ": " : "",
 			err);
+		free(tenant.step);
 		return EXIT_INPUT;
 	}
 
@@ -1025,6 +1033,7 @@ int main(int argc, char **argv)
 	} else if (!(in = fopen(lg.name, "r"))) {
 		fprintf(stderr, "vpmm-replay: cannot open %s: %s\n", lg.name,
 			strerror(errno));
+		free(tenant.step);
 		return EXIT_INPUT;
 	}
 	int rc = parse_log(in, &lg);
@@ -1034,6 +1043,7 @@ int main(int argc, char **argv)
 		free(lg.stream_values);
 		free(lg.ops);
 		free(lg.allocs);
+		free(tenant.step);
 		return rc;
 	}
 
