@@ -58,9 +58,12 @@ def run_environment(env, preload=True, torch=True, library=None):
 
 
 def main(argv):
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        sys.stderr.write(USAGE)
+        return 2
+    if argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
-        return 0 if argv else 2
+        return 0
     cmd, args = argv[0], argv[1:]
     if cmd == "version":
         try:

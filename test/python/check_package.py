@@ -270,6 +270,8 @@ def s_run():
     p = run([sys.executable, "-m", "vpmm", "run", "--", "/nonexistent/program"], env, expect=127)
     check("cannot run /nonexistent/program" in p.stderr, "stderr: %s" % p.stderr)
     run([sys.executable, "-m", "vpmm", "run"], env, expect=2)
+    run([sys.executable, "-m", "vpmm"], env, expect=2)
+    check("usage:" in run([sys.executable, "-m", "vpmm", "--help"], env).stdout, "--help")
     run([sys.executable, "-m", "vpmm", "run", "--bogus", "true"], env, expect=2)
     out = run([sys.executable, "-m", "vpmm", "version"], env).stdout
     check(out.startswith("vpmm %s, libvpmm %s" % (VERSION, VERSION)), "version: %s" % out)
