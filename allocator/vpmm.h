@@ -19,6 +19,7 @@
 #include <cuda.h>
 
 #include "driver.h"
+#include "vpmm/stats.h"
 
 typedef struct vpmm_pool vpmm_pool;
 
@@ -187,50 +188,7 @@ size_t vpmm_pool_check(vpmm_pool *pool, FILE *log);
 
 /* ---- stats ---------------------------------------------------------------- */
 
-/* Declared once: name, meaning. Byte gauges have a peak. */
-#define VPMM_GAUGES(X)                                                        \
-	X(live, "bytes handed out")                                           \
-	X(mapped, "physical bytes held (live + reusable)")                    \
-	X(reusable, "free bytes mapped, ready to reuse")                      \
-	X(holes, "reserved VA with nothing mapped")                           \
-	X(zombies, "old VA of remapped pages awaiting unmap")                 \
-	X(reserved, "reserved virtual address space")
-#define VPMM_COUNTERS(X)                                                      \
-	X(mallocs, "successful allocations")                                  \
-	X(frees, "frees")                                                     \
-	X(failures, "failed allocations")                                     \
-	X(defrags, "allocations that remapped or grew")                       \
-	X(loop_growths, "of them, a repeating loop's, grown instead of remapped") \
-	X(room_growths, "of them, grown without remapping: the device had room") \
-	X(growth_refusals, "growths the driver refused for want of memory")    \
-	X(loop_hints, "mallocs placed where the same malloc went a step before") \
-	X(pages_created, "pages of physical memory created")                  \
-	X(pages_remapped, "pages moved to a new address")                     \
-	X(handles_remapped, "physical handles moved to a new address")        \
-	X(pages_released, "pages unmapped and given back to the driver")      \
-	X(handles_created, "physical handles created")                        \
-	X(zombies_reclaimed, "old ranges unmapped")                           \
-	X(reclaims_deferred, "unmaps left for later: a caller was mapping")   \
-	X(events_recorded, "events recorded")                                 \
-	X(stream_waits, "device-side waits inserted")                         \
-	X(front_hits, "mallocs served from a stream's cache, lock-free")      \
-	X(front_parks, "frees parked in a stream's cache")                    \
-	X(driver_calls, "driver calls of any kind")
-
-struct vpmm_stats {
-#define X(n, d) uint64_t n; uint64_t n##_peak;
-	VPMM_GAUGES(X)
-#undef X
-#define X(n, d) uint64_t n;
-	VPMM_COUNTERS(X)
-#undef X
-	uint64_t page_size;
-	uint64_t regions;
-	uint64_t parked; /* bytes in streams' caches: counted in reusable */
-	/* What the device and the limit left the pool at the last growth
-	 * (VPMM_GROWTH=headroom; 0 before the first). */
-	uint64_t headroom;
-};
+/* struct vpmm_stats and its fields: vpmm/stats.h. */
 
 void vpmm_pool_stats(vpmm_pool *pool, struct vpmm_stats *out);
 /* Text (one "name value" line each) or one JSON object. */

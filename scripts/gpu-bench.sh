@@ -35,9 +35,9 @@ say() { printf '==> %s\n' "$*" | tee -a "$SETUP"; }
 
 # shellcheck source=scripts/gpu-build.sh
 . "$ROOT/scripts/gpu-build.sh"
-VPMM_BUILD_CFLAGS='-g -DVPMM_VERSION="bench"'
+VPMM_BUILD_CFLAGS=-g
 CFLAGS=(-O2 -g -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden
-	-Wno-unused-parameter -I"$ROOT/allocator" -I"$CUDA_HOME/include")
+	-Wno-unused-parameter -I"$ROOT/allocator" -I"$ROOT/include" -I"$CUDA_HOME/include")
 
 # libvpmm.so as shim/meson.build makes it (scripts/gpu-build.sh). Prints the
 # path, or nothing.
@@ -60,7 +60,7 @@ build_hotpath() {
 			{ say "hotpath: $f does not compile"; return 1; }
 		objs+=("$B/obj/$(basename "$f" .c).o")
 	done
-	"$CUDA_HOME/bin/nvcc" -O2 -std=c++17 -I"$ROOT/allocator" bench/hotpath.cu \
+	"$CUDA_HOME/bin/nvcc" -O2 -std=c++17 -I"$ROOT/allocator" -I"$ROOT/include" bench/hotpath.cu \
 		"${objs[@]}" -ldl -lpthread -o "$B/hotpath" >>"$SETUP" 2>&1 ||
 		{ say "hotpath: nvcc failed (see setup.log)"; return 1; }
 }

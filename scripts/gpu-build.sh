@@ -10,9 +10,13 @@
 #   vpmm_build_lib OUT [TREE]      libvpmm.so at OUT
 #   vpmm_build_tool NAME OUT [TREE]  tools/NAME (vpmm-dump, vpmm-replay) at OUT
 #
+#   vpmm_version_of TREE           the version meson.build's project() sets
+#
 # TREE defaults to the checkout the sourcing script sits in. Extra compiler
-# flags (-g, -DVPMM_VERSION=...) come from VPMM_BUILD_CFLAGS. Each returns
-# the compiler's status; the compiler's output goes to stderr.
+# flags (-g, ...) come from VPMM_BUILD_CFLAGS. Each returns the compiler's
+# status; the compiler's output goes to stderr. The generated header
+# vpmm/version.h (meson's configure_file) goes under VPMM_BUILD_GEN
+# (default: a directory in $TMPDIR or /tmp named after this shell).
 
 VPMM_BUILD_TREE=${VPMM_BUILD_TREE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 VPMM_BUILD_CUDA=${CUDA_HOME:-${CUDA:-/usr/local/cuda}}
@@ -32,15 +36,43 @@ vpmm_tool_sources() {
 		grep -o "'[A-Za-z0-9_./-]*\.c'" | tr -d "'" | sed "s|^|$tree/tools/|"
 }
 
+# The version of project() in TREE/meson.build (the one place it is set).
+vpmm_version_of() {
+	sed -n "s/^[[:space:]]*version[[:space:]]*:[[:space:]]*'\([0-9][0-9.]*\)'.*/\1/p" \
+		"$1/meson.build" | head -n 1
+}
+
+# Writes vpmm/version.h for TREE as include/vpmm/meson.build makes it, and
+# prints the directory to add to the include path (nothing for a tree from
+# before the header existed).
+vpmm_generated_dir() {
+	local tree=$1 v major minor patch dir
+	[[ -f $tree/include/vpmm/version.h.in ]] || return 0
+	v=$(vpmm_version_of "$tree")
+	IFS=. read -r major minor patch <<<"$v"
+	if [[ -z $major || -z $minor || -z $patch ]]; then
+		echo "gpu-build.sh: no version x.y.z in $tree/meson.build" >&2
+		return 1
+	fi
+	dir=${VPMM_BUILD_GEN:-${TMPDIR:-/tmp}/vpmm-gen-$$}/$(printf '%s' "$tree" | cksum | cut -d' ' -f1)
+	mkdir -p "$dir/vpmm" &&
+		sed -e "s/@VPMM_VERSION@/$v/" -e "s/@VPMM_VERSION_MAJOR@/$major/" \
+			-e "s/@VPMM_VERSION_MINOR@/$minor/" -e "s/@VPMM_VERSION_PATCH@/$patch/" \
+			"$tree/include/vpmm/version.h.in" >"$dir/vpmm/version.h" &&
+		echo "$dir"
+}
+
 # VPMM_BUILD_CFLAGS is split into words on purpose: it holds several flags.
 # shellcheck disable=SC2086
 vpmm_build_cflags() {
-	local tree=$1
+	local tree=$1 gen
+	gen=$(vpmm_generated_dir "$tree") || return 1
 	# The project's own arguments (meson.build): gnu11, hidden visibility,
-	# _GNU_SOURCE; -O2 as debugoptimized.
+	# _GNU_SOURCE; -O2 as debugoptimized. The public headers' folder
+	# (include/) and the generated one.
 	echo -O2 -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
-		-I"$tree/allocator" -I"$tree/shim" -I"$VPMM_BUILD_CUDA/include" \
-		${VPMM_BUILD_CFLAGS:-}
+		-I"$tree/allocator" -I"$tree/shim" -I"$tree/include" ${gen:+-I"$gen"} \
+		-I"$VPMM_BUILD_CUDA/include" ${VPMM_BUILD_CFLAGS:-}
 }
 
 vpmm_build_lib() {

@@ -196,7 +196,7 @@ else
 	else
 		say "building libvpmm.so and the holder"
 		t0=$SECONDS
-		VPMM_BUILD_CFLAGS='-g -DVPMM_VERSION="pressure"' vpmm_build_lib "$LIB" >"$OUT/build.log" 2>&1 &
+		VPMM_BUILD_CFLAGS=-g vpmm_build_lib "$LIB" >"$OUT/build.log" 2>&1 &
 		lib_pid=$!
 		"$CUDA_HOME/bin/nvcc" -O2 -std=c++17 -o "$HOLD" test/gpu/hold.cu >>"$OUT/build.log" 2>&1
 		hold_rc=$?

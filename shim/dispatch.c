@@ -155,24 +155,55 @@ static size_t server_pools(vpmm_pool **out, size_t cap, void *arg)
 	return n;
 }
 
-static int server_trim(uint64_t keep, uint64_t *released, void *arg)
+/* Trims the pool of `dev` in its own context: the bytes released, or a
+ * negative errno. `wait`: the context's work completes first, and every
+ * free that waited on it settles. */
+static long long trim_one(int dev, size_t keep, bool wait)
+{
+	vpmm_pool *p = existing_pool(dev);
+	bool pushed = false;
+	if (!p)
+		return -ENODEV;
+	/* trimming closes streams' epochs: events of the pool's context */
+	CUresult r = vpmm_push_pool_ctx(dev, &pushed);
+	long long n = -EIO;
+	if (r == CUDA_SUCCESS) {
+		if (wait) {
+			vpmm_pool_poll(p, true);
+			if (vpmm_real.ctx_synchronize() == CUDA_SUCCESS)
+				vpmm_pool_poll(p, false);
+		}
+		n = vpmm_pool_trim(p, keep);
+	}
+	vpmm_pop_ctx(pushed);
+	return n;
+}
+
+long long vpmm_shim_trim(int device, size_t keep, unsigned flags)
 {
 	int ndev = atomic_load_explicit(&st.ndev, memory_order_acquire);
-	*released = 0;
+	bool wait = flags & VPMM_TRIM_WAIT;
+	long long sum = 0;
+	if (flags & ~VPMM_TRIM_WAIT)
+		return -EINVAL;
+	if (device >= 0)
+		return trim_one(device, keep, wait);
 	for (int i = 0; i < ndev; i++) {
-		vpmm_pool *p = existing_pool(i);
-		bool pushed = false;
-		if (!p)
+		long long n = trim_one(i, keep, wait);
+		if (n == -ENODEV)
 			continue;
-		/* trimming closes streams' epochs: events of the pool's context */
-		CUresult r = vpmm_push_pool_ctx(i, &pushed);
-		long long n = r == CUDA_SUCCESS ? vpmm_pool_trim(p, (size_t)keep) : -EIO;
-		vpmm_pop_ctx(pushed);
 		if (n < 0)
-			return (int)n;
-		*released += (uint64_t)n;
+			return n;
+		sum += n;
 	}
-	return 0;
+	return sum;
+}
+
+static int server_trim(uint64_t keep, uint64_t *released, void *arg)
+{
+	long long n = vpmm_shim_trim(-1, keep > SIZE_MAX ? SIZE_MAX : (size_t)keep, 0);
+	*released = n > 0 ? (uint64_t)n : 0;
+	return n < 0 ? (int)n : 0;
 }
 
 static void start_observers(const struct vpmm_env_options *o)
@@ -1084,12 +1115,12 @@ void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size)
 
 /* ---- the library's own API ------------------------------------------------------- */
 
-VPMM_EXPORT int vpmm_shim_active(void);
-VPMM_EXPORT int vpmm_shim_stats(int device, struct vpmm_stats *out);
-VPMM_EXPORT long vpmm_shim_check(int device, FILE *log);
-VPMM_EXPORT long vpmm_shim_stats_json(int device, char *buf, size_t len);
-VPMM_EXPORT long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit);
-VPMM_EXPORT unsigned long long vpmm_shim_hook_calls(const char *name);
+/* Declared in vpmm/vpmm.h, which says what each one promises. */
+
+const char *vpmm_version(void)
+{
+	return VPMM_VERSION;
+}
 
 /* 1 when allocations go to the pool, 0 when everything passes through. */
 int vpmm_shim_active(void)
@@ -1151,6 +1182,11 @@ long vpmm_shim_layout(int device, char *buf, size_t len, size_t unit)
 	if (!p)
 		return -ENODEV;
 	return (long)vpmm_pool_layout(p, buf, len, unit);
+}
+
+const char *vpmm_shim_socket(void)
+{
+	return vpmm_server_socket();
 }
 
 /* How often a hook (or counter: "pool_malloc", "passthrough", ...) ran;

@@ -551,8 +551,7 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 
 /* ---- PyTorch's CUDAPluggableAllocator ----------------------------------------------------- */
 
-VPMM_EXPORT void *vpmm_torch_malloc(ssize_t size, int device, cudaStream_t stream);
-VPMM_EXPORT void vpmm_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
+/* Declared in vpmm/vpmm.h. */
 
 /* Stream-ordered on `stream`, no device synchronisation. What the pool
  * cannot serve goes to the driver's own stream-ordered allocator

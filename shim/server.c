@@ -24,6 +24,7 @@
 #include "protocol.h"
 #include "server.h"
 #include "snapshot.h"
+#include "vpmm/version.h" /* VPMM_VERSION: the "library" of version and config replies */
 
 #define MAX_POOLS 64
 #define DEFAULT_CLIENTS 16

@@ -5,8 +5,9 @@
  *   dlsym.c    the dlsym hook (caller-preserving entry, wrapper lookup)
  *   dispatch.c process state: options, the cuda driver, one pool per device,
  *              the allocation semantics every hook shares, and the
- *              library's own vpmm_shim_* API (stats, layout, hook counts)
- *   hooks.c    the exported hooks: they only forward
+ *              library's own vpmm_shim_* API (stats, layout, trim, hook
+ *              counts), declared in the public vpmm/vpmm.h
+ *   hooks.c    the exported hooks: they only forward (vpmm_torch_* too)
  *
  * The runtime's types are declared here rather than taken from
  * cuda_runtime.h: the shim needs an int and a handful of codes, and the
@@ -24,6 +25,7 @@
 
 #include "vpmm.h"
 #include "options.h"
+#include "vpmm/vpmm.h" /* the exported vpmm_* API: its one declaration */
 
 #define VPMM_EXPORT __attribute__((visibility("default")))
 #define VPMM_HIDDEN __attribute__((visibility("hidden")))

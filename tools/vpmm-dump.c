@@ -33,6 +33,7 @@
 #include "json.h"
 #include "pickle.h"
 #include "protocol.h"
+#include "vpmm/version.h"
 
 /* Exit statuses (also in --help and docs/vpmm-dump.md). */
 enum {
@@ -94,6 +95,7 @@ static void usage(FILE *f)
 "  --socket PATH         talk to this socket instead of finding PID's\n"
 "  --color WHEN          auto (default: if stdout is a terminal), always, never\n"
 "  -h, --help            this text\n"
+"  --version             the version, and the socket protocol it speaks\n"
 "\n"
 "Exit status: 0 ok; 1 I/O error or malformed reply; 2 bad usage; 3 no such\n"
 "process, no socket or a stale one; 4 permission denied (another user's\n"
@@ -1480,7 +1482,7 @@ static int failed(int rc, long pid, const char *err)
 }
 
 enum { O_JSON = 256, O_MAP, O_WATCH, O_COUNT, O_TORCH, O_TRACE_CSV, O_TRACE_MAX, O_SOCKET,
-       O_COLOR, O_TRIM };
+       O_COLOR, O_TRIM, O_VERSION };
 
 static bool parse_count(const char *s, uint64_t *out)
 {
@@ -1506,6 +1508,7 @@ int main(int argc, char **argv)
 		{ "color", required_argument, NULL, O_COLOR },
 		{ "trim", no_argument, NULL, O_TRIM },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
 	bool json = false, map = false, trim = false;
@@ -1572,6 +1575,9 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
+			return output_status();
+		case O_VERSION:
+			printf("vpmm-dump %s (socket protocol %d)\n", VPMM_VERSION, VPMM_PROTOCOL);
 			return output_status();
 		default:
 			/* optopt holds a long option's code (not a letter) when

@@ -30,6 +30,7 @@
 #include "json.h"
 #include "options.h"
 #include "vpmm.h"
+#include "vpmm/version.h"
 
 #define EXIT_INPUT 2 /* usage, unreadable or malformed log, bad option */
 #define HEADER "Thread,Time,Action,Pointer,Size,Stream"
@@ -788,6 +789,7 @@ static void usage(FILE *f)
 "  --check               run the pool's consistency check after every operation\n"
 "                        (slow); exit 1 if it finds anything\n"
 "  -h, --help            this text\n"
+"  --version             the version\n"
 "\n"
 "SIZE: bytes, or with a K/M/G/T suffix (powers of 1024), e.g. 2M, 1G.\n"
 "Exit status: 0 replayed (allocation failures are counted, not fatal);\n"
@@ -799,7 +801,7 @@ enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
 	O_GRAIN, O_SMALL_MAX, O_REMAP, O_GROWTH_SPLIT, O_TENANT,
 	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
-	O_CHECK,
+	O_CHECK, O_VERSION,
 };
 
 static bool size_arg(const char *opt, const char *s, size_t *out)
@@ -841,10 +843,15 @@ static bool tenant_arg(const char *opt, const char *s, struct tenant *t)
 		t->step[t->n++] = st;
 	}
 	free(copy);
-	if (!ok)
+	if (!ok) {
+		/* a refused schedule leaves none behind */
+		free(t->step);
+		t->step = NULL;
+		t->n = 0;
 		fprintf(stderr, "vpmm-replay: %s \"%s\": expected OP:SIZE[,OP:SIZE...] "
 				"with operations in ascending order, e.g. 0:60G,5000:70G\n",
 			opt, s);
+	}
 	return ok;
 }
 
@@ -948,6 +955,7 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, O_JSON },
 		{ "check", no_argument, NULL, O_CHECK },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct vpmm_config cfg;
@@ -992,10 +1000,14 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return stdout_ok() ? 0 : 1;
+		case O_VERSION:
+			printf("vpmm-replay %s\n", VPMM_VERSION);
+			return stdout_ok() ? 0 : 1;
 		default: ok = false; break;
 		}
 		if (!ok) {
 			fprintf(stderr, "Try 'vpmm-replay --help'.\n");
+			free(tenant.step);
 			return EXIT_INPUT;
 		}
 	}
@@ -1003,12 +1015,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "vpmm-replay: %s\n",
 			optind == argc ? "no log given" : "one log at a time");
 		usage(stderr);
+		free(tenant.step);
 		return EXIT_INPUT;
 	}
 	if (vpmm_config_from_env(&cfg, pool_getenv, err, sizeof(err))) {
 		const char *o = option_of(err, longopts);
 		fprintf(stderr, "vpmm-replay: %s%s%s%s\n", o ? "--" : "", o ? o : "", o ? ": " : "",
 			err);
+		free(tenant.step);
 		return EXIT_INPUT;
 	}
 
@@ -1019,6 +1033,7 @@ int main(int argc, char **argv)
 	} else if (!(in = fopen(lg.name, "r"))) {
 		fprintf(stderr, "vpmm-replay: cannot open %s: %s\n", lg.name,
 			strerror(errno));
+		free(tenant.step);
 		return EXIT_INPUT;
 	}
 	int rc = parse_log(in, &lg);
@@ -1028,6 +1043,7 @@ int main(int argc, char **argv)
 		free(lg.stream_values);
 		free(lg.ops);
 		free(lg.allocs);
+		free(tenant.step);
 		return rc;
 	}
 

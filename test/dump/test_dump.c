@@ -37,6 +37,7 @@
 #include "snapshot.h"
 #include "trace.h"
 #include "vpmm.h"
+#include "vpmm/version.h"
 
 #define PAGE ((size_t)64 << 10)
 #define NOBODY 65534
@@ -716,6 +717,41 @@ Test(dump, another_uid_is_refused)
 }
 
 /* ---- protocol ------------------------------------------------------------------- */
+
+/* The version of the project's meson.build reaches the socket's replies and
+ * both tools' --version. */
+Test(dump, version_is_the_projects)
+{
+	struct host h;
+	host_open(&h, "v.sock", 0, 64);
+	int fd = dial(h.sock);
+	cr_assert_geq(fd, 0);
+	struct json r;
+	cr_assert(exchange(fd, "vpmm 1 version\n", &r));
+	cr_assert(reply_ok(&r));
+	cr_assert_str_eq(json_str(json_get(&r, "library")), VPMM_VERSION);
+	json_free(&r);
+	cr_assert(exchange(fd, "vpmm 1 config\n", &r));
+	cr_assert(reply_ok(&r));
+	cr_assert_str_eq(json_str(json_get(&r, "library")), VPMM_VERSION);
+	json_free(&r);
+	close(fd);
+	host_close(&h);
+
+	char want[128];
+	struct run run_out;
+	run((char *[]){ VPMM_DUMP, "--version", NULL }, &run_out);
+	snprintf(want, sizeof(want), "vpmm-dump %s (socket protocol %d)\n", VPMM_VERSION,
+		 VPMM_PROTOCOL);
+	cr_assert_eq(run_out.status, 0, "%s", run_out.err);
+	cr_assert_str_eq(run_out.out, want);
+	run_free(&run_out);
+	run((char *[]){ VPMM_REPLAY, "--version", NULL }, &run_out);
+	snprintf(want, sizeof(want), "vpmm-replay %s\n", VPMM_VERSION);
+	cr_assert_eq(run_out.status, 0, "%s", run_out.err);
+	cr_assert_str_eq(run_out.out, want);
+	run_free(&run_out);
+}
 
 Test(dump, protocol_errors_are_answered)
 {
