@@ -3,7 +3,8 @@
 # GPU, in about a minute: the hold program's logic over a simulated device
 # (test/gpu/fakecuda), replay_gpu.py's failure report, the script's dry run,
 # a whole run of both modes with FAKE_GPU=1 (simulated holder, dry replays,
-# injected crashes) and an interrupted one. Needs g++, python3; no GPU.
+# injected crashes), a hang and the deadline, and an interrupted run.
+# Needs g++, python3; no GPU.
 # Prints one "ok" or "FAIL" line a check; exit status 0 when all passed.
 # Not in the meson suites (a minute of two shared cores); run it by hand
 # after changing bench/pressure*.py, bench/replay_gpu.py, test/gpu/hold.cu or
@@ -134,13 +135,31 @@ assert "FAKE" in md and "**CRASH** SIGABRT" in md and "oom at" in md, md
 s = json.load(open(os.path.join(d, "soak.json")))
 # How many runs the 12 s deadline leaves depends on the machine's load.
 assert len(s["calibration"]) == 8 and s["runs"], (len(s["calibration"]), len(s["runs"]))
+assert len(s["runs"]) + s.get("not_run", 0) == s["planned"]
 for r in s["runs"]:    # the only crashes are the injected ones
     bad = r["outcome"] == "crash" and not (r["alloc"] == "vpmm_torch" and "status 3" in r["why"])
     assert r["outcome"] in ("completed", "oom", "crash") and not bad, (r["outcome"], r["why"])
-assert s.get("not_run", 0) > 0 and len(s["runs"]) + s["not_run"] == s["planned"]
 assert os.path.exists(os.path.join(d, "soak.md"))
 EOF
 check "FAKE_GPU=1: outcomes classified, leaves right, tables written" $?
+
+# ---- a hang, and the deadline ---------------------------------------------------------
+# The pluggable allocator's set-up replays hang: killed at the 2 s limit,
+# which also takes the command past its 1 s deadline before the first run.
+python3 "$ROOT/bench/pressure.py" soak --workloads "$W/wl" --fake --out "$W/hang.json" \
+	--only lab_free_0_2_then_32 --fake-fault vpmm_torch:hang:0 --timeout 2 --deadline 1 \
+	>"$W/hang.txt" 2>&1
+rc=$?
+python3 - "$W/hang.json" "$rc" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert sys.argv[2] == "0", sys.argv[2]
+cal = {(r["alloc"], r["vpmm_env"]): r["outcome"] for r in s["calibration"]}
+assert set(cal.values()) == {"hang", "completed"}, cal
+assert all(o == "hang" for (a, _), o in cal.items() if a == "vpmm_torch"), cal
+assert s["runs"] == [] and s["not_run"] == s["planned"] == 40, (len(s["runs"]), s.get("not_run"))
+EOF
+check "a replay past --timeout is a hang; no run starts past --deadline" $? "$(tail -3 "$W/hang.txt")"
 
 # ---- the script interrupted: nothing left behind --------------------------------------------
 FAKE_GPU=1 OUT=$W/int MODES=soak SOAK_DEADLINE=60 bash "$ROOT/scripts/gpu-pressure.sh" >"$W/int.txt" 2>&1 &
