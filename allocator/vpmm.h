@@ -25,7 +25,7 @@ typedef struct vpmm_pool vpmm_pool;
 
 enum vpmm_defrag_policy {
 	VPMM_DEFRAG_LACKING, /* remap only what the request lacks (default) */
-	VPMM_DEFRAG_ALL,     /* remap every harvestable free page, as the reference design */
+	VPMM_DEFRAG_ALL,     /* remap every harvestable free page */
 };
 
 /* When a request that no free range fits is served by remapping free
@@ -51,7 +51,7 @@ enum vpmm_remap_policy {
 struct vpmm_config {
 	size_t page_size;     /* physical unit; 0 = the driver's granularity */
 	/* Rounding unit of allocations: a power of two from 512 up to the
-	 * page, which it divides; 0 = the page (the reference design). With a
+	 * page, which it divides; 0 = the page. With a
 	 * grain under the page, neighbouring allocations share a page's tail;
 	 * such a page moves only once both sides are free. */
 	size_t grain;
@@ -216,7 +216,7 @@ struct vpmm_region_info {
  * many regions there are (may exceed cap). */
 size_t vpmm_pool_regions(vpmm_pool *pool, struct vpmm_region_info *out,
 			 size_t cap);
-/* The map in the spec's symbols, sizes in multiples of `unit` (or with a
+/* The region map in vpmm-dump's notation (docs/vpmm-dump.md), sizes in multiples of `unit` (or with a
  * K/M/G/T suffix when unit is 0), e.g. "[4][*6][1][-11]". Chunks are
  * separated by " | ". Returns the length it needed (snprintf-like). */
 size_t vpmm_pool_layout(vpmm_pool *pool, char *buf, size_t n, size_t unit);

@@ -1,7 +1,7 @@
 /* hotpath.cu — GPU microbenchmarks of the pool against what CUDA offers,
  * measured side by side in one process, printed as medians and ratios.
  *
- * Owns the device-side numbers of issue 5 that a trace replay cannot give:
+ * Owns the device-side numbers that a trace replay cannot give:
  *   hit      malloc that reuses pool memory and its free, one thread: the
  *            pool directly (vpmm.h over the cuda driver) vs
  *            cudaMallocAsync/cudaFreeAsync on the default mempool with the

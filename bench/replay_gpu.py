@@ -3,7 +3,7 @@
 per process and measures peak device memory used against peak live bytes,
 and the time the allocator calls took.
 
-Owns: the GPU side of the workload comparison of issue 5. Two commands:
+Owns: the GPU side of the workload comparison. Two commands:
 
   replay_gpu.py run --alloc NAME --trace FILE.csv [--libvpmm PATH] [--max-ops N]
       One replay in this process; prints one line `RESULT {json}` and exits

@@ -9,7 +9,7 @@ docs/performance.md. Either input may be missing; its rows then say so.
 Columns: one per allocator of the replays, "vpmm direct" for the pool
 called through vpmm.h (hotpath.cu), "driver" for libcuda called directly;
 "ratio" is libvpmm's figure over the row's baseline (named in the measure),
-"target" issue 5's goal for that ratio or figure. In the replay rows the
+"target" the goal docs/performance.md sets for that ratio or figure. In the replay rows the
 ratio is the pluggable entry points' figure over the CUDA pool's (peak) or
 the preload figure (time); "passthrough" marks a libvpmm run whose pool
 served nothing (the shim was not active), i.e. plain CUDA was measured.

@@ -3,7 +3,7 @@
 // LD_PRELOAD=libvpmm.so by scripts/gpu-check.sh. Prints one line per case:
 //   case <name> <size> <median ns per pair> <pairs/s, 8 threads> <pairs/s, 1 thread>
 // Pool hits only: each case warms up first. The CUDA pool keeps everything
-// (release threshold UINT64_MAX), as in cuda-facts.md. The thread counts are
+// (release threshold UINT64_MAX), as in docs/cuda.md. The thread counts are
 // steady state: each thread creates its stream and warms up before the clock
 // starts, and the clock stops when the last thread has done its pairs
 // (stream synchronisation and destruction are outside it); each rate is the

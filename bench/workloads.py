@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """workloads.py — deterministic allocation traces for the benchmarks.
 
-Owns: the workload generators of issue 5 (LLM serving, training with a new
-sequence length every iteration, MoE, scratch on several streams, the seed's
+Owns: the benchmark's workload generators (LLM serving, training with a new
+sequence length every iteration, MoE, scratch on several streams, the
 laboratory cases) and writing them as RMM-style CSV logs
 (`Thread,Time,Action,Pointer,Size,Stream`, actions `allocate`/`free`,
 pointers and streams in hex (0x...), time as HH:MM:SS:micro) that
@@ -372,7 +372,7 @@ def scratch_streams(seed):
     return t
 
 
-# ---- the seed's laboratory cases ------------------------------------------------
+# ---- the laboratory cases -------------------------------------------------------
 
 # Multiplies every size of the laboratory cases (--lab-scale).
 LAB_SCALE = 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-bench.sh — issue 5's comparisons in one go on a machine with a GPU:
+# gpu-bench.sh — the allocator comparisons in one go on a machine with a GPU:
 # builds libvpmm.so and bench/hotpath without meson (the device machine has
 # nvcc, PyTorch and CuPy but no meson or ninja), generates the workloads,
 # replays each through every allocator, runs the hot path benchmarks, and
@@ -99,6 +99,6 @@ matrix=(bench/replay_gpu.py matrix --workloads "$B/workloads" --out "$OUT/replay
 "$PY" "${matrix[@]}" 2>&1 | tee "$OUT/replay.txt"
 
 echo
-echo "================ issue 5: ratios ================"
+echo "================ ratios ================"
 "$PY" bench/report.py --replay "$OUT/replay.json" --hotpath "$OUT/hotpath.log" |
 	tee "$OUT/table.md"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # gpu-check.sh — everything that needs a GPU, in one call of the device tool:
 # the shim's checks (scripts/gpu-shim.sh: CUDA C static and shared, memcheck,
-# CuPy, PyTorch training, the seed's laboratory cases, JAX), vpmm-dump
+# CuPy, PyTorch training, the laboratory cases, JAX), vpmm-dump
 # against a PyTorch process (scripts/gpu-dump.sh, when present), the hot path
-# through the shim against the CUDA pool (bench/shim_hotpath.cu), issue 6's
+# through the shim against the CUDA pool (bench/shim_hotpath.cu), the
 # sharing checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and
 # soak checks (scripts/gpu-reliability.sh; about 60 s with the 40 s soak of
 # these defaults, 6 minutes with its own 300 s), what the driver's calls cost
-# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds), issue 5's
+# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds), the allocator
 # comparisons (scripts/gpu-bench.sh), and the replays under memory pressure
 # from a second process (scripts/gpu-pressure.sh: part pressure, every
 # workload x allocator alone and under a process holding all but 1.02 x its

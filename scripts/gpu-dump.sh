@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-dump.sh — vpmm-dump against a PyTorch process under libvpmm.so on a
-# real GPU (issue 4): list, text map, --map, --json (checked against the
+# real GPU: list, text map, --map, --json (checked against the
 # pool's stats), --torch-snapshot (loaded by PyTorch's own memory_viz code),
 # and the VPMM_TRACE of the run replayed by vpmm-replay. Builds with gcc, no
 # meson. Exit status 0 when every check passed. Output: $OUT.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-reliability.sh — issue 6's checks on a real GPU ("On the GPU"): out of
+# gpu-reliability.sh — the reliability checks on a real GPU: out of
 # memory for real (test/gpu/oom.cu) and the five-minute soak
 # (test/gpu/soak.cu), each under LD_PRELOAD=libvpmm.so after a plain run of
 # the same program, which shows that the program's own checks and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-share.sh — issue 6's sharing checks on real GPUs: cudaIpc* between two
+# gpu-share.sh — the sharing checks on real GPUs: cudaIpc* between two
 # processes (test/gpu/share.cu ipc), torch.multiprocessing sharing CUDA
 # tensors (test/gpu/share_torch.py, no-caching mode and caching allocator),
 # and peer access after a defragmentation (share.cu peer: needs 2 GPUs, says

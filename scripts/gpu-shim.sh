@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-shim.sh — libvpmm.so on a real GPU (issue 3's GPU list). Needs gcc,
+# gpu-shim.sh — libvpmm.so on a real GPU. Needs gcc,
 # nvcc, python3 with torch, cupy and pynvml (nvidia-ml-py), compute-sanitizer,
 # and JAX with a GPU for step 6 (reported as skipped without); no meson. Run from
 # anywhere; results go to $OUT (default build-gpu-shim/): gpu-shim.log
@@ -13,7 +13,7 @@
 #      caching, no caching + shim, CUDAPluggableAllocator; the loss curves of
 #      the shim runs must equal the no-caching run's;
 #   4. compute-sanitizer --tool memcheck on 1 (static, --quick) under the shim;
-#   5. test/gpu/shim_lab.py: the seed's laboratory cases through PyTorch;
+#   5. test/gpu/shim_lab.py: the laboratory cases through PyTorch;
 #   6. test/gpu/shim_jax.py: JAX with XLA's BFC allocator, then under the
 #      shim with it and with XLA's platform allocator; the shim runs' losses
 #      must match the plain run's (XLA maps its buffers itself, so this

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-torch-step.sh — issue 5's PyTorch target, measured so that run-to-run
+# gpu-torch-step.sh — the PyTorch step, measured so that run-to-run
 # noise cannot decide it: the training step of test/gpu/shim_torch.py with
 # PyTorch's native caching allocator and with CUDAPluggableAllocator over
 # libvpmm.so, alternated ROUNDS times in one call (native, pluggable, native,

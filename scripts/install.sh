@@ -169,7 +169,7 @@ say "CUDA headers: $cuda_dir/cuda.h"
 
 # ---- configure and build ---------------------------------------------------------
 # Three build directories: $BUILD_DIR (the tests), and the sanitizer builds
-# that issue 6 asks CI to run: build-asan (AddressSanitizer + UBSan) and
+# that CI runs: build-asan (AddressSanitizer + UBSan) and
 # build-tsan (ThreadSanitizer), used with `meson test --setup asan|tsan`.
 setup_args=()
 [[ -n $CUDA_INCLUDE ]] && setup_args+=("-D$CUDA_OPTION=$CUDA_INCLUDE")

@@ -759,7 +759,7 @@ static void usage(FILE *f)
 "  --pages N             pages mapped at creation (default 0)\n"
 "  --handle-size SIZE    largest physical handle (default 1G)\n"
 "  --grain SIZE          allocation rounding unit (default 64K; the page: the\n"
-"                        reference design's whole pages)\n"
+"                        whole pages)\n"
 "  --small-max SIZE      requests up to this share slabs of size classes\n"
 "  --limit SIZE          most bytes the pool may map (default 0: none)\n"
 "  --defrag lacking|all  what a defragmentation remaps (default lacking)\n"

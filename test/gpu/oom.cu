@@ -1,4 +1,4 @@
-// oom.cu — out of memory for real (issue 6, "On the GPU"): allocate until the
+// oom.cu — out of memory for real: allocate until the
 // GPU is full, free, allocate again; the program recovers, and vpmm-dump and
 // nvidia-smi agree on what the process holds. Then the memory is given back:
 // `vpmm-dump --trim PID` releases the free pages and nvidia-smi shows the

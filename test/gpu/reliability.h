@@ -1,5 +1,5 @@
-// reliability.h — what test/gpu/oom.cu and test/gpu/soak.cu share (issue 6,
-// "On the GPU"): the data pattern and the kernels that write and verify it,
+// reliability.h — what test/gpu/oom.cu and test/gpu/soak.cu share: the
+// data pattern and the kernels that write and verify it,
 // the libvpmm API reached through dlsym (so both programs also run without the
 // shim), outside commands (nvidia-smi, vpmm-dump) run with LD_PRELOAD removed,
 // and the one line format the check results use:

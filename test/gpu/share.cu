@@ -1,4 +1,4 @@
-// share.cu — an unmodified CUDA program for issue 6's sharing checks on a
+// share.cu — an unmodified CUDA program for the sharing checks on a
 // real GPU (scripts/gpu-share.sh). `share ipc` and `share peer`; with the
 // shim (EXPECT_POOL=1) the pool must have served the memory, without it the
 // same program checks the driver's own behaviour.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """share_torch.py — CUDA tensors shared between two torch.multiprocessing
-processes (issue 6, on the GPU; scripts/gpu-share.sh runs it with and without
+processes (on the GPU; scripts/gpu-share.sh runs it with and without
 the shim, in PyTorch's no-caching mode and with its caching allocator).
 
 The parent makes tensors of several sizes (a few KiB to 1 GiB) and sends them

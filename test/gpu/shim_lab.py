@@ -1,5 +1,5 @@
-"""shim_lab.py MODE [CASE...] -- the seed's laboratory cases
-(shared/seeds/000_*.txt) through PyTorch, for the shim's GPU check
+"""shim_lab.py MODE [CASE...] -- the laboratory cases
+(how PyTorch's caching allocator fragments: bench/workloads.py) through PyTorch, for the shim's GPU check
 (scripts/gpu-shim.sh). Prints one JSON line per case: peak live bytes (what
 the program holds at once), the peak device memory the allocator used as it
 reports it, and as NVML sees the device (used minus the baseline taken after

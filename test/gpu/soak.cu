@@ -1,4 +1,4 @@
-// soak.cu — the five-minute soak (issue 6, "On the GPU"): several threads,
+// soak.cu — the five-minute soak: several threads,
 // each with its own stream, allocate, write and verify data for DURATION
 // seconds while the pool defragments; mapped memory and host RSS stay flat,
 // nothing is lost. An unmodified CUDA program: it runs with and without

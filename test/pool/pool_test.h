@@ -41,7 +41,7 @@ struct pt_setup {
 				   * records an event) */
 	uint64_t event_interval_ns;
 	size_t small_max;     /* sub-page classes up to this (0: whole pages) */
-	size_t grain;         /* allocation unit (0: the page, the spec's rule) */
+	size_t grain;         /* allocation unit (0: the page) */
 	unsigned front_entries; /* per-stream caches (0: off, every free reaches
 				 * the structures under test) */
 	size_t handle_pages;  /* largest handle in pages (0: one page a handle) */
@@ -103,7 +103,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 	cfg.front_entries = s->front_entries;
 	cfg.grain = s->grain;
 	cfg.handle_size = s->handle_pages * cfg.page_size; /* 0: one page a
-							   * handle, the spec's
+							   * handle, the finest
 							   * unit of remapping */
 	if (s->growth_split)
 		cfg.growth_split = s->growth_split;

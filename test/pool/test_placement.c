@@ -134,7 +134,7 @@ Test(placement, only_the_end_of_a_larger_hole_is_mapped)
  * own. A free region in that page, next to the first hole, spares a large
  * request no page: it must not lend, or the request starts inside that
  * page, every later one is shifted off the handle boundaries, and the
- * seed's +10 +1 -10 +4 +11 case (here in units of 16 pages) ended half a
+ * +10 +1 -10 +4 +11 case (here in units of 16 pages) ended half a
  * handle above its live bytes. */
 static void seed_case_after_a_small_tensor(unsigned split)
 {

@@ -1,8 +1,8 @@
-/* test_scenario.c — the design spec's scenario `+10 +1 -10 +4 +11` (GiB, one
+/* test_scenario.c — the design's scenario `+10 +1 -10 +4 +11` (GiB, one
  * stream, 1 GiB pages, 64 GiB of VA) in its four cases A–D, which differ only
  * in how many pages were mapped at start, plus the case of an empty pool.
  *
- * Every layout below is derived by hand from the spec and the pool's rules
+ * Every layout below is derived by hand from the pool's rules
  * (best fit by size then VA; a defrag starts at a usable free region that ends
  * where the hole begins; harvested pages are mapped before new ones). Each
  * string adds up to the 64 GiB chunk. */

@@ -1,5 +1,5 @@
-/* test_seed.c — the allocation-order cases of the fragmentation post
- * (shared/seeds/000_*.txt) with 2 MiB pages: what fragments a caching
+/* test_seed.c — the allocation-order cases that fragment PyTorch's caching
+ * allocator (the laboratory cases of bench/workloads.py) with 2 MiB pages: what fragments a caching
  * allocator must cost the pool no new memory. */
 #include "pool_test.h"
 

@@ -170,7 +170,7 @@ static const char *log_write(struct logbuf *l, const char *name)
 	return p;
 }
 
-/* The spec's scenario in GiB on one stream: +10 +1 -10 +4 +11, as RMM's
+/* The design's scenario in GiB on one stream: +10 +1 -10 +4 +11, as RMM's
  * adaptor writes it (thread, time, action, pointer, size, stream). */
 static const char *spec_log(void)
 {
