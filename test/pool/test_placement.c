@@ -136,7 +136,7 @@ Test(placement, only_the_end_of_a_larger_hole_is_mapped)
  * page, every later one is shifted off the handle boundaries, and the
  * +10 +1 -10 +4 +11 case (here in units of 16 pages) ended half a
  * handle above its live bytes. */
-static void seed_case_after_a_small_tensor(unsigned split)
+static void lab_case_after_a_small_tensor(unsigned split)
 {
 	struct pt t;
 	struct pt_setup su = {.va_pages = 4096, .handle_pages = 64, .growth_split = split,
@@ -159,9 +159,9 @@ static void seed_case_after_a_small_tensor(unsigned split)
 
 Test(placement, a_small_first_tensor_strands_nothing)
 {
-	seed_case_after_a_small_tensor(16);
-	seed_case_after_a_small_tensor(4);
-	seed_case_after_a_small_tensor(1);
+	lab_case_after_a_small_tensor(16);
+	lab_case_after_a_small_tensor(4);
+	lab_case_after_a_small_tensor(1);
 }
 
 /* How many handles a defragmentation's growth makes, at split 16 with

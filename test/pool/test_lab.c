@@ -1,9 +1,9 @@
-/* test_seed.c — the allocation-order cases that fragment PyTorch's caching
+/* test_lab.c — the allocation-order cases that fragment PyTorch's caching
  * allocator (the laboratory cases of bench/workloads.py) with 2 MiB pages: what fragments a caching
  * allocator must cost the pool no new memory. */
 #include "pool_test.h"
 
-static void open_seed(struct pt *t, enum vpmm_defrag_policy policy)
+static void open_lab(struct pt *t, enum vpmm_defrag_policy policy)
 {
 	struct pt_setup su = {
 		.granularity = 2 * PT_MiB, .unbacked = true, .va_pages = 512,
@@ -16,7 +16,7 @@ static void open_seed(struct pt *t, enum vpmm_defrag_policy policy)
 static void small_then_large(enum vpmm_defrag_policy policy)
 {
 	struct pt t;
-	open_seed(&t, policy);
+	open_lab(&t, policy);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p[8];
 	for (int i = 0; i < 8; i++)
@@ -46,21 +46,21 @@ static void small_then_large(enum vpmm_defrag_policy policy)
 	pt_close(&t);
 }
 
-Test(seed, small_then_large_maps_nothing_new_lacking)
+Test(lab, small_then_large_maps_nothing_new_lacking)
 {
 	small_then_large(VPMM_DEFRAG_LACKING);
 }
 
-Test(seed, small_then_large_maps_nothing_new_all)
+Test(lab, small_then_large_maps_nothing_new_all)
 {
 	small_then_large(VPMM_DEFRAG_ALL);
 }
 
 /* The "good order" of the post must be as good. */
-Test(seed, large_then_small_maps_nothing_new)
+Test(lab, large_then_small_maps_nothing_new)
 {
 	struct pt t;
-	open_seed(&t, VPMM_DEFRAG_LACKING);
+	open_lab(&t, VPMM_DEFRAG_LACKING);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p[8];
 	for (int i = 0; i < 4; i++)
@@ -83,7 +83,7 @@ Test(seed, large_then_small_maps_nothing_new)
 static void pinned_holes(enum vpmm_defrag_policy policy)
 {
 	struct pt t;
-	open_seed(&t, policy);
+	open_lab(&t, policy);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr p[4];
 	for (int i = 0; i < 4; i++)
@@ -121,21 +121,21 @@ static void pinned_holes(enum vpmm_defrag_policy policy)
 	pt_close(&t);
 }
 
-Test(seed, pinned_holes_remap_without_new_pages_lacking)
+Test(lab, pinned_holes_remap_without_new_pages_lacking)
 {
 	pinned_holes(VPMM_DEFRAG_LACKING);
 }
 
-Test(seed, pinned_holes_remap_without_new_pages_all)
+Test(lab, pinned_holes_remap_without_new_pages_all)
 {
 	pinned_holes(VPMM_DEFRAG_ALL);
 }
 
 /* 2 MiB pages round every request up: 1 byte costs one page, 2 MiB + 1 two. */
-Test(seed, sizes_round_up_to_pages)
+Test(lab, sizes_round_up_to_pages)
 {
 	struct pt t;
-	open_seed(&t, VPMM_DEFRAG_LACKING);
+	open_lab(&t, VPMM_DEFRAG_LACKING);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr a = PT_MALLOC_BYTES(&t, 1, s);
 	CUdeviceptr b = PT_MALLOC_BYTES(&t, 2 * PT_MiB + 1, s);
