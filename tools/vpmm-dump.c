@@ -1396,16 +1396,24 @@ static int torch_snapshot(const struct target *t, const char *file, const char *
 	if (csv) {
 		snprintf(trace_path, sizeof(trace_path), "%s", csv);
 	} else {
-		/* The process's own trace, flushed up to now. */
+		/* The process's own trace, flushed up to now. A process without
+		 * trace recording gives a snapshot without a trace; one that
+		 * does not answer, or fails to flush, gives none: its trace
+		 * would be cut short or missing without a word. */
 		struct json st;
-		char e2[256];
-		if (ask(t->socket, "trace flush", &st, e2, sizeof(e2)) == EXIT_OK) {
+		char e2[768];
+		int rc = ask(t->socket, "trace flush", &st, e2, sizeof(e2));
+		if (rc == EXIT_OK) {
 			bool active = false;
 			json_bool(json_get(&st, "active"), &active);
 			const char *p = json_str(json_get(&st, "path"));
 			if (active && p)
 				snprintf(trace_path, sizeof(trace_path), "%s", p);
 			json_free(&st);
+		} else if (!strstr(e2, ": unsupported: ")) {
+			snprintf(err, errlen, "%s: snapshot not written (its trace could not be "
+				 "flushed: %s)", file, e2);
+			return rc;
 		}
 	}
 	if (trace_path[0]) {

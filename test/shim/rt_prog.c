@@ -396,6 +396,21 @@ static void forked(void)
 		CHECK_EQ(pool_stats(0).frees, 1);
 }
 
+/* Many allocations and frees, for a long trace (SHIMTEST_CHURN of each,
+ * default 10000). */
+static void churn(void)
+{
+	const char *e = getenv("SHIMTEST_CHURN");
+	long n = e ? atol(e) : 10000;
+	void *p;
+
+	CHECK_EQ(cudaFree(NULL), 0);
+	for (long i = 0; i < n; i++) {
+		CHECK_EQ(cudaMalloc(&p, P), 0);
+		CHECK_EQ(cudaFree(p), 0);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -405,7 +420,7 @@ int main(int argc, char **argv)
 		{"basic", basic},     {"async", async},     {"foreign", foreign},
 		{"capture", capture}, {"oom", oom},         {"devices", devices},
 		{"thread", thread},   {"exit", teardown},   {"fork", forked},
-		{"threads", threads}, {"limit_info", limit_info},
+		{"threads", threads}, {"limit_info", limit_info}, {"churn", churn},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

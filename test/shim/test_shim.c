@@ -18,7 +18,10 @@
 #include <poll.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -452,4 +455,59 @@ Test(shim_options, page_size, .timeout = 30)
 	run(DRV_PROG, "linked", true, env);
 	EXPECT_OK();
 	EXPECT_QUIET();
+}
+
+/* The trace's writes go past the file size limit (ulimit -f): the program
+ * is not killed by SIGXFSZ (it was, at exit, after its own work was done),
+ * one line says the trace stopped, and the file holds whole lines only.
+ * The stand-in driver's memory is a memfd, which the limit counts too:
+ * handles of one page keep it under. */
+Test(shim_options, a_trace_past_the_file_size_limit, .timeout = 30)
+{
+	char dir[] = "/tmp/vpmm-shim-test-XXXXXX", path[64], env_trace[80], line[256];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/t.csv", dir);
+	snprintf(env_trace, sizeof env_trace, "VPMM_TRACE=%s", path);
+	const char *const env[] = {env_trace, "VPMM_HANDLE_SIZE=64K", NULL};
+	struct rlimit old, lim;
+	cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = old;
+	lim.rlim_cur = 100000; /* 20000 events take about a megabyte */
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	run(RT_PROG, "churn", true, env);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: error: trace", "File too large"), 1, "%s", R.out);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_leq(st.st_size, 100000);
+	cr_expect_geq(st.st_size, 90000, "the trace stopped short of the limit");
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	int lines = 0;
+	while (fgets(line, sizeof line, f)) {
+		size_t n = strlen(line);
+		cr_expect(n && line[n - 1] == '\n', "a cut line: \"%s\"", line);
+		int commas = 0;
+		for (size_t i = 0; i < n; i++)
+			commas += line[i] == ',';
+		cr_expect_eq(commas, 5, "not a whole record: %s", line);
+		lines++;
+	}
+	fclose(f);
+	cr_expect_geq(lines, 1000);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A socket that cannot be set up: one line says why (it took two). */
+Test(shim_options, a_socket_that_cannot_be_set_up_is_one_line, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_SOCKET=/dev/null", NULL};
+	run(RT_PROG, "basic", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", "/dev/null exists and is not a socket"), 1, "%s",
+		     R.out);
 }
