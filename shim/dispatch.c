@@ -644,18 +644,29 @@ static CUresult pool_result(vpmm_pool *p, int e)
  * could: waited for every stream's frees, remapped, returned empty slabs). */
 static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
 {
+	static struct vpmm_log_limit limit;
 	struct vpmm_stats ps;
 	size_t dev_free = 0, dev_total = 0;
+	uint64_t take;
+	if (!vpmm_log_on(VPMM_LOG_ERROR) || !(take = vpmm_log_limit_take(&limit)))
+		return;
+	char more[96] = "";
+	if (take > 1)
+		snprintf(more, sizeof more, " (and %" PRIu64 " more since the last such line)",
+			 take - 1);
+	else if (atomic_load_explicit(&limit.seen, memory_order_relaxed) == VPMM_LOG_BURST)
+		snprintf(more, sizeof more, " (more: one line a second, with their count)");
 	vpmm_pool_stats(pool, &ps);
 	if (vpmm_real.mem_get_info)
 		vpmm_real.mem_get_info(&dev_free, &dev_total);
-	char limit[64] = "";
+	char limit_s[64] = "";
 	if (st.cfg.limit)
-		snprintf(limit, sizeof limit, ", VPMM_LIMIT %zu", st.cfg.limit);
-	vpmm_log(VPMM_LOG_ERROR,
-		 "device %d: out of memory: requested %zu bytes; live %" PRIu64
-		 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s",
-		 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit);
+		snprintf(limit_s, sizeof limit_s, ", VPMM_LIMIT %zu", st.cfg.limit);
+	vpmm_log_limited(&limit, VPMM_LOG_ERROR,
+			 "device %d: out of memory: requested %zu bytes; live %" PRIu64
+			 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s%s",
+			 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit_s,
+			 more);
 }
 
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,

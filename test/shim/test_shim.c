@@ -448,6 +448,34 @@ Test(shim_options, the_limit_is_in_the_out_of_memory_line, .timeout = 30)
 		     2, "%s", R.out);
 }
 
+/* Allocations failing in a loop: the first lines, then one a second with
+ * the count of those not shown (there was a line for each, 36,000 in two
+ * seconds, even with VPMM_LOG=error). */
+Test(shim_options, out_of_memory_lines_are_rate_limited, .timeout = 30)
+{
+	const char *const env[] = {"FAKECUDA_CAPACITY=8M", "VPMM_LOG=error",
+				   "SHIMTEST_FLOOD_MS=1500", NULL};
+	run(RT_PROG, "oom_flood", true, env);
+	EXPECT_OK();
+	int lines = count_lines_with("vpmm: error: device 0: out of memory", NULL);
+	/* five, then one at about 1 s */
+	cr_expect(lines >= 6 && lines <= 7, "%d lines:\n%.3000s", lines, R.out);
+	cr_expect_eq(count_lines_with("vpmm: error: device 0: out of memory",
+				      "more since the last such line)"), lines - 5, "%.3000s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", NULL), lines, "%.3000s", R.out);
+}
+
+/* ... and an allocation never waits for stderr: a full pipe nobody reads
+ * held each failing allocation (for ever, here). */
+Test(shim_options, out_of_memory_lines_never_wait_for_stderr, .timeout = 30)
+{
+	const char *const env[] = {"FAKECUDA_CAPACITY=8M", "SHIMTEST_FLOOD_MS=300",
+				   "SHIMTEST_FULL_STDERR=1", NULL};
+	run(RT_PROG, "oom_flood", true, env);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "ok oom_flood"), "%.3000s", R.out);
+}
+
 /* VPMM_PAGE_SIZE reaches the pool: sizes round to it. */
 Test(shim_options, page_size, .timeout = 30)
 {
