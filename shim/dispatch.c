@@ -307,6 +307,41 @@ static void grant_peer(vpmm_pool *p, int dev, int peer)
 		VPMM_LOGF(VPMM_LOG_INFO, "device %d: pool memory accessible from device %d", dev, peer);
 }
 
+/* Why vpmm_pool_create failed with `e`, naming the option at fault where
+ * one is: a combination, or a value the device cannot take. */
+static void no_pool_why(const struct vpmm_config *cfg, int e, char *why, size_t n)
+{
+	size_t gran = 0, dev_free, dev_total = 0;
+	CUdeviceptr va;
+	if (e == -EINVAL && st.drv->granularity(st.drv, cfg->device, &gran) == CUDA_SUCCESS) {
+		if (cfg->page_size > gran &&
+		    st.drv->mem_info(st.drv, &dev_free, &dev_total) != CUDA_SUCCESS)
+			dev_total = 0;
+		vpmm_config_check_device(cfg, gran, dev_total, why, n);
+		return;
+	}
+	if (e != -ENOMEM)
+		return;
+	/* The reservation of VPMM_VA_SIZE, made first, or the pages. */
+	if (st.drv->granularity(st.drv, cfg->device, &gran) == CUDA_SUCCESS && gran &&
+	    cfg->va_size <= SIZE_MAX - gran) {
+		size_t size = (cfg->va_size + gran - 1) / gran * gran;
+		CUresult r = st.drv->va_reserve(st.drv, size, &va);
+		if (r == CUDA_SUCCESS) {
+			st.drv->va_free(st.drv, va, size);
+		} else {
+			char a[32];
+			snprintf(why, n, "VPMM_VA_SIZE=%s: the driver cannot reserve that much "
+				 "address space (CUresult %d; the default is 8T)",
+				 vpmm_size_text(cfg->va_size, a, sizeof a), (int)r);
+			return;
+		}
+	}
+	if (cfg->initial_pages)
+		snprintf(why, n, "%s; VPMM_PAGES=%zu maps them up front", strerror(-e),
+			 cfg->initial_pages);
+}
+
 /* The pool of `dev`, created on first use in context `ctx`; NULL when the
  * device passes through. */
 static vpmm_pool *pool_for(int dev)
@@ -329,14 +364,8 @@ static vpmm_pool *pool_for(int dev)
 		vpmm_real.ctx_get_current(&ctx);
 		e = vpmm_pool_create(&cfg, st.drv, &p);
 		if (e) {
-			/* Say which option, where one is at fault. */
 			char why[256] = "";
-			size_t gran = 0;
-			if (e == -EINVAL && st.drv->granularity(st.drv, dev, &gran) == CUDA_SUCCESS)
-				vpmm_config_check(&cfg, gran, why, sizeof why);
-			else if (e == -ENOMEM && cfg.initial_pages)
-				snprintf(why, sizeof why, "%s; VPMM_PAGES=%zu maps them up front",
-					 strerror(-e), cfg.initial_pages);
+			no_pool_why(&cfg, e, why, sizeof why);
 			atomic_store(&st.dev[dev].failed, true);
 			vpmm_log(VPMM_LOG_WARN, "device %d: no pool (%s): passing its allocations through",
 				 dev, why[0] ? why : strerror(-e));

@@ -409,18 +409,27 @@ Test(shim_options, log_info, .timeout = 30)
  * line says which variable is at fault. */
 Test(shim_options, a_bad_combination_names_the_variable, .timeout = 60)
 {
-	static const char *const bad[][2] = {
-		{"VPMM_PAGE_SIZE=32K", "no pool (VPMM_PAGE_SIZE=32K is not a multiple of the "
-				       "driver's granularity 64K)"},
-		{"VPMM_HANDLE_SIZE=96K", "no pool (VPMM_HANDLE_SIZE=96K is not a whole number"},
-		{"VPMM_GRAIN=256", "no pool (VPMM_GRAIN=256: expected a power of two from 512"},
+	static const char *const bad[][3] = {
+		{"VPMM_PAGE_SIZE=32K", NULL, "no pool (VPMM_PAGE_SIZE=32K is not a multiple of the "
+					     "driver's granularity 64K)"},
+		{"VPMM_HANDLE_SIZE=96K", NULL, "no pool (VPMM_HANDLE_SIZE=96K is not a whole number"},
+		{"VPMM_GRAIN=256", NULL, "no pool (VPMM_GRAIN=256: expected a power of two from 512"},
+		/* values with which every allocation failed, or that were
+		 * refused without a name, or with the wrong one */
+		{"VPMM_PAGE_SIZE=512M", NULL,
+		 "no pool (VPMM_PAGE_SIZE=512M is more than the device's memory (256M)"},
+		{"VPMM_LIMIT=1", NULL, "no pool (VPMM_LIMIT=1 is less than one page of 64K"},
+		{"VPMM_VA_SIZE=16383T", NULL,
+		 "no pool (VPMM_VA_SIZE=16383T: the driver cannot reserve that much address space"},
+		{"VPMM_PAGES=2", "VPMM_LIMIT=64K",
+		 "no pool (VPMM_LIMIT=64K is less than the VPMM_PAGES=2 pages of 64K"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		const char *const env[] = {bad[i][0], "SHIMTEST_EXPECT=real", NULL};
+		const char *const env[] = {"SHIMTEST_EXPECT=real", bad[i][0], bad[i][1], NULL};
 		run(RT_PROG, "basic", true, env);
 		EXPECT_OK();
 		cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s:\n%s", bad[i][0], R.out);
-		cr_expect_eq(count_lines_with("vpmm: warning: device 0:", bad[i][1]), 1, "%s:\n%s",
+		cr_expect_eq(count_lines_with("vpmm: warning: device 0:", bad[i][2]), 1, "%s:\n%s",
 			     bad[i][0], R.out);
 	}
 }
@@ -430,12 +439,15 @@ Test(shim_options, a_bad_combination_names_the_variable, .timeout = 60)
  * left alone. */
 Test(shim_options, a_misspelled_name_is_pointed_out, .timeout = 30)
 {
-	const char *const env[] = {"VPMM_PAGESIZE=1G", "VPMM_LIB=x", NULL};
+	const char *const env[] = {"VPMM_PAGESIZE=1G", "VPMM_LIB=x",
+				   "VPMM_PAGE_S\xc4\xb0ZE=1M" /* a Turkish dotted I */, NULL};
 	run(RT_PROG, "basic", true, env);
 	EXPECT_OK();
-	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 2, "%s", R.out);
 	cr_expect_eq(count_lines_with("vpmm: warning: VPMM_PAGESIZE is not a libvpmm variable",
 				      "VPMM_PAGE_SIZE?"), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: warning: VPMM_PAGE_S\xc4\xb0ZE is not a libvpmm "
+				      "variable", "VPMM_PAGE_SIZE?"), 1, "%s", R.out);
 }
 
 /* Out of memory under VPMM_LIMIT: the line says the limit. */
