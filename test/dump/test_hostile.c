@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -244,4 +246,58 @@ Test(dump, a_snapshot_whose_trace_fails_to_flush_is_not_written)
 Test(dump, a_snapshot_whose_trace_flush_times_out_is_not_written, .timeout = 120)
 {
 	snapshot_without_its_trace(12, "no reply within");
+}
+
+/* ---- listing ------------------------------------------------------------------------ */
+
+/* Sockets that take a connection and never answer: the listing asks them
+ * all at once and waits one timeout (2 s) in all (it waited 2 s for each,
+ * one after the other). */
+Test(dump, silent_sockets_cost_the_listing_one_timeout, .timeout = 120)
+{
+	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char sub[64];
+	snprintf(sub, sizeof(sub), "%s/vpmm", dir);
+	cr_assert_eq(mkdir(sub, 0700), 0);
+	setenv("XDG_RUNTIME_DIR", dir, 1);
+	enum { SILENT = 4 };
+	int fds[SILENT];
+	for (int i = 0; i < SILENT; i++) {
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+		/* our parent's pid and made-up ones: the listing shows them all */
+		int n = snprintf(a.sun_path, sizeof(a.sun_path), "%s/%ld.sock", sub,
+				 i ? 4000000L + i : (long)getppid());
+		cr_assert_lt(n, (int)sizeof(a.sun_path));
+		fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		cr_assert_geq(fds[i], 0);
+		cr_assert_eq(bind(fds[i], (struct sockaddr *)&a, sizeof(a)), 0);
+		cr_assert_eq(listen(fds[i], 4), 0); /* never accepted, never answered */
+	}
+	struct run r;
+	uint64_t t0 = ms_now();
+	run((char *[]){ VPMM_DUMP, "--json", NULL }, &r);
+	uint64_t took = ms_now() - t0;
+	cr_expect_eq(r.status, 0, "%s", r.err);
+	struct json doc;
+	char perr[128];
+	cr_assert_eq(json_parse(r.out, strlen(r.out), &doc, perr, sizeof(perr)), 0, "%s: %s", perr,
+		     r.out);
+	const struct json *procs = json_get(&doc, "processes");
+	size_t mine = 0;
+	for (size_t i = 0; procs && i < procs->n; i++) {
+		const char *sock = json_str(json_get(&procs->items[i], "socket"));
+		if (sock && strncmp(sock, sub, strlen(sub)) == 0) {
+			mine++;
+			const char *e = json_str(json_get(&procs->items[i], "error"));
+			cr_expect(e && strstr(e, "no reply within 2 s"), "%s", e ? e : "-");
+		}
+	}
+	json_free(&doc);
+	cr_expect_eq(mine, SILENT, "%s", r.out);
+	cr_expect_lt(took, 3500, "the listing took %llu ms", (unsigned long long)took);
+	run_free(&r);
+	for (int i = 0; i < SILENT; i++)
+		close(fds[i]);
+	remove_dir(dir);
 }
