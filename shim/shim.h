@@ -29,6 +29,10 @@
 
 #define VPMM_EXPORT __attribute__((visibility("default")))
 #define VPMM_HIDDEN __attribute__((visibility("hidden")))
+/* Code that may run before a sanitizer's runtime is ready: AddressSanitizer,
+ * preloaded first, calls the exported dlsym while it starts, before its
+ * shadow memory exists, and an instrumented load there crashes. */
+#define VPMM_EARLY __attribute__((no_sanitize("address", "undefined")))
 
 typedef int cudaError_t;
 typedef CUstream cudaStream_t;

@@ -459,7 +459,7 @@ static void oom_flood(void)
 		CHECK((fcntl(2, F_GETFL) & O_NONBLOCK) == 0); /* the program's flags, as they were */
 	}
 	printf("flood: %ld failures in %.3f s, the slowest %.6f s\n", n, secs() - t0, worst);
-	CHECK(worst < 0.1);
+	CHECK(worst < 1.0); /* waiting on the pipe: until the alarm */
 }
 
 int main(int argc, char **argv)

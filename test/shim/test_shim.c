@@ -25,6 +25,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* A sanitized libvpmm.so needs the sanitizer's runtime loaded first. */
+#ifdef ASAN_RUNTIME
+#define PRELOAD ASAN_RUNTIME ":" LIBVPMM
+#else
+#define PRELOAD LIBVPMM
+#endif
+
 struct run {
 	int status; /* exit code, or 128 + signal */
 	char out[1 << 16];
@@ -46,7 +53,7 @@ static void run(const char *prog, const char *scenario, bool preload,
 
 	env[n++] = "LD_LIBRARY_PATH=" FAKE_DIR;
 	if (preload)
-		env[n++] = "LD_PRELOAD=" LIBVPMM;
+		env[n++] = "LD_PRELOAD=" PRELOAD;
 	for (size_t i = 0; extra && extra[i] && n < 30; i++)
 		env[n++] = extra[i];
 	env[n] = NULL;
