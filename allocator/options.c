@@ -581,8 +581,7 @@ int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_
 
 /* ---- checks between options ----------------------------------------------- */
 
-/* "64K", "2M", or bytes: how a size reads back in a message. */
-static const char *size_text(size_t v, char *buf, size_t n)
+const char *vpmm_size_text(size_t v, char *buf, size_t n)
 {
 	static const char suffix[] = "KMGT";
 	int i = -1;
@@ -621,21 +620,46 @@ int vpmm_config_check(const struct vpmm_config *cfg, size_t gran, char *err, siz
 	size_t page = u.page, handle = u.handle, grain = u.grain;
 	if (page % gran)
 		CHECK_FAIL("VPMM_PAGE_SIZE=%s is not a multiple of the driver's granularity %s",
-			   size_text(page, a, sizeof a), size_text(gran, b, sizeof b));
+			   vpmm_size_text(page, a, sizeof a), vpmm_size_text(gran, b, sizeof b));
 	if (handle % page)
 		CHECK_FAIL("VPMM_HANDLE_SIZE=%s is not a whole number of pages of %s "
 			   "(VPMM_PAGE_SIZE, else the driver's granularity)",
-			   size_text(handle, a, sizeof a), size_text(page, b, sizeof b));
+			   vpmm_size_text(handle, a, sizeof a), vpmm_size_text(page, b, sizeof b));
 	if (!cfg->va_size || cfg->va_size > SIZE_MAX - page)
 		CHECK_FAIL("VPMM_VA_SIZE=%s: expected 1G to 16E, less a page",
-			   size_text(cfg->va_size, a, sizeof a));
+			   vpmm_size_text(cfg->va_size, a, sizeof a));
 	if (grain < 512 || (grain & (grain - 1)) || page % grain)
 		CHECK_FAIL("VPMM_GRAIN=%s: expected a power of two from 512 that divides the "
 			   "page of %s (or 0: whole pages)",
-			   size_text(cfg->grain, a, sizeof a), size_text(page, b, sizeof b));
+			   vpmm_size_text(cfg->grain, a, sizeof a), vpmm_size_text(page, b, sizeof b));
 	if (cfg->initial_pages > SIZE_MAX / page)
 		CHECK_FAIL("VPMM_PAGES=%zu: more pages of %s than memory can hold",
-			   cfg->initial_pages, size_text(page, b, sizeof b));
+			   cfg->initial_pages, vpmm_size_text(page, b, sizeof b));
+	/* Every allocation would fail: not one page fits under the limit. */
+	if (cfg->limit && cfg->limit < page)
+		CHECK_FAIL("VPMM_LIMIT=%s is less than one page of %s (VPMM_PAGE_SIZE, else the "
+			   "driver's granularity): nothing could be mapped",
+			   vpmm_size_text(cfg->limit, a, sizeof a), vpmm_size_text(page, b, sizeof b));
+	if (cfg->limit && cfg->initial_pages > cfg->limit / page)
+		CHECK_FAIL("VPMM_LIMIT=%s is less than the VPMM_PAGES=%zu pages of %s mapped up "
+			   "front", vpmm_size_text(cfg->limit, a, sizeof a), cfg->initial_pages,
+			   vpmm_size_text(page, b, sizeof b));
+	return 0;
+}
+
+int vpmm_config_check_device(const struct vpmm_config *cfg, size_t gran, size_t total,
+			     char *err, size_t errlen)
+{
+	char a[32], b[32];
+	struct vpmm_units u;
+	int rc = vpmm_config_check(cfg, gran, err, errlen);
+	if (rc || !total)
+		return rc;
+	vpmm_config_units(cfg, gran, &u);
+	if (u.page > total)
+		CHECK_FAIL("VPMM_PAGE_SIZE=%s is more than the device's memory (%s): not one "
+			   "page could be mapped", vpmm_size_text(u.page, a, sizeof a),
+			   vpmm_size_text(total, b, sizeof b));
 	return 0;
 }
 
@@ -686,13 +710,27 @@ size_t vpmm_options_misspelled(char *const *env,
 			continue;
 		memcpy(name, *env, n);
 		name[n] = '\0';
+		/* A letter of another alphabet that looks like ours (the
+		 * Turkish capital dotted I in VPMM_PAGE_SİZE) is one slip,
+		 * not as many as it has bytes: each non-ASCII character is
+		 * compared as one byte that matches no letter. */
+		char folded[sizeof(name)];
+		size_t k = 0;
+		for (size_t i = 0; i < n; i++) {
+			unsigned char c = (unsigned char)name[i];
+			folded[k++] = c < 0x80 ? (char)c : '\x01';
+			if (c >= 0xc0)
+				while (i + 1 < n && ((unsigned char)name[i + 1] & 0xc0) == 0x80)
+					i++;
+		}
+		folded[k] = '\0';
 		/* One slip: at two, VPMM_LIB (our scripts') read as VPMM_LOG. */
 		const char *best = NULL;
 		unsigned best_d = 2;
 		bool exact = false;
 		for (size_t i = 0; i < OPT_COUNT && !exact; i++) {
 			exact = strcmp(name, info_table[i].name) == 0;
-			unsigned d = edits(name, info_table[i].name, 1);
+			unsigned d = edits(folded, info_table[i].name, 1);
 			if (d < best_d) {
 				best_d = d;
 				best = info_table[i].name;

@@ -69,6 +69,15 @@ struct vpmm_units {
 };
 void vpmm_config_units(const struct vpmm_config *cfg, size_t gran, struct vpmm_units *u);
 
+/* "64K", "2M", or bytes: how a size reads back in a message (n >= 24). */
+const char *vpmm_size_text(size_t v, char *buf, size_t n);
+
+/* vpmm_config_check() and the checks against the device's memory (`total`
+ * bytes; 0: unknown), the ones vpmm_pool_create() makes: 0, or -EINVAL
+ * with one line in err (may be NULL) naming the variable at fault. */
+int vpmm_config_check_device(const struct vpmm_config *cfg, size_t gran, size_t total,
+			     char *err, size_t errlen);
+
 /* One entry of the options table, for documentation and --help. */
 struct vpmm_option_info {
 	const char *name;  /* "VPMM_PAGE_SIZE" */

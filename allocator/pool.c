@@ -47,7 +47,13 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		rc = vpi_cu_errno(r);
 		goto fail;
 	}
-	rc = vpmm_config_check(cfg, gran, NULL, 0);
+	/* A page above the granularity may be more than the device holds
+	 * (asked once, uncounted). */
+	size_t dev_free, dev_total = 0;
+	if (cfg->page_size > gran && drv->mem_info &&
+	    drv->mem_info(drv, &dev_free, &dev_total) != CUDA_SUCCESS)
+		dev_total = 0;
+	rc = vpmm_config_check_device(cfg, gran, dev_total, NULL, 0);
 	if (rc)
 		goto fail;
 	struct vpmm_units units;

@@ -307,6 +307,41 @@ static void grant_peer(vpmm_pool *p, int dev, int peer)
 		VPMM_LOGF(VPMM_LOG_INFO, "device %d: pool memory accessible from device %d", dev, peer);
 }
 
+/* Why vpmm_pool_create failed with `e`, naming the option at fault where
+ * one is: a combination, or a value the device cannot take. */
+static void no_pool_why(const struct vpmm_config *cfg, int e, char *why, size_t n)
+{
+	size_t gran = 0, dev_free, dev_total = 0;
+	CUdeviceptr va;
+	if (e == -EINVAL && st.drv->granularity(st.drv, cfg->device, &gran) == CUDA_SUCCESS) {
+		if (cfg->page_size > gran &&
+		    st.drv->mem_info(st.drv, &dev_free, &dev_total) != CUDA_SUCCESS)
+			dev_total = 0;
+		vpmm_config_check_device(cfg, gran, dev_total, why, n);
+		return;
+	}
+	if (e != -ENOMEM)
+		return;
+	/* The reservation of VPMM_VA_SIZE, made first, or the pages. */
+	if (st.drv->granularity(st.drv, cfg->device, &gran) == CUDA_SUCCESS && gran &&
+	    cfg->va_size <= SIZE_MAX - gran) {
+		size_t size = (cfg->va_size + gran - 1) / gran * gran;
+		CUresult r = st.drv->va_reserve(st.drv, size, &va);
+		if (r == CUDA_SUCCESS) {
+			st.drv->va_free(st.drv, va, size);
+		} else {
+			char a[32];
+			snprintf(why, n, "VPMM_VA_SIZE=%s: the driver cannot reserve that much "
+				 "address space (CUresult %d; the default is 8T)",
+				 vpmm_size_text(cfg->va_size, a, sizeof a), (int)r);
+			return;
+		}
+	}
+	if (cfg->initial_pages)
+		snprintf(why, n, "%s; VPMM_PAGES=%zu maps them up front", strerror(-e),
+			 cfg->initial_pages);
+}
+
 /* The pool of `dev`, created on first use in context `ctx`; NULL when the
  * device passes through. */
 static vpmm_pool *pool_for(int dev)
@@ -329,14 +364,8 @@ static vpmm_pool *pool_for(int dev)
 		vpmm_real.ctx_get_current(&ctx);
 		e = vpmm_pool_create(&cfg, st.drv, &p);
 		if (e) {
-			/* Say which option, where one is at fault. */
 			char why[256] = "";
-			size_t gran = 0;
-			if (e == -EINVAL && st.drv->granularity(st.drv, dev, &gran) == CUDA_SUCCESS)
-				vpmm_config_check(&cfg, gran, why, sizeof why);
-			else if (e == -ENOMEM && cfg.initial_pages)
-				snprintf(why, sizeof why, "%s; VPMM_PAGES=%zu maps them up front",
-					 strerror(-e), cfg.initial_pages);
+			no_pool_why(&cfg, e, why, sizeof why);
 			atomic_store(&st.dev[dev].failed, true);
 			vpmm_log(VPMM_LOG_WARN, "device %d: no pool (%s): passing its allocations through",
 				 dev, why[0] ? why : strerror(-e));
@@ -644,18 +673,29 @@ static CUresult pool_result(vpmm_pool *p, int e)
  * could: waited for every stream's frees, remapped, returned empty slabs). */
 static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
 {
+	static struct vpmm_log_limit limit;
 	struct vpmm_stats ps;
 	size_t dev_free = 0, dev_total = 0;
+	uint64_t take;
+	if (!vpmm_log_on(VPMM_LOG_ERROR) || !(take = vpmm_log_limit_take(&limit)))
+		return;
+	char more[96] = "";
+	if (take > 1)
+		snprintf(more, sizeof more, " (and %" PRIu64 " more since the last such line)",
+			 take - 1);
+	else if (atomic_load_explicit(&limit.seen, memory_order_relaxed) == VPMM_LOG_BURST)
+		snprintf(more, sizeof more, " (more: one line a second, with their count)");
 	vpmm_pool_stats(pool, &ps);
 	if (vpmm_real.mem_get_info)
 		vpmm_real.mem_get_info(&dev_free, &dev_total);
-	char limit[64] = "";
+	char limit_s[64] = "";
 	if (st.cfg.limit)
-		snprintf(limit, sizeof limit, ", VPMM_LIMIT %zu", st.cfg.limit);
-	vpmm_log(VPMM_LOG_ERROR,
-		 "device %d: out of memory: requested %zu bytes; live %" PRIu64
-		 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s",
-		 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit);
+		snprintf(limit_s, sizeof limit_s, ", VPMM_LIMIT %zu", st.cfg.limit);
+	vpmm_log_limited(&limit, VPMM_LOG_ERROR,
+			 "device %d: out of memory: requested %zu bytes; live %" PRIu64
+			 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s%s",
+			 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit_s,
+			 more);
 }
 
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,

@@ -26,8 +26,10 @@
 void *vpmm_dlsym_filter(void *handle, const char *name) VPMM_HIDDEN __attribute__((used));
 
 /* Our wrapper for this lookup, or NULL: "ask the real dlsym as is". Also
- * makes sure vpmm_real_dlsym_fn is set, which the entry relies on. */
-void *vpmm_dlsym_filter(void *handle, const char *name)
+ * makes sure vpmm_real_dlsym_fn is set, which the entry relies on. Safe
+ * before a sanitizer's runtime is ready (VPMM_EARLY): the names it looks
+ * up then are not ours, and only ours go further. */
+VPMM_EARLY void *vpmm_dlsym_filter(void *handle, const char *name)
 {
 	void *w;
 	vpmm_resolve_dlsym();

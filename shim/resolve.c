@@ -36,7 +36,9 @@ static void *no_dlsym(void *handle, const char *name)
 
 static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
 
-static void find_dlsym(void)
+/* Runs first inside AddressSanitizer's start-up (it calls our dlsym):
+ * nothing here may be instrumented. */
+VPMM_EARLY static void find_dlsym(void)
 {
 	/* glibc 2.34 moved dlsym into libc under a new version; older ones
 	 * keep the first version of each architecture. */
@@ -53,7 +55,7 @@ static void find_dlsym(void)
 	}
 }
 
-void vpmm_resolve_dlsym(void)
+VPMM_EARLY void vpmm_resolve_dlsym(void)
 {
 	pthread_once(&dlsym_once, find_dlsym);
 }
@@ -107,7 +109,7 @@ bool vpmm_resolving(void)
 	return tls_resolving;
 }
 
-bool vpmm_wrapped_name(const char *name)
+VPMM_EARLY bool vpmm_wrapped_name(const char *name)
 {
 	if (name[0] != 'c' || name[1] != 'u')
 		return false;

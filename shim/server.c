@@ -127,6 +127,7 @@ struct server {
 	struct client *clients;
 	unsigned nclients;
 	uint64_t accept_pause_until; /* out of descriptors: stop accepting a while */
+	bool said; /* set-up failed and said why */
 	uint64_t next_tick_ms;
 	/* The poll set, owned by the thread; held here so that it stays
 	 * reachable while the thread runs to the process's exit. */
@@ -490,7 +491,7 @@ static void drop_fds(struct client *c)
 static void serve_line(struct server *s, struct client *c, char *line, size_t len)
 {
 	struct sbuf *b = &c->out;
-	char err[256];
+	char err[VPMM_REQUEST_MAX + 512]; /* the request's path and the reason */
 	b->len = 0;
 	b->failed = false;
 	if (len && line[len - 1] == '\r')
@@ -845,22 +846,36 @@ static void *server_main(void *arg)
 
 /* ---- setup ---------------------------------------------------------------- */
 
+/* A set-up failure's one line (the reason and "not serving"); the caller
+ * then says nothing more. */
+static void setup_err(struct server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void setup_err(struct server *s, const char *fmt, ...)
+{
+	char msg[480];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	slog(s, VPMM_LOG_ERROR, "%s", msg);
+	s->said = true;
+}
+
 /* The default directory: created 0700, and it must be ours and private. */
 static int private_dir(struct server *s, const char *dir)
 {
 	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
 		int e = errno;
-		slog(s, VPMM_LOG_ERROR, "cannot create %s: %s: not serving", dir, strerror(e));
+		setup_err(s, "cannot create %s: %s: not serving", dir, strerror(e));
 		return -e;
 	}
 	struct stat st;
 	if (lstat(dir, &st) != 0) {
 		int e = errno;
-		slog(s, VPMM_LOG_ERROR, "%s: %s: not serving", dir, strerror(e));
+		setup_err(s, "%s: %s: not serving", dir, strerror(e));
 		return -e;
 	}
 	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
-		slog(s, VPMM_LOG_ERROR,
+		setup_err(s,
 		     "%s is not a private directory (%s, owner uid %ld, mode %03o): not serving",
 		     dir, S_ISDIR(st.st_mode) ? "directory" : "not a directory", (long)st.st_uid,
 		     (unsigned)(st.st_mode & 0777));
@@ -930,7 +945,7 @@ static int choose_path(struct server *s, const char *explicit_path)
 		n = vpmm_socket_path(buf, sizeof(buf), dir, (long)getpid());
 	}
 	if (n < 0 || (size_t)n >= sizeof(s->path)) {
-		slog(s, VPMM_LOG_ERROR, "socket path too long for a Unix socket (at most %zu bytes): %s",
+		setup_err(s, "socket path too long for a Unix socket (at most %zu bytes): not serving: %s",
 		     sizeof(s->path) - 1, buf);
 		return -ENAMETOOLONG;
 	}
@@ -946,7 +961,7 @@ static int clear_path(struct server *s, const struct sockaddr_un *addr)
 	if (lstat(s->path, &st) != 0)
 		return errno == ENOENT ? 0 : -errno;
 	if (!S_ISSOCK(st.st_mode)) {
-		slog(s, VPMM_LOG_ERROR, "%s exists and is not a socket: not serving", s->path);
+		setup_err(s, "%s exists and is not a socket: not serving", s->path);
 		return -EEXIST;
 	}
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -956,11 +971,11 @@ static int clear_path(struct server *s, const struct sockaddr_un *addr)
 	int e = errno;
 	close(fd);
 	if (rc == 0) {
-		slog(s, VPMM_LOG_ERROR, "%s is served by another process: not serving", s->path);
+		setup_err(s, "%s is served by another process: not serving", s->path);
 		return -EADDRINUSE;
 	}
 	if (e != ECONNREFUSED) {
-		slog(s, VPMM_LOG_ERROR, "%s: %s: not serving", s->path, strerror(e));
+		setup_err(s, "%s: %s: not serving", s->path, strerror(e));
 		return -e;
 	}
 	if (unlink(s->path) != 0 && errno != ENOENT)
@@ -980,7 +995,7 @@ static int open_socket(struct server *s)
 		return -errno;
 	if (bind(fd, (const struct sockaddr *)&addr, sizeof(addr)) != 0) {
 		int e = errno;
-		slog(s, VPMM_LOG_ERROR, "bind %s: %s: not serving", s->path, strerror(e));
+		setup_err(s, "bind %s: %s: not serving", s->path, strerror(e));
 		close(fd);
 		return -e;
 	}
@@ -1101,7 +1116,7 @@ int vpmm_server_start(const struct vpmm_server_config *cfg)
 	pthread_mutex_unlock(&g_lock);
 	return 0;
 fail:
-	if (rc != -ENOMEM && s)
+	if (rc != -ENOMEM && s && !s->said)
 		slog(s, VPMM_LOG_WARN, "no vpmm-dump socket for this process (%s)", strerror(-rc));
 	server_free(s);
 out:

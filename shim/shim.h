@@ -29,6 +29,10 @@
 
 #define VPMM_EXPORT __attribute__((visibility("default")))
 #define VPMM_HIDDEN __attribute__((visibility("hidden")))
+/* Code that may run before a sanitizer's runtime is ready: AddressSanitizer,
+ * preloaded first, calls the exported dlsym while it starts, before its
+ * shadow memory exists, and an instrumented load there crashes. */
+#define VPMM_EARLY __attribute__((no_sanitize("address", "undefined")))
 
 typedef int cudaError_t;
 typedef CUstream cudaStream_t;
@@ -49,6 +53,21 @@ void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 		if (vpmm_log_on(level))                                       \
 			vpmm_log(level, __VA_ARGS__);                         \
 	} while (0)
+
+/* A kind of line that may come in floods (out of memory in a loop): the
+ * first VPMM_LOG_BURST are shown, then one a second at most, and none
+ * waits for stderr. Zero-initialised. */
+#define VPMM_LOG_BURST 5
+struct vpmm_log_limit {
+	_Atomic uint64_t seen, held, last_ns;
+};
+/* Whether to show this one: 0, or 1 + how many were not shown since the
+ * last one that was (the caller says so in the line). */
+uint64_t vpmm_log_limit_take(struct vpmm_log_limit *l) VPMM_HIDDEN;
+/* vpmm_log without waiting: a line stderr does not take at once is dropped
+ * and counted in the next. */
+void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
+	VPMM_HIDDEN __attribute__((format(printf, 3, 4)));
 
 /* ---- hook counters (dispatch.c) ------------------------------------------------ */
 

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -31,6 +32,7 @@
 
 #define RING_SLOTS (1u << 16)
 #define FLUSH_EVERY_MS 50
+#define FLUSH_WAIT_S 2 /* vpmm_trace_flush's wait for the writer, at most */
 #define OUT_BUF (64 * 1024)
 #define LINE_MAX_LEN 128
 
@@ -65,6 +67,8 @@ static char path_abs[PATH_MAX];
 static char parent_path[PATH_MAX]; /* a forked child: the parent's trace */
 static char out[OUT_BUF];
 static size_t outlen;
+static uint64_t file_off; /* bytes of whole lines in the file */
+static bool err_said;     /* the write error was reported */
 static time_t cached_sec = (time_t)-1;
 static struct tm cached_tm;
 
@@ -145,11 +149,37 @@ void vpmm_trace_event(enum vpmm_trace_action action, CUdeviceptr ptr, size_t siz
 
 /* ---- the consumer (drain_lock held) --------------------------------------- */
 
+/* How many of the next `want` bytes may be written: past the file size
+ * limit (ulimit -f) a write would raise SIGXFSZ, which the kernel sends to
+ * the whole process, and whose default action kills it. Blocking it in
+ * this thread would not keep it from another thread, and ignoring it
+ * would change the program's disposition for its own writes: so the trace
+ * never starts a write at the limit, and stops there with EFBIG. */
+static size_t room_under_limit(size_t want)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+		return want;
+	off_t pos = lseek(fd, 0, SEEK_CUR);
+	uint64_t at = pos >= 0 ? (uint64_t)pos : file_off;
+	if (at >= (uint64_t)rl.rlim_cur)
+		return 0;
+	uint64_t room = (uint64_t)rl.rlim_cur - at;
+	return want < room ? want : (size_t)room;
+}
+
+/* Writes the buffer (whole lines). The file keeps whole lines only: the
+ * lines that fit under the file size limit are written, and a failed or
+ * short write (a full disk) is cut back to the end of the last whole line. */
 static void out_write(void)
 {
+	size_t len = room_under_limit(outlen);
+	if (len < outlen)
+		while (len && out[len - 1] != '\n')
+			len--;
 	size_t off = 0;
-	while (off < outlen && !write_err) {
-		ssize_t n = write(fd, out + off, outlen - off);
+	while (off < len && !write_err) {
+		ssize_t n = write(fd, out + off, len - off);
 		if (n > 0)
 			off += (size_t)n;
 		else if (n < 0 && errno == EINTR)
@@ -157,6 +187,16 @@ static void out_write(void)
 		else
 			write_err = n < 0 ? errno : EIO;
 	}
+	if (write_err && off) {
+		size_t whole = off;
+		while (whole && out[whole - 1] != '\n')
+			whole--;
+		if (whole < off && ftruncate(fd, (off_t)(file_off + whole)) == 0)
+			off = whole;
+	}
+	if (!write_err && len < outlen)
+		write_err = EFBIG;
+	file_off += off;
 	outlen = 0;
 }
 
@@ -185,16 +225,19 @@ static void format_event(const struct slot *s)
 		outlen += (size_t)n;
 }
 
-/* Formats and writes every published event. Returns -errno of a write
- * error (tracing then stops). */
+/* Formats and writes the events published before the call (those
+ * published meanwhile wait for the next call: producers that keep up with
+ * the writer cannot hold it, and whoever waits on drain_lock, for ever).
+ * Returns -errno of a write error (tracing then stops, said in one line). */
 static int drain_locked(void)
 {
 	if (fd < 0)
 		return 0;
-	for (;;) {
+	uint64_t end = atomic_load_explicit(&tail, memory_order_acquire);
+	while (head != end && !write_err) {
 		struct slot *s = &ring[head & (RING_SLOTS - 1)];
 		if (atomic_load_explicit(&s->seq, memory_order_acquire) != head + 1)
-			break; /* empty, or claimed and not yet published */
+			break; /* claimed and not yet published */
 		struct slot copy = { .ns = s->ns, .ptr = s->ptr, .size = s->size,
 				     .stream = s->stream, .tid = s->tid, .action = s->action };
 		atomic_store_explicit(&s->seq, head + RING_SLOTS, memory_order_release);
@@ -203,10 +246,13 @@ static int drain_locked(void)
 	}
 	out_write();
 	if (write_err) {
-		if (atomic_exchange(&enabled, false)) {
+		atomic_store(&enabled, false);
+		if (!err_said) {
+			err_said = true;
 			char msg[PATH_MAX + 80];
-			int n = snprintf(msg, sizeof(msg), "vpmm: trace %s: %s: tracing stopped\n",
-					 path_abs, strerror(write_err));
+			int n = snprintf(msg, sizeof(msg),
+					 "vpmm: error: trace %s: %s: tracing stopped\n", path_abs,
+					 strerror(write_err));
 			if (n > 0) {
 				ssize_t w = write(STDERR_FILENO, msg,
 						  (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
@@ -366,15 +412,23 @@ int vpmm_trace_open(const char *path)
 		goto out;
 	}
 	/* Not blocking: a FIFO without a reader would hold the caller (the
-	 * socket's server thread) in open() for ever. */
-	int f = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+	 * socket's server thread) in open() for ever. Not through a symbolic
+	 * link, and only a file of ours with no other name: a link another
+	 * user left in /tmp would have us truncate whatever it points to. */
+	int f = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY,
+		     0644);
 	if (f < 0) {
 		rc = errno == ENXIO ? -EINVAL : -errno; /* a FIFO or socket */
 		goto out;
 	}
 	struct stat st, now;
-	if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
+	if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode))
 		rc = -EINVAL;
+	else if (st.st_uid != geteuid())
+		rc = -EPERM;
+	else if (st.st_nlink > 1)
+		rc = -EMLINK;
+	if (rc) {
 		close(f);
 		goto out;
 	}
@@ -404,6 +458,8 @@ int vpmm_trace_open(const char *path)
 	head = 0;
 	fd = f;
 	write_err = 0;
+	err_said = false;
+	file_off = 0;
 	outlen = 0;
 	memcpy(out, header, sizeof(header) - 1);
 	outlen = sizeof(header) - 1;
@@ -438,6 +494,12 @@ const char *vpmm_trace_strerror(int rc)
 	if (rc == -EBUSY)
 		return "another process traces to this file (%p in the name makes one "
 		       "file per process)";
+	if (rc == -ELOOP)
+		return "a symbolic link (refused: the trace is written only to a file itself)";
+	if (rc == -EPERM)
+		return "owned by another user (refused)";
+	if (rc == -EMLINK)
+		return "the file has other names (hard links; refused)";
 	return rc == -EINVAL ? "not a regular file" : strerror(-rc);
 }
 
@@ -448,7 +510,15 @@ bool vpmm_trace_on(void)
 
 int vpmm_trace_flush(void)
 {
-	pthread_mutex_lock(&drain_lock);
+	/* Bounded: the writer holds the lock for one drain at most, but a
+	 * caller (the socket's server thread) must not wait behind a slow
+	 * disk for ever either. */
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += FLUSH_WAIT_S;
+	int e = pthread_mutex_timedlock(&drain_lock, &until);
+	if (e)
+		return -e;
 	int rc = drain_locked();
 	pthread_mutex_unlock(&drain_lock);
 	return rc;

@@ -14,7 +14,10 @@
  * a background thread formats and writes the ring every 50 ms, or sooner when
  * it fills. If the ring is full the caller waits for the writer: no event is
  * dropped. The file is complete after vpmm_trace_close(), which a destructor
- * runs at exit; vpmm_trace_flush() makes it complete up to now. A forked
+ * runs at exit; vpmm_trace_flush() makes it complete up to now. A write that
+ * fails (a full disk; the file size limit of ulimit -f, where the trace
+ * stops rather than raise SIGXFSZ) stops the trace with one line on
+ * stderr, and the file keeps whole lines only. A forked
  * child does not trace (the parent's file and buffered events stay the
  * parent's); it may open a trace of its own, but not the parent's file
  * (-EBUSY: it would truncate it).
@@ -37,7 +40,9 @@ enum vpmm_trace_action {
  * closing a trace already open. 0, or a negative errno, and then a trace
  * already open goes on: -EBUSY for a file another process traces to (a
  * forked or spawned worker with the same VPMM_TRACE), -EINVAL for anything
- * but a regular file (a FIFO would stall the program on its reader). */
+ * but a regular file (a FIFO would stall the program on its reader),
+ * -ELOOP for a symbolic link, -EPERM for another user's file, -EMLINK for
+ * a file with other names (a link could make us truncate any file). */
 int vpmm_trace_open(const char *path);
 /* vpmm_trace_open()'s error in words. */
 const char *vpmm_trace_strerror(int rc);
@@ -48,7 +53,8 @@ bool vpmm_trace_on(void);
 void vpmm_trace_event(enum vpmm_trace_action action, CUdeviceptr ptr, size_t size,
 		      CUstream stream);
 /* Writes every event recorded so far. 0, or the negative errno of a write
- * error (the trace is then stopped). */
+ * error (the trace is then stopped), or -ETIMEDOUT when the writer held the
+ * file for 2 s (a slow disk): the caller is never held longer. */
 int vpmm_trace_flush(void);
 /* Writes what is left and closes the file. 0, or a negative errno of a write
  * error since the trace was opened. Safe when no trace is open. */

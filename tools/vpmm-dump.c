@@ -46,8 +46,8 @@ enum {
 };
 
 #define REPLY_TIMEOUT_MS 10000
-#define LIST_TIMEOUT_MS 2000 /* per process while listing: one stuck process
-			      * must not hold up the list */
+#define LIST_TIMEOUT_MS 2000 /* while listing, for all processes at once: a
+			      * stuck process must not hold up the list */
 #define TRACE_MAX_DEFAULT 100000
 
 static const char *prog = "vpmm-dump";
@@ -189,8 +189,10 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Connects; returns an exit status with the reason in err. */
-static int conn_open(const char *path, struct conn *c, char *err, size_t errlen)
+/* Connects (without waiting, when `nowait`: a socket whose backlog is full
+ * is then "not answering" at once); returns an exit status with the reason
+ * in err. */
+static int conn_connect(const char *path, struct conn *c, bool nowait, char *err, size_t errlen)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	c->fd = -1;
@@ -205,7 +207,7 @@ static int conn_open(const char *path, struct conn *c, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: not a socket", path);
 		return EXIT_FAIL;
 	}
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (nowait ? SOCK_NONBLOCK : 0), 0);
 	if (fd < 0) {
 		snprintf(err, errlen, "socket: %s", strerror(errno));
 		return EXIT_FAIL;
@@ -233,6 +235,9 @@ static int conn_open(const char *path, struct conn *c, char *err, size_t errlen)
 			snprintf(err, errlen,
 				 "%s: permission denied (the socket belongs to another user)", path);
 			return EXIT_DENIED;
+		case EAGAIN:
+			snprintf(err, errlen, "%s: no reply (its backlog is full)", path);
+			return EXIT_FAIL;
 		default:
 			snprintf(err, errlen, "%s: %s", path, strerror(e));
 			return EXIT_FAIL;
@@ -249,12 +254,20 @@ static int conn_open(const char *path, struct conn *c, char *err, size_t errlen)
 	return EXIT_OK;
 }
 
+static int conn_open(const char *path, struct conn *c, char *err, size_t errlen)
+{
+	return conn_connect(path, c, false, err, errlen);
+}
+
 static void conn_close(struct conn *c)
 {
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;
 }
+
+static int reply_parse(const char *path, const char *buf, size_t len, struct json *reply,
+		       char *err, size_t errlen);
 
 /* Sends one request and parses its reply into *reply (freed by the caller
  * with json_free). Returns an exit status with the reason in err. */
@@ -339,9 +352,21 @@ static int conn_request(struct conn *c, const char *request, struct json *reply,
 		status = EXIT_FAIL;
 		goto out;
 	}
+	status = reply_parse(c->path, buf, len, reply, err, errlen);
+out:
+	free(buf);
+	return status;
+}
+
+/* A reply line (len bytes, the newline last) into *reply: an exit status,
+ * with the reason in err (reply then freed). */
+static int reply_parse(const char *path, const char *buf, size_t len, struct json *reply,
+		       char *err, size_t errlen)
+{
+	int status = EXIT_OK;
 	char perr[160];
 	if (json_parse(buf, len - 1, reply, perr, sizeof(perr)) || reply->type != JSON_OBJECT) {
-		snprintf(err, errlen, "%s: malformed reply (%s)", c->path,
+		snprintf(err, errlen, "%s: malformed reply (%s)", path,
 			 reply->type == JSON_OBJECT ? perr : "not a JSON object");
 		status = EXIT_FAIL;
 		goto out;
@@ -352,7 +377,7 @@ static int conn_request(struct conn *c, const char *request, struct json *reply,
 	json_bool(json_get(reply, "ok"), &ok);
 	const char *e = json_str(json_get(reply, "error"));
 	if (!has_proto || proto < 1) { /* {} or the like: not a vpmm reply */
-		snprintf(err, errlen, "%s: malformed reply (no protocol version)", c->path);
+		snprintf(err, errlen, "%s: malformed reply (no protocol version)", path);
 		status = EXIT_FAIL;
 		goto out;
 	}
@@ -360,7 +385,7 @@ static int conn_request(struct conn *c, const char *request, struct json *reply,
 		snprintf(err, errlen,
 			 "%s: the process speaks vpmm protocol %" PRId64 ", this vpmm-dump speaks %d:"
 			 " use the vpmm-dump that came with the process's libvpmm%s%s",
-			 c->path, proto, VPMM_PROTOCOL, e ? " (it said: " : "", e ? e : "");
+			 path, proto, VPMM_PROTOCOL, e ? " (it said: " : "", e ? e : "");
 		if (e)
 			strncat(err, ")", errlen - strlen(err) - 1);
 		status = EXIT_PROTOCOL;
@@ -368,7 +393,7 @@ static int conn_request(struct conn *c, const char *request, struct json *reply,
 	}
 	if (!ok) {
 		e = e ? e : "(no reason given)";
-		snprintf(err, errlen, "%s: %s", c->path, e);
+		snprintf(err, errlen, "%s: %s", path, e);
 		if (strncmp(e, "permission denied", 17) == 0)
 			status = EXIT_DENIED;
 		else if (strncmp(e, "unsupported protocol version", 28) == 0)
@@ -378,7 +403,6 @@ static int conn_request(struct conn *c, const char *request, struct json *reply,
 		goto out;
 	}
 out:
-	free(buf);
 	if (status != EXIT_OK)
 		json_free(reply);
 	return status;
@@ -651,6 +675,125 @@ static int sum_pools(const struct json *reply, uint64_t *mapped, uint64_t *live,
 	return 0;
 }
 
+/* One socket's answer while listing. */
+struct answer {
+	struct conn c;
+	int status; /* an exit status once done */
+	bool done;
+	char *buf;
+	size_t len, cap;
+	struct json reply; /* when status is EXIT_OK */
+	char err[512];
+};
+
+static void answer_fail(struct answer *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void answer_fail(struct answer *a, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(a->err, sizeof(a->err), fmt, ap);
+	va_end(ap);
+	a->status = EXIT_FAIL;
+	a->done = true;
+}
+
+/* Reads what a's socket has; done once its reply line is whole. */
+static void answer_read(struct answer *a)
+{
+	for (;;) {
+		if (a->len + 4096 > a->cap) {
+			size_t nc = a->cap ? a->cap * 2 : 16384;
+			char *nb = nc <= VPMM_REPLY_MAX ? realloc(a->buf, nc) : NULL;
+			if (!nb) {
+				answer_fail(a, "%s: reply too long", a->c.path);
+				return;
+			}
+			a->buf = nb;
+			a->cap = nc;
+		}
+		ssize_t r = recv(a->c.fd, a->buf + a->len, a->cap - a->len, MSG_DONTWAIT);
+		if (r > 0) {
+			char *nl = memchr(a->buf + a->len, '\n', (size_t)r);
+			a->len += (size_t)r;
+			if (nl) {
+				a->status = reply_parse(a->c.path, a->buf, (size_t)(nl - a->buf) + 1,
+							&a->reply, a->err, sizeof(a->err));
+				a->done = true;
+				return;
+			}
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (r == 0 && a->len == 0)
+			answer_fail(a, "%s: the process closed the connection without a reply",
+				    a->c.path);
+		else if (r == 0)
+			answer_fail(a, "%s: truncated reply", a->c.path);
+		else
+			answer_fail(a, "%s: %s", a->c.path, strerror(errno));
+		return;
+	}
+}
+
+/* Sends `request` to every socket at once and gathers the replies within
+ * one reply timeout in all: a silent process costs the listing one
+ * timeout, not one each. */
+static void ask_all(const struct found *list, size_t n, const char *request, struct answer *a)
+{
+	char line[64];
+	int ln = snprintf(line, sizeof(line), "vpmm %d %s\n", VPMM_PROTOCOL, request);
+	struct pollfd *p = calloc(n ? n : 1, sizeof(*p));
+	size_t *who = calloc(n ? n : 1, sizeof(*who));
+	for (size_t i = 0; i < n; i++) {
+		memset(&a[i], 0, sizeof(a[i]));
+		a[i].status = conn_connect(list[i].path, &a[i].c, true, a[i].err, sizeof(a[i].err));
+		a[i].done = a[i].status != EXIT_OK;
+		if (!a[i].done) {
+			/* a few bytes into an empty socket; if refused, its
+			 * reason is read */
+			ssize_t w = send(a[i].c.fd, line, (size_t)ln, MSG_NOSIGNAL | MSG_DONTWAIT);
+			(void)w;
+		}
+	}
+	uint64_t deadline = now_ms() + (uint64_t)reply_timeout_ms;
+	for (;;) {
+		size_t k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!a[i].done) {
+				p[k] = (struct pollfd){ .fd = a[i].c.fd, .events = POLLIN };
+				who[k++] = i;
+			}
+		uint64_t now = now_ms();
+		if (!k || !p || !who)
+			break;
+		if (now >= deadline || interrupted) {
+			for (size_t j = 0; j < k; j++)
+				answer_fail(&a[who[j]], interrupted ? "interrupted" :
+					    "%s: no reply within %d s", a[who[j]].c.path,
+					    reply_timeout_ms / 1000);
+			break;
+		}
+		int pr = poll(p, (nfds_t)k, (int)(deadline - now));
+		if (pr < 0 && errno != EINTR)
+			break;
+		for (size_t j = 0; pr > 0 && j < k; j++)
+			if (p[j].revents)
+				answer_read(&a[who[j]]);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!a[i].done)
+			answer_fail(&a[i], "%s: no reply", list[i].path);
+		conn_close(&a[i].c);
+		free(a[i].buf);
+		a[i].buf = NULL;
+	}
+	free(p);
+	free(who);
+}
+
 static int list_processes(bool json)
 {
 	reply_timeout_ms = LIST_TIMEOUT_MS;
@@ -673,12 +816,20 @@ static int list_processes(bool json)
 	else if (n)
 		printf("%-8s %-16s %12s %12s %5s  %s\n", "PID", "COMMAND", "MAPPED", "LIVE", "POOLS",
 		       "SOCKET / STATUS");
+	struct answer *ans = calloc(n ? n : 1, sizeof(*ans));
+	if (!ans) {
+		errf("out of memory");
+		free(list);
+		return EXIT_FAIL;
+	}
+	ask_all(list, n, "stats", ans);
 	for (size_t i = 0; i < n; i++) {
 		long pid = pid_of_path(list[i].path);
-		char comm[64], err[512], a[32], b[32];
-		struct json reply;
+		char comm[64], a[32], b[32];
+		const char *err = ans[i].err;
+		struct json reply = ans[i].reply;
 		command_of(pid, comm, sizeof(comm));
-		int st = ask(list[i].path, "stats", &reply, err, sizeof(err));
+		int st = ans[i].status;
 		uint64_t mapped = 0, live = 0;
 		size_t npools = 0;
 		const char *status = "ok";
@@ -733,6 +884,7 @@ static int list_processes(bool json)
 	else if (!n)
 		printf("no process with a vpmm socket (looked in %s%s%s%s)\n", dir2,
 		       dir2[0] ? " and " : "", dir, geteuid() == 0 ? ", /tmp/vpmm-*, /run/user/*/vpmm" : "");
+	free(ans);
 	free(list);
 	return output_status();
 }
@@ -1396,16 +1548,24 @@ static int torch_snapshot(const struct target *t, const char *file, const char *
 	if (csv) {
 		snprintf(trace_path, sizeof(trace_path), "%s", csv);
 	} else {
-		/* The process's own trace, flushed up to now. */
+		/* The process's own trace, flushed up to now. A process without
+		 * trace recording gives a snapshot without a trace; one that
+		 * does not answer, or fails to flush, gives none: its trace
+		 * would be cut short or missing without a word. */
 		struct json st;
-		char e2[256];
-		if (ask(t->socket, "trace flush", &st, e2, sizeof(e2)) == EXIT_OK) {
+		char e2[768];
+		int rc = ask(t->socket, "trace flush", &st, e2, sizeof(e2));
+		if (rc == EXIT_OK) {
 			bool active = false;
 			json_bool(json_get(&st, "active"), &active);
 			const char *p = json_str(json_get(&st, "path"));
 			if (active && p)
 				snprintf(trace_path, sizeof(trace_path), "%s", p);
 			json_free(&st);
+		} else if (!strstr(e2, ": unsupported: ")) {
+			snprintf(err, errlen, "%s: snapshot not written (its trace could not be "
+				 "flushed: %s)", file, e2);
+			return rc;
 		}
 	}
 	if (trace_path[0]) {

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "driver_host.h"
+#include "dump_test.h"
 #include "json.h"
 #include "protocol.h"
 #include "server.h"
@@ -39,17 +40,7 @@
 #include "vpmm.h"
 #include "vpmm/version.h"
 
-#define PAGE ((size_t)64 << 10)
-#define NOBODY 65534
-
 /* ---- the host: a pool, its server ---------------------------------------- */
-
-struct host {
-	vpmm_driver *drv;
-	vpmm_pool *pool;
-	char dir[64];   /* a fresh private temporary directory */
-	char sock[128]; /* the socket being served */
-};
 
 static size_t one_pool(vpmm_pool **out, size_t cap, void *arg)
 {
@@ -59,7 +50,7 @@ static size_t one_pool(vpmm_pool **out, size_t cap, void *arg)
 	return 1;
 }
 
-static void host_pool(struct host *h, size_t va_pages)
+void host_pool(struct host *h, size_t va_pages)
 {
 	struct vpmm_host_options ho = { .granularity = PAGE, .unbacked = true };
 	cr_assert_eq(vpmm_driver_host_create(&ho, &h->drv), CUDA_SUCCESS);
@@ -77,7 +68,7 @@ static void host_pool(struct host *h, size_t va_pages)
 
 /* Starts the server: on `socket` ("" = the default rule, with
  * XDG_RUNTIME_DIR pointing at the temporary directory). */
-static void host_open(struct host *h, const char *socket, unsigned timeout_ms,
+void host_open(struct host *h, const char *socket, unsigned timeout_ms,
 		      size_t va_pages)
 {
 	memset(h, 0, sizeof(*h));
@@ -105,7 +96,7 @@ static void host_open(struct host *h, const char *socket, unsigned timeout_ms,
 	cr_assert_neq(h->sock[0], '\0');
 }
 
-static void host_close(struct host *h)
+void host_close(struct host *h)
 {
 	vpmm_server_stop();
 	struct stat st;
@@ -117,7 +108,7 @@ static void host_close(struct host *h)
 	cr_expect_eq(system(cmd), 0);
 }
 
-static CUdeviceptr alloc(struct host *h, size_t pages, CUstream s)
+CUdeviceptr alloc(struct host *h, size_t pages, CUstream s)
 {
 	CUdeviceptr p = 0;
 	int rc = vpmm_pool_malloc(h->pool, pages * PAGE, s, &p);
@@ -141,12 +132,7 @@ static CUdeviceptr make_all_kinds(struct host *h, CUstream s, CUdeviceptr live_o
 
 /* ---- running programs ------------------------------------------------------ */
 
-struct run {
-	int status; /* exit status, or 128 + signal */
-	char *out, *err;
-};
-
-static void run_free(struct run *r)
+void run_free(struct run *r)
 {
 	free(r->out);
 	free(r->err);
@@ -154,7 +140,7 @@ static void run_free(struct run *r)
 
 /* Runs argv (NULL-terminated) as uid `as` (-1: ourselves), capturing both
  * outputs; killed after 60 s. */
-static void run_as(char *const argv[], int as, struct run *r)
+void run_as(char *const argv[], int as, struct run *r)
 {
 	int po[2], pe[2];
 	cr_assert_eq(pipe(po), 0);
@@ -214,18 +200,18 @@ static void run_as(char *const argv[], int as, struct run *r)
 	r->err = buf[1];
 }
 
-static void run(char *const argv[], struct run *r)
+void run(char *const argv[], struct run *r)
 {
 	run_as(argv, -1, r);
 }
 
-static bool have_file(const char *path)
+bool have_file(const char *path)
 {
 	return access(path, X_OK) == 0;
 }
 
 /* A test's scratch directory (made by mkdtemp) goes, with what is in it. */
-static void remove_dir(const char *dir)
+void remove_dir(const char *dir)
 {
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
@@ -234,7 +220,7 @@ static void remove_dir(const char *dir)
 
 /* ---- raw protocol ------------------------------------------------------------- */
 
-static int dial(const char *path)
+int dial(const char *path)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
@@ -252,7 +238,7 @@ static int dial(const char *path)
 	return fd;
 }
 
-static bool send_all(int fd, const void *b, size_t n)
+bool send_all(int fd, const void *b, size_t n)
 {
 	const char *p = b;
 	while (n) {
@@ -269,7 +255,7 @@ static bool send_all(int fd, const void *b, size_t n)
 }
 
 /* One reply line (malloc'd, without the newline), or NULL at EOF/timeout. */
-static char *read_line(int fd)
+char *read_line(int fd)
 {
 	size_t cap = 4096, len = 0;
 	char *b = malloc(cap);
@@ -292,7 +278,7 @@ static char *read_line(int fd)
 }
 
 /* Sends `req` raw and parses the reply; false if none came. */
-static bool exchange(int fd, const char *req, struct json *reply)
+bool exchange(int fd, const char *req, struct json *reply)
 {
 	memset(reply, 0, sizeof(*reply));
 	if (!send_all(fd, req, strlen(req)))
@@ -307,7 +293,7 @@ static bool exchange(int fd, const char *req, struct json *reply)
 	return true;
 }
 
-static bool reply_ok(const struct json *r)
+bool reply_ok(const struct json *r)
 {
 	bool ok = false;
 	json_bool(json_get(r, "ok"), &ok);
@@ -316,7 +302,7 @@ static bool reply_ok(const struct json *r)
 
 /* The server closed: EOF, or ECONNRESET when it closed with our bytes
  * unread (Linux reports that on Unix sockets). */
-static bool at_eof(int fd)
+bool at_eof(int fd)
 {
 	char c;
 	ssize_t n;
@@ -1435,7 +1421,7 @@ Test(dump, hostile_clients_never_stall_allocations, .timeout = 240)
 
 /* ---- the PyTorch snapshot and the trace -------------------------------------- */
 
-static size_t count_lines(const char *path)
+size_t count_lines(const char *path)
 {
 	FILE *f = fopen(path, "r");
 	cr_assert_not_null(f);
@@ -1502,17 +1488,18 @@ Test(dump, a_bad_trace_start_keeps_the_running_trace)
 }
 
 /* Starting the trace again on the file it writes, by another name (./ or
- * a link): the old run's last events must not land past the new header
- * (review: they did, after a hole of NUL bytes). */
+ * a linked directory): the old run's last events must not land past the
+ * new header (review: they did, after a hole of NUL bytes). */
 Test(dump, a_trace_restarted_on_its_own_file_starts_clean)
 {
 	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
-	char path[128], other[160], link[160];
+	char path[128], other[160], link[160], ldir[160];
 	snprintf(path, sizeof(path), "%s/t.csv", dir);
 	snprintf(other, sizeof(other), "%s/./t.csv", dir);
-	snprintf(link, sizeof(link), "%s/l.csv", dir);
-	cr_assert_eq(symlink(path, link), 0);
+	snprintf(ldir, sizeof(ldir), "%s/l", dir);
+	snprintf(link, sizeof(link), "%s/l/t.csv", dir);
+	cr_assert_eq(symlink(dir, ldir), 0);
 	const char *again[] = {other, link};
 	for (int k = 0; k < 2; k++) {
 		cr_assert_eq(vpmm_trace_open(path), 0);
@@ -1601,11 +1588,7 @@ Test(dump, torch_snapshot_loads_in_python)
 	host_close(&h);
 }
 
-struct producer {
-	int id, events;
-};
-
-static void *produce(void *arg)
+void *produce(void *arg)
 {
 	struct producer *p = arg;
 	for (int i = 0; i < p->events; i++) {
@@ -1905,12 +1888,13 @@ Test(dump, a_forked_child_does_not_truncate_the_parents_trace)
 #endif
 	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
-	char path[128], other[128], link[128], each[128], mine[128];
+	char path[128], other[128], link[128], ldir[128], each[128], mine[128];
 	snprintf(path, sizeof(path), "%s/parent.csv", dir);
 	snprintf(other, sizeof(other), "%s/child.csv", dir);
-	snprintf(link, sizeof(link), "%s/link.csv", dir);
+	snprintf(ldir, sizeof(ldir), "%s/l", dir);
+	snprintf(link, sizeof(link), "%s/l/parent.csv", dir);
 	snprintf(each, sizeof(each), "%s/t-%%p.csv", dir);
-	cr_assert_eq(symlink(path, link), 0);
+	cr_assert_eq(symlink(dir, ldir), 0);
 	cr_assert_eq(vpmm_trace_open(path), 0);
 	vpmm_trace_event(VPMM_TRACE_ALLOCATE, 0x10000, 100, 0);
 	pid_t c = fork();

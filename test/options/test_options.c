@@ -651,6 +651,48 @@ Test(config, checks_against_the_granularity_name_the_variable)
 	cr_expect_eq(vpmm_config_check(&c, 0, err, sizeof err), -EINVAL, "no granularity");
 }
 
+/* Values with which every allocation would fail are refused, naming the
+ * variable and the rule (VPMM_LIMIT=1 and a page larger than the device
+ * were accepted; VPMM_PAGES over VPMM_LIMIT was blamed on the pages). */
+Test(config, impossible_values_are_refused_naming_the_variable)
+{
+	const size_t K = 1024, M = K * K, G = M * K;
+	struct {
+		size_t page, limit, pages, total;
+		const char *says;
+	} bad[] = {
+		{0, 1, 0, 0, "VPMM_LIMIT=1 is less than one page of 64K"},
+		{2 * M, M, 0, 0, "VPMM_LIMIT=1M is less than one page of 2M"},
+		{0, 64 * K, 2, 0, "VPMM_LIMIT=64K is less than the VPMM_PAGES=2 pages of 64K"},
+		{512 * M, 0, 0, 256 * M, "VPMM_PAGE_SIZE=512M is more than the device's memory (256M)"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct vpmm_config c;
+		char err[256] = "";
+		vpmm_config_default(&c);
+		c.page_size = bad[i].page;
+		c.limit = bad[i].limit;
+		c.initial_pages = bad[i].pages;
+		cr_expect_eq(vpmm_config_check_device(&c, 64 * K, bad[i].total, err, sizeof err),
+			     -EINVAL, "case %zu", i);
+		cr_expect(strstr(err, bad[i].says) != NULL, "case %zu: \"%s\" does not say \"%s\"",
+			  i, err, bad[i].says);
+	}
+	/* at the edges: fine */
+	struct vpmm_config c;
+	char err[256] = "";
+	vpmm_config_default(&c);
+	c.limit = 128 * K;
+	c.initial_pages = 2;
+	cr_expect_eq(vpmm_config_check_device(&c, 64 * K, 256 * M, err, sizeof err), 0, "%s", err);
+	c.page_size = 256 * M;
+	c.limit = 512 * M;
+	cr_expect_eq(vpmm_config_check_device(&c, 64 * K, 256 * M, err, sizeof err), 0, "%s", err);
+	c.page_size = G;
+	c.limit = 0;
+	cr_expect_eq(vpmm_config_check_device(&c, 64 * K, 0, err, sizeof err), 0, "unknown total");
+}
+
 struct seen {
 	char given[8][48], meant[8][48];
 	size_t n;
@@ -672,14 +714,18 @@ Test(table, misspelled_names_are_reported_with_the_option_meant)
 	char *env[] = {"VPMM_PAGESIZE=1G", "VPMM_DISABLED=1", "vpmm_disable=1",
 		       "VPMM_HANDEL_SIZE=8M", "VPMM_PAGE_SIZE=2M", "VPMM_LIB=/x/libvpmm.so",
 		       "VPMM_STRESS_SEED=3", "VPMM_REPLAY=/bin/true", "PATH=/bin", "VPMM_",
-		       "VPMM_LOG", NULL};
+		       "VPMM_LOG", "VPMM_PAGE_S\xc4\xb0ZE=1M", "VPMM_\xd0\x9cOG=1", NULL};
 	struct seen s = {0};
-	cr_assert_eq(vpmm_options_misspelled(env, note_misspelled, &s), 4);
-	const char *want[4][2] = {{"VPMM_PAGESIZE", "VPMM_PAGE_SIZE"},
+	cr_assert_eq(vpmm_options_misspelled(env, note_misspelled, &s), 6);
+	/* a look-alike letter of another alphabet is one slip, whatever its
+	 * bytes (the Turkish dotted capital I, a Cyrillic capital M) */
+	const char *want[6][2] = {{"VPMM_PAGESIZE", "VPMM_PAGE_SIZE"},
 				  {"VPMM_DISABLED", "VPMM_DISABLE"},
 				  {"vpmm_disable", "VPMM_DISABLE"},
-				  {"VPMM_HANDEL_SIZE", "VPMM_HANDLE_SIZE"}};
-	for (size_t i = 0; i < 4; i++) {
+				  {"VPMM_HANDEL_SIZE", "VPMM_HANDLE_SIZE"},
+				  {"VPMM_PAGE_S\xc4\xb0ZE", "VPMM_PAGE_SIZE"},
+				  {"VPMM_\xd0\x9cOG", "VPMM_LOG"}};
+	for (size_t i = 0; i < 6; i++) {
 		cr_expect_str_eq(s.given[i], want[i][0]);
 		cr_expect_str_eq(s.meant[i], want[i][1]);
 	}

@@ -49,6 +49,7 @@ struct fake_ctx {
 	bool destroyed;
 	unsigned gen; /* bumped when the context is reset or destroyed */
 	int refs;     /* a primary context's retains: the last release ends it */
+	struct fake_ctx *made_before; /* the program's contexts, all kept */
 };
 
 /* The context an event or a stream was made in, and its generation then:
@@ -298,7 +299,10 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 /* Contexts the program makes itself: current once made (pushed), dead once
  * destroyed (and popped if current), as on the real driver. Never freed:
- * a stale handle must stay readable here. */
+ * a stale handle must stay readable here; listed, so that a leak checker
+ * sees them held. */
+static struct fake_ctx *made_ctxs;
+
 API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 API CUresult cuCtxDestroy_v2(CUcontext ctx);
 
@@ -312,6 +316,10 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 	if (depth == 8 || !(c = calloc(1, sizeof *c)))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	c->device = dev;
+	pthread_mutex_lock(&lock);
+	c->made_before = made_ctxs;
+	made_ctxs = c;
+	pthread_mutex_unlock(&lock);
 	stack[depth++] = c;
 	*pctx = (CUcontext)c;
 	return CUDA_SUCCESS;

@@ -2,8 +2,11 @@
  * interposition path 1, the exported runtime hooks. `rt_prog SCENARIO`
  * exits 0 when every check holds, else prints "FAIL file:line ..." and
  * exits non-zero. See shimtest.h for SHIMTEST_EXPECT. */
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shimtest.h"
@@ -396,6 +399,69 @@ static void forked(void)
 		CHECK_EQ(pool_stats(0).frees, 1);
 }
 
+/* Many allocations and frees, for a long trace (SHIMTEST_CHURN of each,
+ * default 10000). */
+static void churn(void)
+{
+	const char *e = getenv("SHIMTEST_CHURN");
+	long n = e ? atol(e) : 10000;
+	void *p;
+
+	CHECK_EQ(cudaFree(NULL), 0);
+	for (long i = 0; i < n; i++) {
+		CHECK_EQ(cudaMalloc(&p, P), 0);
+		CHECK_EQ(cudaFree(p), 0);
+	}
+}
+
+static double secs(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Allocations failing out of memory in a loop for SHIMTEST_FLOOD_MS
+ * (default 1500), on a device of FAKECUDA_CAPACITY=8M. With
+ * SHIMTEST_FULL_STDERR=1 stderr is meanwhile a full pipe nobody reads (the
+ * alarm ends the program if an allocation waits on it). */
+static void oom_flood(void)
+{
+	const char *e = getenv("SHIMTEST_FLOOD_MS");
+	double ms = e ? atof(e) : 1500, t0, worst = 0;
+	bool full = getenv("SHIMTEST_FULL_STDERR") != NULL;
+	int saved = -1, pipefd[2];
+	long n = 0;
+	void *p;
+
+	CHECK_EQ(cudaFree(NULL), 0);
+	if (full) {
+		static char junk[4096];
+		saved = dup(2);
+		CHECK(saved >= 0 && pipe(pipefd) == 0 && dup2(pipefd[1], 2) == 2);
+		CHECK(fcntl(pipefd[1], F_SETFL, O_NONBLOCK) == 0);
+		while (write(pipefd[1], junk, sizeof junk) > 0)
+			;
+		CHECK(fcntl(pipefd[1], F_SETFL, 0) == 0); /* blocking, and full */
+	}
+	alarm(20);
+	t0 = secs();
+	while (secs() - t0 < ms / 1000) {
+		double a = secs();
+		CHECK_EQ(cudaMalloc(&p, (size_t)64 << 20), 2);
+		if (secs() - a > worst)
+			worst = secs() - a;
+		n++;
+	}
+	alarm(0);
+	if (full) {
+		CHECK(dup2(saved, 2) == 2);
+		CHECK((fcntl(2, F_GETFL) & O_NONBLOCK) == 0); /* the program's flags, as they were */
+	}
+	printf("flood: %ld failures in %.3f s, the slowest %.6f s\n", n, secs() - t0, worst);
+	CHECK(worst < 1.0); /* waiting on the pipe: until the alarm */
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -405,7 +471,8 @@ int main(int argc, char **argv)
 		{"basic", basic},     {"async", async},     {"foreign", foreign},
 		{"capture", capture}, {"oom", oom},         {"devices", devices},
 		{"thread", thread},   {"exit", teardown},   {"fork", forked},
-		{"threads", threads}, {"limit_info", limit_info},
+		{"threads", threads}, {"limit_info", limit_info}, {"churn", churn},
+		{"oom_flood", oom_flood},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

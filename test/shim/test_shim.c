@@ -18,9 +18,19 @@
 #include <poll.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* A sanitized libvpmm.so needs the sanitizer's runtime loaded first. */
+#ifdef ASAN_RUNTIME
+#define PRELOAD ASAN_RUNTIME ":" LIBVPMM
+#else
+#define PRELOAD LIBVPMM
+#endif
 
 struct run {
 	int status; /* exit code, or 128 + signal */
@@ -43,7 +53,7 @@ static void run(const char *prog, const char *scenario, bool preload,
 
 	env[n++] = "LD_LIBRARY_PATH=" FAKE_DIR;
 	if (preload)
-		env[n++] = "LD_PRELOAD=" LIBVPMM;
+		env[n++] = "LD_PRELOAD=" PRELOAD;
 	for (size_t i = 0; extra && extra[i] && n < 30; i++)
 		env[n++] = extra[i];
 	env[n] = NULL;
@@ -406,18 +416,27 @@ Test(shim_options, log_info, .timeout = 30)
  * line says which variable is at fault. */
 Test(shim_options, a_bad_combination_names_the_variable, .timeout = 60)
 {
-	static const char *const bad[][2] = {
-		{"VPMM_PAGE_SIZE=32K", "no pool (VPMM_PAGE_SIZE=32K is not a multiple of the "
-				       "driver's granularity 64K)"},
-		{"VPMM_HANDLE_SIZE=96K", "no pool (VPMM_HANDLE_SIZE=96K is not a whole number"},
-		{"VPMM_GRAIN=256", "no pool (VPMM_GRAIN=256: expected a power of two from 512"},
+	static const char *const bad[][3] = {
+		{"VPMM_PAGE_SIZE=32K", NULL, "no pool (VPMM_PAGE_SIZE=32K is not a multiple of the "
+					     "driver's granularity 64K)"},
+		{"VPMM_HANDLE_SIZE=96K", NULL, "no pool (VPMM_HANDLE_SIZE=96K is not a whole number"},
+		{"VPMM_GRAIN=256", NULL, "no pool (VPMM_GRAIN=256: expected a power of two from 512"},
+		/* values with which every allocation failed, or that were
+		 * refused without a name, or with the wrong one */
+		{"VPMM_PAGE_SIZE=512M", NULL,
+		 "no pool (VPMM_PAGE_SIZE=512M is more than the device's memory (256M)"},
+		{"VPMM_LIMIT=1", NULL, "no pool (VPMM_LIMIT=1 is less than one page of 64K"},
+		{"VPMM_VA_SIZE=16383T", NULL,
+		 "no pool (VPMM_VA_SIZE=16383T: the driver cannot reserve that much address space"},
+		{"VPMM_PAGES=2", "VPMM_LIMIT=64K",
+		 "no pool (VPMM_LIMIT=64K is less than the VPMM_PAGES=2 pages of 64K"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		const char *const env[] = {bad[i][0], "SHIMTEST_EXPECT=real", NULL};
+		const char *const env[] = {"SHIMTEST_EXPECT=real", bad[i][0], bad[i][1], NULL};
 		run(RT_PROG, "basic", true, env);
 		EXPECT_OK();
 		cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s:\n%s", bad[i][0], R.out);
-		cr_expect_eq(count_lines_with("vpmm: warning: device 0:", bad[i][1]), 1, "%s:\n%s",
+		cr_expect_eq(count_lines_with("vpmm: warning: device 0:", bad[i][2]), 1, "%s:\n%s",
 			     bad[i][0], R.out);
 	}
 }
@@ -427,12 +446,15 @@ Test(shim_options, a_bad_combination_names_the_variable, .timeout = 60)
  * left alone. */
 Test(shim_options, a_misspelled_name_is_pointed_out, .timeout = 30)
 {
-	const char *const env[] = {"VPMM_PAGESIZE=1G", "VPMM_LIB=x", NULL};
+	const char *const env[] = {"VPMM_PAGESIZE=1G", "VPMM_LIB=x",
+				   "VPMM_PAGE_S\xc4\xb0ZE=1M" /* a Turkish dotted I */, NULL};
 	run(RT_PROG, "basic", true, env);
 	EXPECT_OK();
-	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 2, "%s", R.out);
 	cr_expect_eq(count_lines_with("vpmm: warning: VPMM_PAGESIZE is not a libvpmm variable",
 				      "VPMM_PAGE_SIZE?"), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: warning: VPMM_PAGE_S\xc4\xb0ZE is not a libvpmm "
+				      "variable", "VPMM_PAGE_SIZE?"), 1, "%s", R.out);
 }
 
 /* Out of memory under VPMM_LIMIT: the line says the limit. */
@@ -445,6 +467,34 @@ Test(shim_options, the_limit_is_in_the_out_of_memory_line, .timeout = 30)
 		     2, "%s", R.out);
 }
 
+/* Allocations failing in a loop: the first lines, then one a second with
+ * the count of those not shown (there was a line for each, 36,000 in two
+ * seconds, even with VPMM_LOG=error). */
+Test(shim_options, out_of_memory_lines_are_rate_limited, .timeout = 30)
+{
+	const char *const env[] = {"FAKECUDA_CAPACITY=8M", "VPMM_LOG=error",
+				   "SHIMTEST_FLOOD_MS=1500", NULL};
+	run(RT_PROG, "oom_flood", true, env);
+	EXPECT_OK();
+	int lines = count_lines_with("vpmm: error: device 0: out of memory", NULL);
+	/* five, then one at about 1 s */
+	cr_expect(lines >= 6 && lines <= 7, "%d lines:\n%.3000s", lines, R.out);
+	cr_expect_eq(count_lines_with("vpmm: error: device 0: out of memory",
+				      "more since the last such line)"), lines - 5, "%.3000s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", NULL), lines, "%.3000s", R.out);
+}
+
+/* ... and an allocation never waits for stderr: a full pipe nobody reads
+ * held each failing allocation (for ever, here). */
+Test(shim_options, out_of_memory_lines_never_wait_for_stderr, .timeout = 30)
+{
+	const char *const env[] = {"FAKECUDA_CAPACITY=8M", "SHIMTEST_FLOOD_MS=300",
+				   "SHIMTEST_FULL_STDERR=1", NULL};
+	run(RT_PROG, "oom_flood", true, env);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "ok oom_flood"), "%.3000s", R.out);
+}
+
 /* VPMM_PAGE_SIZE reaches the pool: sizes round to it. */
 Test(shim_options, page_size, .timeout = 30)
 {
@@ -452,4 +502,59 @@ Test(shim_options, page_size, .timeout = 30)
 	run(DRV_PROG, "linked", true, env);
 	EXPECT_OK();
 	EXPECT_QUIET();
+}
+
+/* The trace's writes go past the file size limit (ulimit -f): the program
+ * is not killed by SIGXFSZ (it was, at exit, after its own work was done),
+ * one line says the trace stopped, and the file holds whole lines only.
+ * The stand-in driver's memory is a memfd, which the limit counts too:
+ * handles of one page keep it under. */
+Test(shim_options, a_trace_past_the_file_size_limit, .timeout = 30)
+{
+	char dir[] = "/tmp/vpmm-shim-test-XXXXXX", path[64], env_trace[80], line[256];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/t.csv", dir);
+	snprintf(env_trace, sizeof env_trace, "VPMM_TRACE=%s", path);
+	const char *const env[] = {env_trace, "VPMM_HANDLE_SIZE=64K", NULL};
+	struct rlimit old, lim;
+	cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = old;
+	lim.rlim_cur = 100000; /* 20000 events take about a megabyte */
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	run(RT_PROG, "churn", true, env);
+	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: error: trace", "File too large"), 1, "%s", R.out);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_leq(st.st_size, 100000);
+	cr_expect_geq(st.st_size, 90000, "the trace stopped short of the limit");
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	int lines = 0;
+	while (fgets(line, sizeof line, f)) {
+		size_t n = strlen(line);
+		cr_expect(n && line[n - 1] == '\n', "a cut line: \"%s\"", line);
+		int commas = 0;
+		for (size_t i = 0; i < n; i++)
+			commas += line[i] == ',';
+		cr_expect_eq(commas, 5, "not a whole record: %s", line);
+		lines++;
+	}
+	fclose(f);
+	cr_expect_geq(lines, 1000);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A socket that cannot be set up: one line says why (it took two). */
+Test(shim_options, a_socket_that_cannot_be_set_up_is_one_line, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_SOCKET=/dev/null", NULL};
+	run(RT_PROG, "basic", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm:", "/dev/null exists and is not a socket"), 1, "%s",
+		     R.out);
 }
