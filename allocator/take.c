@@ -149,7 +149,13 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			return rc;
 		p->st.defrags++;
 	}
-	if (at > r->va && vpi_reserve_regions(p, 1) == 0) {
+	/* Phases 0-2 may have dropped the lock (zombies unmapped, a chunk
+	 * reserved, a defragmentation's driver work): the structs reserved
+	 * above may be gone (region.c). The two splits below need them;
+	 * without them r stays free and the request fails as out of memory. */
+	if (vpi_reserve_regions(p, 2))
+		return -ENOMEM;
+	if (at > r->va) {
 		/* Start where the placement or the defragmentation put it. */
 		vpi_free_unindex(p, r);
 		struct region *t = vpi_split_off(p, r, at);
