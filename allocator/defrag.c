@@ -710,6 +710,16 @@ static struct region *defrag_commit(vpmm_pool *p, struct defrag *d, CUdeviceptr 
 	d->hole->kind = R_FREE;
 	d->hole->stream = d->caller && pending ? d->caller : NULL;
 	d->hole->epoch = d->caller && pending ? d->caller->epoch : 0;
+	if (d->hole->stream && d->caller->dead) {
+		/* Destroyed while the lock was dropped: its last event,
+		 * recorded meanwhile, covers the waits plan_events() inserted;
+		 * no later epoch ever will be (as in vpi_give_locked). */
+		d->hole->epoch = d->caller->epoch - 1;
+		if (d->hole->epoch <= d->caller->done) {
+			d->hole->stream = NULL;
+			d->hole->epoch = 0;
+		}
+	}
 	GAUGE_SUB(p, holes, mapped_len);
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
