@@ -118,13 +118,11 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		 * defragmentation that repeats. */
 		bool room = vpi_growth_room(p, need);
 		bool grow = room || loop_repeats(p, caller, need);
-		uint64_t created = p->st.pages_created;
 		rc = vpi_defrag(p, caller, need, &grow, room, &r, &at);
 		if (!rc && grow && room) {
 			p->st.room_growths++;
 		} else if (!rc && grow) {
 			p->st.loop_growths++;
-			p->loop_grown += (p->st.pages_created - created) * p->page;
 		} else if (rc == -ENOMEM && grow) {
 			/* Past the limit or the device's memory: what the loop
 			 * or the room would have grown, remapping still finds. */
@@ -144,7 +142,6 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 				rc = r ? 0 : vpi_defrag(p, caller, need, &grow, false, &r, &at);
 			}
 		}
-		vpi_growth_created(p, (p->st.pages_created - created) * p->page);
 		if (rc)
 			return rc;
 		p->st.defrags++;

@@ -71,3 +71,48 @@ Test(dropped, a_trim_while_a_defragmentation_maps)
 	pt_settle(&t);
 	pt_close(&t);
 }
+
+/* The device's free bytes, as the pool tracks them between reads
+ * (growth.c), lose what each growth creates, once: a growth that commits
+ * while another request has the lock dropped is that one's to count, not
+ * the other's too. */
+static CUdeviceptr grown_in_map;
+static bool growing_in_map;
+
+static void grow_in_map(void *arg, enum vpmm_op op)
+{
+	struct pt *t = arg;
+	if (op != VPMM_OP_MAP || growing_in_map) /* once; not in its own map */
+		return;
+	growing_in_map = true;
+	int rc = vpmm_pool_malloc(t->pool, 64 * t->page, VPMM_NO_STREAM, &grown_in_map);
+	cr_assert_eq(rc, 0, "the growth inside the map: %d (CUresult %d)", rc,
+		     (int)vpmm_pool_last_result(t->pool));
+}
+
+Test(dropped, a_growth_while_another_maps_is_counted_once)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 8192, .capacity = 4096 * 64 * PT_KiB,
+			      .handle_pages = 1024, .remap = VPMM_REMAP_PRESSURE};
+	pt_open(&t, &su);
+	CUdeviceptr a = PT_MALLOC(&t, 8, VPMM_NO_STREAM); /* reads the device */
+	vpmm_host_set_hook(t.drv, grow_in_map, &t);
+	CUdeviceptr b = PT_MALLOC(&t, 8, VPMM_NO_STREAM);
+	vpmm_host_set_hook(t.drv, NULL, NULL);
+	cr_assert_neq(grown_in_map, 0, "nothing grew inside the map");
+	struct vpmm_stats s0 = pt_stats(&t);
+	CUdeviceptr c = PT_MALLOC(&t, 8, VPMM_NO_STREAM);
+	struct vpmm_stats s1 = pt_stats(&t);
+	cr_assert_eq(s1.room_growths, s0.room_growths + 1, "the test meant a growth for room");
+	cr_assert_eq(s1.headroom, 4096 * t.page - s0.mapped,
+		     "headroom %llu pages, the device has %llu free",
+		     (unsigned long long)(s1.headroom / t.page),
+		     (unsigned long long)(4096 - s0.mapped / t.page));
+	PT_FREE(&t, a, VPMM_NO_STREAM);
+	PT_FREE(&t, b, VPMM_NO_STREAM);
+	PT_FREE(&t, c, VPMM_NO_STREAM);
+	PT_FREE(&t, grown_in_map, VPMM_NO_STREAM);
+	pt_settle(&t);
+	pt_close(&t);
+}
