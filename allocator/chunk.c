@@ -22,6 +22,8 @@ int vpi_chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 	CUresult r;
 	int rc;
 
+	if (p->nchunks == VPMM_MAX_CHUNKS)
+		return -ENOMEM;
 	pthread_mutex_unlock(&p->lock);
 	r = p->drv->va_reserve(p->drv, size, &va);
 	pthread_mutex_lock(&p->lock);
@@ -31,13 +33,15 @@ int vpi_chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 		p->last_result = r;
 		return vpi_cu_errno(r);
 	}
-	struct chunk *c = &p->chunks[p->nchunks];
-	if (p->nchunks < VPMM_MAX_CHUNKS) { /* left by vpi_chunk_drop_if_unused() */
-		vpi_gmap_destroy(p, c);
-		vpi_home_map_destroy(p, c);
+	if (p->nchunks == VPMM_MAX_CHUNKS) { /* other threads took the last slots */
+		DRV(p, VPMM_OP_VA_FREE, va_free, va, size);
+		return -ENOMEM;
 	}
+	struct chunk *c = &p->chunks[p->nchunks];
+	vpi_gmap_destroy(p, c); /* left by vpi_chunk_drop_if_unused() */
+	vpi_home_map_destroy(p, c);
 	*c = (struct chunk){.va = va, .size = size};
-	rc = p->nchunks == VPMM_MAX_CHUNKS ? -ENOMEM : vpi_reserve_regions(p, 1);
+	rc = vpi_reserve_regions(p, 1);
 	if (!rc)
 		rc = vpi_gmap_create(p, c);
 	if (!rc && (rc = vpi_home_map_create(p, c)))

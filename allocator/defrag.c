@@ -3,8 +3,8 @@
  * choosing which handles to move, taking them out of circulation, mapping with
  * the lock dropped, and undoing or committing.
  *
- * Calls region.c, handle.c, chunk.c and stream.c. Lock held, dropped around
- * the driver work.
+ * Calls region.c, handle.c, chunk.c, stream.c and growth.c. Lock held,
+ * dropped around the driver work.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -418,6 +418,7 @@ struct defrag {
 	struct region *hole, *adj, *adj2; /* the span; the lending neighbour */
 	unsigned new_chunk;       /* a chunk added for it, or UINT32_MAX */
 	CUdeviceptr base, off;    /* the span mapped: [base, off) */
+	size_t created;           /* bytes of new handles, once committed */
 	int acc[VPMM_MAX_ACCESS]; /* devices granted access, copied */
 	unsigned nacc;
 };
@@ -710,10 +711,21 @@ static struct region *defrag_commit(vpmm_pool *p, struct defrag *d, CUdeviceptr 
 	d->hole->kind = R_FREE;
 	d->hole->stream = d->caller && pending ? d->caller : NULL;
 	d->hole->epoch = d->caller && pending ? d->caller->epoch : 0;
+	if (d->hole->stream && d->caller->dead) {
+		/* Destroyed while the lock was dropped: its last event,
+		 * recorded meanwhile, covers the waits plan_events() inserted;
+		 * no later epoch ever will be (as in vpi_give_locked). */
+		d->hole->epoch = d->caller->epoch - 1;
+		if (d->hole->epoch <= d->caller->done) {
+			d->hole->stream = NULL;
+			d->hole->epoch = 0;
+		}
+	}
 	GAUGE_SUB(p, holes, mapped_len);
 	GAUGE_ADD(p, mapped, created);
 	GAUGE_ADD(p, reusable, mapped_len);
 	p->st.pages_created += created / p->page;
+	d->created = created;
 	/* The request ends in adj2: the span takes it in first. A left
 	 * neighbour of another stream that the span merges with afterwards
 	 * would give it that stream, and adj2 (the caller's) could not join. */
@@ -757,6 +769,11 @@ int vpi_defrag(vpmm_pool *p, struct stream *caller, size_t need, bool *grow,
 		} else {
 			*out = defrag_commit(p, &d, at);
 			d.new_chunk = UINT32_MAX;
+			/* What this one created: other threads' growths commit
+			 * while the lock is dropped, and are theirs to count. */
+			vpi_growth_created(p, d.created);
+			if (*grow && !room)
+				p->loop_grown += d.created;
 		}
 	}
 	defrag_release(p, &d);

@@ -112,6 +112,12 @@ struct host_driver {
 	size_t nstreams, capstreams;
 	struct host_stream *special[HOST_SPECIAL_STREAMS];
 
+	/* Called at the start of every operation, before the lock (so that
+	 * it may use the controls below): the device's own timing
+	 * (host_device.c). Atomic. */
+	vpmm_host_hook hook;
+	void *hook_arg;
+
 	unsigned long calls[VPMM_OP_COUNT];
 	bool gate[VPMM_OP_COUNT]; /* closed: calls of the op wait (test control) */
 	pthread_cond_t gate_open;
@@ -304,8 +310,16 @@ static bool injected(struct host_driver *h, enum vpmm_op op, CUresult *r)
 	return false;
 }
 
+static void hook_call(struct host_driver *h, enum vpmm_op op)
+{
+	vpmm_host_hook fn = __atomic_load_n(&h->hook, __ATOMIC_ACQUIRE);
+	if (fn)
+		fn(h->hook_arg, op);
+}
+
 #define ENTER(h, op)                                                          \
 	CUresult r_ = CUDA_SUCCESS;                                           \
+	hook_call((h), (op));                                                 \
 	pthread_mutex_lock(&(h)->lock);                                       \
 	if (injected((h), (op), &r_))                                         \
 		goto out
@@ -1146,6 +1160,25 @@ unsigned vpmm_host_complete_all(vpmm_driver *d)
 	return n;
 }
 
+unsigned vpmm_host_complete_nth(vpmm_driver *d, size_t n)
+{
+	struct host_driver *h = host_checked(d);
+	if (!h)
+		return 0;
+	unsigned done = 0;
+	size_t moved = 0;
+	pthread_mutex_lock(&h->lock);
+	if (h->nstreams + HOST_SPECIAL_STREAMS) {
+		n %= h->nstreams + HOST_SPECIAL_STREAMS;
+		struct host_stream *s = n < h->nstreams ? h->streams[n]
+				      : h->special[n - h->nstreams];
+		if (s)
+			done = stream_run(s, &moved);
+	}
+	pthread_mutex_unlock(&h->lock);
+	return done;
+}
+
 bool vpmm_host_stream_waits_on(vpmm_driver *d, CUstream st, CUevent ev)
 {
 	struct host_driver *h = host_checked(d);
@@ -1222,6 +1255,15 @@ unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op)
 	unsigned long n = h->calls[op];
 	pthread_mutex_unlock(&h->lock);
 	return n;
+}
+
+void vpmm_host_set_hook(vpmm_driver *d, vpmm_host_hook fn, void *arg)
+{
+	struct host_driver *h = host_checked(d);
+	if (!h)
+		return;
+	h->hook_arg = arg;
+	__atomic_store_n(&h->hook, fn, __ATOMIC_RELEASE);
 }
 
 void vpmm_host_set_tenant(vpmm_driver *d, size_t bytes)

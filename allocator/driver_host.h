@@ -12,6 +12,8 @@
  *    what is not mapped, unknown handles) is rejected with the same codes.
  *  - Faults: the N-th next call of any operation can be made to fail, and
  *    any operation can be held at a gate.
+ *  - A hook runs before every operation, on the caller's thread: what the
+ *    device does on its own time (host_device.h).
  *  - Capacity: creating handles beyond it returns CUDA_ERROR_OUT_OF_MEMORY.
  *    Another tenant (vpmm_host_set_tenant) holds part of it, as a second
  *    process on the same GPU would: it shrinks what mem_create may take and
@@ -40,6 +42,10 @@ CUstream vpmm_host_stream_create(vpmm_driver *d);
 unsigned vpmm_host_stream_complete(vpmm_driver *d, CUstream s);
 /* Complete every stream (repeats until nothing moves). */
 unsigned vpmm_host_complete_all(vpmm_driver *d);
+/* Run the queue of the stream numbered n modulo the streams there are (the
+ * created ones, then the special ones), as vpmm_host_stream_complete: for
+ * a device that completes work of streams it picks itself. */
+unsigned vpmm_host_complete_nth(vpmm_driver *d, size_t n);
 /* Whether `s` has a pending wait on `ev` queued (not yet passed). */
 bool vpmm_host_stream_waits_on(vpmm_driver *d, CUstream s, CUevent ev);
 /* Number of waits ever queued on `s`. */
@@ -53,6 +59,14 @@ void vpmm_host_set_capturing(vpmm_driver *d, CUstream s, bool capturing);
 void vpmm_host_set_tenant(vpmm_driver *d, size_t bytes);
 /* Bytes of the device neither the tenant nor any handle holds. */
 size_t vpmm_host_free_bytes(vpmm_driver *d);
+
+/* Called at the start of every operation, on the caller's thread and
+ * before the driver's lock is taken, so that it may call the controls here
+ * (complete streams, move the tenant) or sleep: what the real device does
+ * on its own time while the pool works (host_device.h builds on it). Set
+ * or cleared (fn NULL) only while no other thread calls the driver. */
+typedef void (*vpmm_host_hook)(void *arg, enum vpmm_op op);
+void vpmm_host_set_hook(vpmm_driver *d, vpmm_host_hook fn, void *arg);
 
 /* The nth (1 = next) call of `op` from now returns `result` (0 disarms). */
 void vpmm_host_fail(vpmm_driver *d, enum vpmm_op op, unsigned long nth,

@@ -51,7 +51,13 @@ bool vpi_region_beside_free_locked(struct region *r, const struct stream *s)
 
 
 /* Region structs are taken from a cache that is filled before an operation
- * mutates anything, so a host allocation failure can never strike halfway. */
+ * mutates anything, so a host allocation failure can never strike halfway.
+ * The cache is the pool's, not the caller's: a reservation holds only while
+ * the lock does. Whoever takes the lock while it is dropped (the reclaimer
+ * splitting a zombie, a trim, another caller) may use the structs, so after
+ * every drop (driver work, vpi_chunk_add, vpi_reclaim_zombies,
+ * vpi_trim_locked, a wait) the caller reserves again before its next
+ * vpi_region_new(). */
 int vpi_reserve_regions(vpmm_pool *p, unsigned n)
 {
 	unsigned have = 0;

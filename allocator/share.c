@@ -63,26 +63,31 @@ int vpmm_pool_grant(vpmm_pool *p, int device)
 		return -EINVAL;
 	struct timespec t0, now, nap = {0, GRANT_POLL_NS};
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	uint64_t waited = 0;
 	int rc = 0;
 	pthread_mutex_lock(&p->lock);
-	for (unsigned i = 0; i < p->naccess; i++)
-		if (p->access[i] == device)
-			goto out; /* already granted: every mapping has it */
-	if (p->naccess == VPMM_MAX_ACCESS) {
-		rc = -EINVAL;
-		goto out;
-	}
-	while (p->busy) {
+	for (;;) {
+		/* Looked at again after every wait: another grant may have
+		 * added this device, or taken the last slot, meanwhile. */
+		for (unsigned i = 0; i < p->naccess; i++)
+			if (p->access[i] == device)
+				goto out; /* already granted: every mapping has it */
+		if (p->naccess == VPMM_MAX_ACCESS) {
+			rc = -EINVAL;
+			goto out;
+		}
+		if (!p->busy)
+			break;
+		if (waited > GRANT_WAIT_NS) {
+			rc = -EAGAIN;
+			goto out;
+		}
 		pthread_mutex_unlock(&p->lock);
 		nanosleep(&nap, NULL);
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		pthread_mutex_lock(&p->lock);
-		uint64_t waited = (uint64_t)(now.tv_sec - t0.tv_sec) * 1000000000ull +
-				  (uint64_t)(now.tv_nsec - t0.tv_nsec);
-		if (p->busy && waited > GRANT_WAIT_NS) {
-			rc = -EAGAIN;
-			goto out;
-		}
+		waited = (uint64_t)(now.tv_sec - t0.tv_sec) * 1000000000ull +
+			 (uint64_t)(now.tv_nsec - t0.tv_nsec);
 	}
 	p->access[p->naccess++] = device;
 	CUresult r = grant_all_locked(p);

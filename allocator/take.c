@@ -118,13 +118,11 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		 * defragmentation that repeats. */
 		bool room = vpi_growth_room(p, need);
 		bool grow = room || loop_repeats(p, caller, need);
-		uint64_t created = p->st.pages_created;
 		rc = vpi_defrag(p, caller, need, &grow, room, &r, &at);
 		if (!rc && grow && room) {
 			p->st.room_growths++;
 		} else if (!rc && grow) {
 			p->st.loop_growths++;
-			p->loop_grown += (p->st.pages_created - created) * p->page;
 		} else if (rc == -ENOMEM && grow) {
 			/* Past the limit or the device's memory: what the loop
 			 * or the room would have grown, remapping still finds. */
@@ -144,12 +142,17 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 				rc = r ? 0 : vpi_defrag(p, caller, need, &grow, false, &r, &at);
 			}
 		}
-		vpi_growth_created(p, (p->st.pages_created - created) * p->page);
 		if (rc)
 			return rc;
 		p->st.defrags++;
 	}
-	if (at > r->va && vpi_reserve_regions(p, 1) == 0) {
+	/* Phases 0-2 may have dropped the lock (zombies unmapped, a chunk
+	 * reserved, a defragmentation's driver work): the structs reserved
+	 * above may be gone (region.c). The two splits below need them;
+	 * without them r stays free and the request fails as out of memory. */
+	if (vpi_reserve_regions(p, 2))
+		return -ENOMEM;
+	if (at > r->va) {
 		/* Start where the placement or the defragmentation put it. */
 		vpi_free_unindex(p, r);
 		struct region *t = vpi_split_off(p, r, at);

@@ -1,6 +1,7 @@
 /* test_gone.c — a stream the program destroys: one last event covers its
  * pending frees, the pool never records on it again, and a new stream that
  * gets the same handle starts afresh. */
+#include <pthread.h>
 #include <stdint.h>
 
 #include "pool_test.h"
@@ -124,5 +125,72 @@ Test(gone, a_capturing_stream_gets_no_last_event)
 	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), rec0,
 		     "an event recorded on a capturing stream");
 	vpmm_host_set_capturing(t.drv, s, false);
+	pt_close(&t);
+}
+
+/* A stream destroyed while a defragmentation for it has the lock dropped
+ * (in the driver, mapping): the span it leaves free is pending on the
+ * stream (its malloc waits for another stream's frees there), in an epoch
+ * that the stream's last event, recorded meanwhile, must cover. An epoch
+ * past it would never settle, and a defragmentation that later needed the
+ * memory would fail for want of an event to wait for. */
+struct held {
+	struct pt *t;
+	CUstream s;
+	size_t pages;
+	CUdeviceptr p;
+	int rc;
+};
+
+static void *held_malloc(void *arg)
+{
+	struct held *h = arg;
+	h->rc = vpmm_pool_malloc(h->t->pool, h->pages * h->t->page, h->s, &h->p);
+	return NULL;
+}
+
+Test(gone, destroyed_while_its_defragmentation_maps)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .handle_pages = 2, .growth_split = 1};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv), u = vpmm_host_stream_create(t.drv);
+	/* Two free slabs of two pages pending on u, apart. */
+	CUdeviceptr a = PT_MALLOC(&t, 2, u), b = PT_MALLOC(&t, 1, u);
+	CUdeviceptr c = PT_MALLOC(&t, 2, u), d = PT_MALLOC(&t, 1, u);
+	PT_FREE(&t, a, u);
+	PT_FREE(&t, c, u);
+	/* Three pages for s: both slabs move (one page beyond the request
+	 * stays free behind it), held in the first map. */
+	unsigned long maps = vpmm_host_calls(t.drv, VPMM_OP_MAP);
+	vpmm_host_gate(t.drv, VPMM_OP_MAP, true);
+	struct held h = {.t = &t, .s = s, .pages = 3};
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, held_malloc, &h), 0);
+	for (int i = 0; i < 2000 && vpmm_host_calls(t.drv, VPMM_OP_MAP) == maps; i++)
+		usleep(1000);
+	cr_assert_gt(vpmm_host_calls(t.drv, VPMM_OP_MAP), maps, "the defragmentation never mapped");
+	cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
+	vpmm_host_gate(t.drv, VPMM_OP_MAP, false);
+	cr_assert_eq(pthread_join(th, NULL), 0);
+	cr_assert_eq(h.rc, 0, "the held malloc failed: %d", h.rc);
+	PT_CHECK(&t);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.pages_remapped, 4, "the test meant both slabs to move");
+
+	vpmm_host_complete_all(t.drv);
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(&t, h.p + 3 * t.page, &r));
+	cr_assert_eq(r.kind, VPMM_REGION_FREE, "layout %s", pt_layout(&t));
+	cr_assert(r.settled, "the span's free page never settles (layout %s)", pt_layout(&t));
+	PT_FREE(&t, h.p, VPMM_NO_STREAM);
+	PT_FREE(&t, b, u);
+	PT_FREE(&t, d, u);
+	/* Everything is free and settled: one request takes all of it. */
+	pt_settle(&t);
+	CUdeviceptr all = PT_MALLOC(&t, 6, u);
+	PT_FREE(&t, all, u);
+	pt_settle(&t);
 	pt_close(&t);
 }

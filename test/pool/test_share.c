@@ -2,7 +2,12 @@
  * access reaches every page, also those mapped or remapped later; the
  * handles under an allocation, imported by a second driver (as another
  * process would), show the same bytes. */
+#include <pthread.h>
+
 #include "pool_test.h"
+
+/* The pool's list of devices with access holds this many. */
+#define VPMM_MAX_ACCESS_TEST 32
 
 static void open64(struct pt *t, size_t small_max)
 {
@@ -78,6 +83,85 @@ Test(share, refused_grant_changes_nothing)
 	cr_assert(!vpmm_host_accessible(t.drv, b, 2));
 	PT_FREE(&t, a, VPMM_NO_STREAM);
 	PT_FREE(&t, b, VPMM_NO_STREAM);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* Grants that wait together for a defragmentation mapping (regions busy)
+ * each look again once it is done: the device is listed once, and the last
+ * slot of the list goes to one of them. */
+struct grant_call {
+	vpmm_pool *pool;
+	int device, rc;
+};
+
+static void *grant_thread(void *arg)
+{
+	struct grant_call *g = arg;
+	g->rc = vpmm_pool_grant(g->pool, g->device);
+	return NULL;
+}
+
+struct held_growth {
+	struct pt *t;
+	CUdeviceptr p;
+	int rc;
+};
+
+static void *growth_thread(void *arg)
+{
+	struct held_growth *h = arg;
+	h->rc = vpmm_pool_malloc(h->t->pool, 4 * h->t->page, VPMM_NO_STREAM, &h->p);
+	return NULL;
+}
+
+/* Returns the growth's allocation. */
+static CUdeviceptr grant_together(struct pt *t, int d0, int d1, int rc[2])
+{
+	unsigned long maps = vpmm_host_calls(t->drv, VPMM_OP_MAP);
+	vpmm_host_gate(t->drv, VPMM_OP_MAP, true);
+	struct held_growth h = {.t = t};
+	pthread_t th, gt[2];
+	cr_assert_eq(pthread_create(&th, NULL, growth_thread, &h), 0);
+	for (int i = 0; i < 2000 && vpmm_host_calls(t->drv, VPMM_OP_MAP) == maps; i++)
+		usleep(1000);
+	cr_assert_gt(vpmm_host_calls(t->drv, VPMM_OP_MAP), maps, "the growth never mapped");
+	struct grant_call g[2] = {{t->pool, d0, 1}, {t->pool, d1, 1}};
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(pthread_create(&gt[i], NULL, grant_thread, &g[i]), 0);
+	usleep(200000); /* both are waiting: the growth's regions are busy */
+	vpmm_host_gate(t->drv, VPMM_OP_MAP, false);
+	cr_assert_eq(pthread_join(th, NULL), 0);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(pthread_join(gt[i], NULL), 0);
+		rc[i] = g[i].rc;
+	}
+	cr_assert_eq(h.rc, 0, "the held growth failed: %d", h.rc);
+	return h.p;
+}
+
+Test(share, grants_waiting_together)
+{
+	struct pt t;
+	open64(&t, 0);
+	int rc[2], acc[VPMM_MAX_ACCESS_TEST];
+	CUdeviceptr g1 = grant_together(&t, 1, 1, rc);
+	cr_assert(rc[0] == 0 && rc[1] == 0, "grants: %d %d", rc[0], rc[1]);
+	cr_assert_eq(vpmm_pool_access(t.pool, acc, VPMM_MAX_ACCESS_TEST), 2,
+		     "device 1 listed twice");
+	/* One slot left: one grant gets it, the other is refused. */
+	size_t n = 2;
+	for (int d = 2; n + 1 < VPMM_MAX_ACCESS_TEST; d++, n++)
+		cr_assert_eq(vpmm_pool_grant(t.pool, d), 0);
+	CUdeviceptr g2 = grant_together(&t, 40, 41, rc);
+	cr_assert((rc[0] == 0 && rc[1] == -EINVAL) || (rc[0] == -EINVAL && rc[1] == 0),
+		  "grants for the last slot: %d %d", rc[0], rc[1]);
+	cr_assert_eq(vpmm_pool_access(t.pool, acc, VPMM_MAX_ACCESS_TEST), VPMM_MAX_ACCESS_TEST);
+	CUdeviceptr a = PT_MALLOC(&t, 3, VPMM_NO_STREAM);
+	ASSERT_ACCESSIBLE(&t, a, 3, rc[0] ? 41 : 40);
+	PT_FREE(&t, a, VPMM_NO_STREAM);
+	PT_FREE(&t, g1, VPMM_NO_STREAM);
+	PT_FREE(&t, g2, VPMM_NO_STREAM);
 	pt_settle(&t);
 	pt_close(&t);
 }

@@ -166,3 +166,30 @@ Test(va, find_and_owns)
 	cr_assert(vpmm_pool_owns(t.pool, p));
 	pt_close(&t);
 }
+
+/* The pool holds at most 1024 chunks (VPMM_MAX_CHUNKS, pool.h): a request
+ * that needs one more is refused as out of memory, and the pool is as it
+ * was, its last chunk's slot untouched. */
+Test(va, the_last_chunk)
+{
+	enum { MAX_CHUNKS = 1024 };
+	struct pt t;
+	struct pt_setup su = { .va_pages = 1, .unbacked = true };
+	pt_open(&t, &su);
+	static CUdeviceptr p[MAX_CHUNKS];
+	for (int i = 0; i < MAX_CHUNKS; i++)
+		cr_assert_eq(vpmm_pool_malloc(t.pool, t.page, VPMM_NO_STREAM, &p[i]), 0,
+			     "allocation %d", i);
+	PT_CHECK(&t);
+	cr_assert_eq(pt_stats(&t).reserved, MAX_CHUNKS * t.page);
+	struct pt_snap before;
+	pt_snap(&t, &before);
+	CUdeviceptr q;
+	cr_assert_eq(vpmm_pool_malloc(t.pool, t.page, VPMM_NO_STREAM, &q), -ENOMEM);
+	PT_UNCHANGED(&t, &before, "a request past the last chunk");
+	cr_assert(vpmm_pool_owns(t.pool, p[MAX_CHUNKS - 1]));
+	for (int i = 0; i < MAX_CHUNKS; i++)
+		PT_FREE(&t, p[i], VPMM_NO_STREAM);
+	pt_settle(&t);
+	pt_close(&t);
+}
