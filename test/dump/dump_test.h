@@ -1,12 +1,16 @@
 /* dump_test.h — what the dump suite's files share (defined in test_dump.c):
  * the host (a pool on the host driver and the socket server, in this
- * process), running programs, the raw protocol, trace producers.
+ * process), running programs, the raw protocol, a fake server, trace
+ * producers. The suite's tests are in test_*.c, by topic (test_dump.c
+ * lists them).
  */
 #ifndef DUMP_TEST_H
 #define DUMP_TEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "json.h"
 #include "vpmm.h"
@@ -21,6 +25,8 @@ struct host {
 	char sock[128]; /* the socket being served */
 };
 
+/* The server's list of pools: h's one pool (arg is the struct host). */
+size_t one_pool(vpmm_pool **out, size_t cap, void *arg);
 /* A pool on the host driver (pages of PAGE), no server. */
 void host_pool(struct host *h, size_t va_pages);
 /* A pool and its server on `socket` ("" = the default rule, with
@@ -28,6 +34,10 @@ void host_pool(struct host *h, size_t va_pages);
 void host_open(struct host *h, const char *socket, unsigned timeout_ms, size_t va_pages);
 void host_close(struct host *h);
 CUdeviceptr alloc(struct host *h, size_t pages, CUstream s);
+/* The four kinds at once: [~2][1][3][-2][*...] (the zombie scenario of the
+ * pool suite, plus a free on `s`). live_out: the live allocations; returns
+ * the freed one. */
+CUdeviceptr make_all_kinds(struct host *h, CUstream s, CUdeviceptr live_out[2]);
 
 struct run {
 	int status; /* exit status, or 128 + signal */
@@ -53,6 +63,24 @@ bool exchange(int fd, const char *req, struct json *reply);
 bool reply_ok(const struct json *r);
 /* The server closed the connection. */
 bool at_eof(int fd);
+/* A pid that is not running: a child that has exited and been reaped. */
+pid_t dead_pid(void);
+/* A socket bound at path and listening. */
+int listen_at(const char *path);
+
+/* A server that answers each request of one connection with the next of
+ * `replies`, and keeps the requests it got. */
+struct fake_seq {
+	int fd;
+	const char *const *replies;
+	char got[4][256];
+};
+/* Runs argv (as run) against a fake server at path answering `replies`. */
+void ask_fake(const char *path, const char *const *replies, char *const argv[], struct run *r,
+	      struct fake_seq *f);
+
+/* The next of a fixed sequence of pseudo-random numbers. */
+uint32_t rnd(void);
 
 size_t count_lines(const char *path);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_build.sh — scripts/gpu-build.sh, which the GPU scripts use where there
 # is no meson, still builds what meson builds: libvpmm.so with the same
-# exported symbols and version, and the tools reporting the same version.
+# exported symbols and version, and both tools reporting the same version.
 #
 #   gpu_build.sh SOURCE_DIR BUILD_DIR VERSION
 #
@@ -22,12 +22,16 @@ export VPMM_BUILD_GEN=$tmp/gen
 [[ $(vpmm_version_of "$src") == "$version" ]] ||
 	fail "vpmm_version_of reads '$(vpmm_version_of "$src")' from meson.build, meson says $version"
 vpmm_build_lib "$tmp/libvpmm.so" || fail "vpmm_build_lib failed"
-vpmm_build_tool vpmm-dump "$tmp/vpmm-dump" || fail "vpmm_build_tool vpmm-dump failed"
+for tool in vpmm-dump vpmm-replay; do
+	vpmm_build_tool $tool "$tmp/$tool" || fail "vpmm_build_tool $tool failed"
+done
 exports() { nm -D --defined-only "$1" | awk '{print $3}' | sort; }
 diff <(exports "$build/shim/libvpmm.so") <(exports "$tmp/libvpmm.so") ||
 	fail "gpu-build.sh's libvpmm.so exports other symbols than meson's (diff above)"
 v=$("$tmp/vpmm-dump" --version)
 [[ $v == "vpmm-dump $version "* ]] || fail "gpu-build.sh's vpmm-dump --version: $v"
+v=$("$tmp/vpmm-replay" --version)
+[[ $v == "vpmm-replay $version" ]] || fail "gpu-build.sh's vpmm-replay --version: $v"
 # the library's own version, through the exported function
 cat >"$tmp/ver.c" <<'EOC'
 #include <dlfcn.h>
@@ -45,4 +49,4 @@ EOC
 gcc "$tmp/ver.c" -ldl -o "$tmp/ver"
 v=$("$tmp/ver" "$tmp/libvpmm.so") || fail "vpmm_version not found in gpu-build.sh's libvpmm.so"
 [[ $v == "$version" ]] || fail "gpu-build.sh's libvpmm.so says version $v"
-echo "ok: gpu-build.sh builds libvpmm.so $version with meson's exports, and vpmm-dump"
+echo "ok: gpu-build.sh builds libvpmm.so $version with meson's exports, vpmm-dump and vpmm-replay"

@@ -1,0 +1,126 @@
+/* replay-report.c — vpmm-replay's report of a replay: text for a reader,
+ * or one JSON object (--json) for scripts. Calls json.h (to escape the
+ * log's name).
+ */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "json.h"
+#include "replay.h"
+#include "vpmm.h"
+
+static const char *human(uint64_t b, char *buf, size_t n)
+{
+	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+	double v = (double)b;
+	int u = 0;
+	while (v >= 1024 && u < 6) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+	return buf;
+}
+
+
+/* Distinct streams the log used. */
+static size_t streams_used(const struct log *lg)
+{
+	return lg->nstreams - 1 + lg->stream0_used;
+}
+
+static double ratio(uint64_t a, uint64_t b)
+{
+	return b ? (double)a / (double)b : 0.0;
+}
+
+void print_json(FILE *f, const struct log *lg, const struct result *r,
+		       const struct vpmm_config *cfg, uint64_t complete_every)
+{
+	const struct vpmm_stats *s = &r->stats;
+	fprintf(f, "{\"log\": ");
+	json_write_string(f, lg->name);
+	fprintf(f, ", \"ops\": %" PRIu64 ", \"allocs\": %" PRIu64
+		   ", \"frees\": %" PRIu64 ", \"failures\": %" PRIu64
+		   ", \"log_failures\": %" PRIu64 ", \"unknown_frees\": %" PRIu64
+		   ", \"reallocated\": %" PRIu64 ", \"zero_sized\": %" PRIu64
+		   ", \"streams\": %zu",
+		r->ops, r->allocs, r->frees, r->failures, lg->log_failures,
+		lg->unknown_frees, lg->reallocated, lg->zero_sized, streams_used(lg));
+	fprintf(f, ", \"peak_requested_bytes\": %" PRIu64
+		   ", \"peak_live_bytes\": %" PRIu64
+		   ", \"peak_mapped_bytes\": %" PRIu64,
+		r->peak_requested, s->live_peak, s->mapped_peak);
+	if (s->live_peak)
+		fprintf(f, ", \"ratio\": %.6f", ratio(s->mapped_peak, s->live_peak));
+	else
+		fprintf(f, ", \"ratio\": null");
+	fprintf(f, ", \"pages_created\": %" PRIu64 ", \"pages_remapped\": %" PRIu64
+		   ", \"defrags\": %" PRIu64 ", \"page_size\": %" PRIu64
+		   ", \"reserved_peak_bytes\": %" PRIu64
+		   ", \"driver_calls\": %" PRIu64,
+		s->pages_created, s->pages_remapped, s->defrags, s->page_size,
+		s->reserved_peak, s->driver_calls);
+	fprintf(f, ", \"handles_created\": %" PRIu64 ", \"handles_remapped\": %" PRIu64
+		   ", \"zombies_reclaimed\": %" PRIu64 ", \"front_hits\": %" PRIu64
+		   ", \"loop_growths\": %" PRIu64 ", \"loop_hints\": %" PRIu64
+		   ", \"events_recorded\": %" PRIu64 ", \"room_growths\": %" PRIu64
+		   ", \"growth_refusals\": %" PRIu64,
+		s->handles_created, s->handles_remapped, s->zombies_reclaimed, s->front_hits,
+		s->loop_growths, s->loop_hints, s->events_recorded, s->room_growths,
+		s->growth_refusals);
+	fprintf(f, ", \"defrag\": \"%s\", \"remap\": \"%s\", \"complete_every\": %" PRIu64,
+		cfg->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking",
+		cfg->remap == VPMM_REMAP_ALWAYS ? "always" : "pressure", complete_every);
+	fprintf(f, ", \"wall_ns\": %" PRIu64 ", \"ns_per_op\": %.1f",
+		r->wall_ns, r->ops ? (double)r->wall_ns / (double)r->ops : 0.0);
+	if (r->check_violations)
+		fprintf(f, ", \"check_violations\": %" PRIu64, r->check_violations);
+	fprintf(f, "}\n");
+}
+
+void print_text(FILE *f, const struct log *lg, const struct result *r)
+{
+	const struct vpmm_stats *s = &r->stats;
+	char a[32], b[32];
+
+	fprintf(f, "log                 %s: %zu operations on %zu stream%s\n",
+		lg->name, lg->nops, streams_used(lg), streams_used(lg) == 1 ? "" : "s");
+	fprintf(f, "page size           %s\n", human(s->page_size, a, sizeof(a)));
+	fprintf(f, "operations          %" PRIu64 " (allocations %" PRIu64 ", frees %"
+		   PRIu64 ")\n", r->ops, r->allocs, r->frees);
+	fprintf(f, "peak requested      %" PRIu64 " bytes (%s): sizes as logged\n",
+		r->peak_requested, human(r->peak_requested, a, sizeof(a)));
+	fprintf(f, "peak live           %" PRIu64 " bytes (%s): rounded to pages\n",
+		s->live_peak, human(s->live_peak, a, sizeof(a)));
+	fprintf(f, "peak mapped         %" PRIu64 " bytes (%s)\n", s->mapped_peak,
+		human(s->mapped_peak, b, sizeof(b)));
+	if (s->live_peak)
+		fprintf(f, "mapped / live       %.3f\n", ratio(s->mapped_peak, s->live_peak));
+	fprintf(f, "pages created       %" PRIu64 "\n", s->pages_created);
+	fprintf(f, "pages remapped      %" PRIu64 "\n", s->pages_remapped);
+	fprintf(f, "defragmentations    %" PRIu64 "\n", s->defrags);
+	fprintf(f, "time per operation  %.1f ns (%.3f s in all)\n",
+		r->ops ? (double)r->wall_ns / (double)r->ops : 0.0,
+		(double)r->wall_ns / 1e9);
+	if (r->failures)
+		fprintf(f, "failed allocations  %" PRIu64 " (first: %s); their frees "
+			   "were skipped\n", r->failures, strerror(r->first_failure));
+	if (lg->log_failures)
+		fprintf(f, "log failures        %" PRIu64 " 'allocate failure' lines "
+			   "skipped\n", lg->log_failures);
+	if (lg->unknown_frees)
+		fprintf(f, "unknown frees       %" PRIu64 " ignored\n", lg->unknown_frees);
+	if (lg->reallocated)
+		fprintf(f, "missing frees       %" PRIu64 " pointers allocated again "
+			   "while live\n", lg->reallocated);
+	if (lg->zero_sized)
+		fprintf(f, "zero-sized          %" PRIu64 " skipped\n", lg->zero_sized);
+	if (r->free_errors)
+		fprintf(f, "refused frees       %" PRIu64 "\n", r->free_errors);
+	if (r->check_violations)
+		fprintf(f, "check violations    %" PRIu64 "\n", r->check_violations);
+}
+

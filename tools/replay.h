@@ -1,0 +1,98 @@
+/* replay.h — what the parts of vpmm-replay share: the parsed log, the
+ * replay's result, and each part's entry points. The parts:
+ *
+ *   replay-log.c     an RMM CSV allocation log parsed into operations
+ *   replay-run.c     the operations through a pool on the simulated device
+ *   replay-report.c  the result as text or JSON
+ *   vpmm-replay.c    the options, the pool and the device they make, main
+ *
+ * Each may call vpmm.h and the parts listed above it here; replay-run.c
+ * calls driver_host.h (the simulated device), replay-report.c json.h.
+ */
+#ifndef VPMM_REPLAY_H
+#define VPMM_REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "vpmm.h"
+
+#define EXIT_INPUT 2 /* usage, unreadable or malformed log, bad option */
+#define HEADER "Thread,Time,Action,Pointer,Size,Stream"
+
+/* ---- replay-log.c ----------------------------------------------------------- */
+
+enum op_kind { OP_ALLOC, OP_FREE };
+
+struct op {
+	enum op_kind kind;
+	uint32_t stream; /* index into the stream table; 0 = stream 0 */
+	size_t id;       /* the allocation it makes or frees */
+};
+
+struct alloc {
+	size_t size;     /* requested */
+	CUdeviceptr ptr; /* the pool's answer during the replay */
+	bool live;       /* allocated by the pool and not yet freed */
+};
+
+struct log {
+	const char *name;
+	struct op *ops;
+	size_t nops, cap_ops;
+	struct alloc *allocs;
+	size_t nallocs, cap_allocs;
+	uint64_t *stream_values; /* the log's value of each stream index */
+	size_t nstreams, cap_streams; /* [0] is stream 0, used or not */
+	bool stream0_used;
+	uint64_t log_failures;   /* "allocate failure" lines */
+	uint64_t unknown_frees;  /* frees of pointers no live allocate returned */
+	uint64_t reallocated;    /* allocates of a pointer still live in the log */
+	uint64_t zero_sized;     /* allocates of 0 bytes and frees of null */
+};
+
+/* Reads the whole log `in` into *lg (lg->name set by the caller, for the
+ * messages): 0, or EXIT_INPUT after reporting (1 when out of memory). */
+int parse_log(FILE *in, struct log *lg);
+/* A decimal number, digits only; false past UINT64_MAX. */
+bool parse_dec(const char *s, uint64_t *out);
+
+/* ---- replay-run.c ----------------------------------------------------------- */
+
+struct result {
+	uint64_t ops, allocs, frees;
+	uint64_t failures;       /* allocations the pool refused */
+	int first_failure;       /* its errno */
+	uint64_t free_errors;    /* frees the pool refused (a pool bug) */
+	uint64_t check_violations;
+	uint64_t peak_requested;
+	uint64_t wall_ns;
+	struct vpmm_stats stats;
+};
+
+/* Another process on the simulated device (--tenant): from operation
+ * step[i].op on, it holds step[i].bytes. */
+struct tenant {
+	struct tenant_step {
+		uint64_t op;
+		size_t bytes;
+	} *step;
+	size_t n;
+};
+
+/* Replays lg's operations through `pool`, each on its stream (streams[i] for
+ * the log's stream i), with `tn`'s tenant on drv's device; the device
+ * finishes its queued work every `complete_every` operations (0: never);
+ * `check` runs the pool's check after each. Only the loop is timed. */
+void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, const CUstream *streams,
+	    const struct tenant *tn, uint64_t complete_every, bool check, struct result *r);
+
+/* ---- replay-report.c -------------------------------------------------------- */
+
+void print_json(FILE *f, const struct log *lg, const struct result *r,
+		const struct vpmm_config *cfg, uint64_t complete_every);
+void print_text(FILE *f, const struct log *lg, const struct result *r);
+
+#endif
