@@ -39,7 +39,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "alloc.h"
+#include "devices.h"
+#include "ipc.h"
+#include "process.h"
 #include "protocol.h"
+#include "resolve.h"
 #include "server.h"
 #include "shim.h"
 
