@@ -15,7 +15,7 @@
 //   oom.error    every failure is cudaErrorMemoryAllocation, and no error is
 //                sticky: after cudaGetLastError, cudaPeekAtLastError is clean;
 //   oom.log      (pool) each failed call wrote the shim's one "out of
-//                memory: requested N bytes" line (shim/dispatch.c) naming its
+//                memory: requested N bytes" line (shim/alloc.c) naming its
 //                size, as many as the pool counted failures in that call;
 //                no such line during a successful call; none elsewhere;
 //   oom.recover  on the full GPU, after freeing the last chunks (>= 64 MiB:
