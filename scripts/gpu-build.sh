@@ -23,17 +23,23 @@ VPMM_BUILD_CUDA=${CUDA_HOME:-${CUDA:-/usr/local/cuda}}
 
 vpmm_sources() {
 	local tree=$1 dir=$2
-	# The allocator's and the shim's meson.build each name one list of .c
-	# files; tools/meson.build names one per executable (vpmm_tool_sources).
+	# The allocator's and the shim's meson.build name the .c files of
+	# libvpmm.so: the shim's in the library's list and in the static
+	# library of its server (linked whole into it); tools/meson.build names
+	# one list per executable (vpmm_tool_sources).
 	grep -o "'[A-Za-z0-9_./-]*\.c'" "$tree/$dir/meson.build" | tr -d "'" |
 		sed "s|^|$tree/$dir/|" | awk '!seen[$0]++'
 }
 
-# The sources of one executable('NAME', [...]) in tools/meson.build.
+# The sources of one executable('NAME', [...]) in tools/meson.build, and of
+# the static libraries there, which every tool links (json.c).
 vpmm_tool_sources() {
 	local tree=$1 name=$2
-	sed -n "/executable('$name'/,/)/p" "$tree/tools/meson.build" |
-		grep -o "'[A-Za-z0-9_./-]*\.c'" | tr -d "'" | sed "s|^|$tree/tools/|"
+	{
+		sed -n "/executable('$name'/,/)/p" "$tree/tools/meson.build"
+		sed -n "/static_library(/,/)/p" "$tree/tools/meson.build"
+	} | grep -o "'[A-Za-z0-9_./-]*\.c'" | tr -d "'" | sed "s|^|$tree/tools/|" |
+		awk '!seen[$0]++'
 }
 
 # The version of project() in TREE/meson.build (the one place it is set).

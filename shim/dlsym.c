@@ -1,4 +1,5 @@
-/* dlsym.c — the dlsym hook.
+/* dlsym.c — the exported dlsym: an entry that asks vpmm_dlsym_filter
+ * (wrap.c) and otherwise hands the lookup to glibc's dlsym untouched.
  *
  * Programs with the static runtime, CuPy, PyTorch and friends reach libcuda
  * by dlsym(handle, "cuGetProcAddress_v2") and then everything through it;
@@ -20,28 +21,12 @@
  * compiler turns its final call into a jump (GCC does at -O2), otherwise
  * RTLD_NEXT lookups are resolved as seen from libvpmm. The shim tests check
  * RTLD_NEXT from a program and from a library (drv_prog dlsym).
+ *
+ * May call: wrap.h (the filter), resolve.h (glibc's dlsym).
  */
+#include "resolve.h"
 #include "shim.h"
-
-void *vpmm_dlsym_filter(void *handle, const char *name) VPMM_HIDDEN __attribute__((used));
-
-/* Our wrapper for this lookup, or NULL: "ask the real dlsym as is". Also
- * makes sure vpmm_real_dlsym_fn is set, which the entry relies on. Safe
- * before a sanitizer's runtime is ready (VPMM_EARLY): the names it looks
- * up then are not ours, and only ours go further. */
-VPMM_EARLY void *vpmm_dlsym_filter(void *handle, const char *name)
-{
-	void *w;
-	vpmm_resolve_dlsym();
-	if (!name || !vpmm_wrapped_name(name) || vpmm_resolving())
-		return NULL;
-	if (!vpmm_active())
-		return NULL;
-	w = vpmm_wrapper_for(vpmm_real_dlsym_fn(handle, name));
-	if (w)
-		vpmm_count(VPMM_HOOK_dlsym_wrapped);
-	return w;
-}
+#include "wrap.h"
 
 #if defined(__x86_64__)
 /* Stack on entry: return address at 0(%rsp), %rsp = 8 mod 16. Two pushes and

@@ -3,7 +3,7 @@
  * One write(2) per line, so lines of several threads never interleave and
  * nothing goes through stdio's locks (a hook may run inside a program's own
  * stdio call, in a signal-unsafe moment, or after stdio was shut down at
- * exit). The level is VPMM_LOG, set by dispatch.c once the options are read;
+ * exit). The level is VPMM_LOG, set by process.c once the options are read;
  * until then warnings and errors show.
  *
  * Lines an allocation can bring (out of memory) are rate-limited and never

@@ -1,8 +1,8 @@
 /* resolve.c — the real functions behind every hook, found once.
  *
  * Owns: glibc's dlsym, the libcuda handle, the real driver entry points
- * (forwarding targets of the wrappers, and the helpers the dispatch layer
- * calls), the set of pointers the real libcuda may hand out for each wrapped
+ * (forwarding targets of the wrappers, and the helpers the shim's rooms
+ * call), the set of pointers the real libcuda may hand out for each wrapped
  * entry point, and the real runtime functions behind the runtime hooks.
  *
  * Why a set of pointers: a program asks for an entry point by base name,
@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "resolve.h"
 #include "shim.h"
 
 void *(*vpmm_real_dlsym_fn)(void *, const char *);

@@ -12,7 +12,7 @@
  *   trim [KEEP]           hook: release free memory beyond KEEP bytes
  *   trace start PATH | stop | status | flush    hooks: trace recording
  *   ipc-open, ipc-pieces, ipc-close    hook: cudaIpc* between processes
- *                         (shim/ipc.c); replies carry descriptors
+ *                         (shim/ipc_export.c); replies carry descriptors
  *
  * Safety: a default directory is created 0700 and refused if it is not ours
  * or is open to group/others; the socket is 0600; a peer whose uid is neither
@@ -67,7 +67,7 @@ struct vpmm_server_config {
 	/* true if a trace is being written; its absolute path and event count */
 	bool (*trace_status)(char *path, size_t n, uint64_t *events);
 
-	/* `ipc-open`, `ipc-pieces`, `ipc-close` (shim/ipc.c): `request` is the
+	/* `ipc-open`, `ipc-pieces`, `ipc-close` (shim/ipc_export.c): `request` is the
 	 * name, `arg` the rest of the line, `peer` the client's pid. Writes the
 	 * reply's fields (",\"key\":value...") into `fields` and up to
 	 * VPMM_IPC_MAX_FDS descriptors to pass with the reply into fds (the

@@ -16,7 +16,7 @@
 //                sticky: after cudaGetLastError, cudaPeekAtLastError is clean;
 //   oom.log      (pool) each of the first OOM_LOG_BURST failed calls wrote
 //                the shim's one "out of memory: requested N bytes" line
-//                (shim/dispatch.c) naming its size, later ones at most one
+//                (shim/alloc.c) naming its size, later ones at most one
 //                (the shim shows one a second after that, with a count);
 //                no such line during a successful call; none elsewhere;
 //   oom.recover  on the full GPU, after freeing the last chunks (>= 64 MiB:

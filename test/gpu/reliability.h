@@ -183,7 +183,7 @@ static inline void check_async(const void *p, size_t bytes, uint64_t seed, uint6
 
 // ---- libvpmm, when it is loaded ----------------------------------------------------------
 
-// The shim's exported API (shim/dispatch.c), looked up at run time: NULL
+// The shim's exported API (shim/api.c), looked up at run time: NULL
 // without the shim.
 struct shim_api {
 	int (*active)(void);

@@ -1,0 +1,346 @@
+/* alloc.c — the allocation semantics every hook shares: malloc and free on
+ * the pool, synchronous or stream-ordered, the translation of pool errors
+ * to CUresult (the runtime hooks reuse the number: see shim.h), and what the
+ * memory queries answer for pool memory.
+ *
+ * Decisions, and why:
+ *  - A runtime call on a thread with no context first lets the real runtime
+ *    set one up, by the real cudaFree(NULL) (the documented way to
+ *    initialise it), then proceeds; a driver call with no context goes to
+ *    the real function, which reports the error the program expects.
+ *  - Synchronous frees (cudaFree, cuMemFree_v2) synchronise the pool's
+ *    context, then free on VPMM_NO_STREAM (settled at once). This is what
+ *    the real calls do, and what programs such as PyTorch without caching
+ *    rely on: no kernel issued before the free may still touch the memory
+ *    when it is handed out again, on any stream. A cheaper scheme (an event
+ *    on the legacy default stream, which orders after every blocking stream)
+ *    does not cover streams created non-blocking, which PyTorch uses for its
+ *    side streams, so it was rejected.
+ *  - Per-thread default streams: CU_STREAM_PER_THREAD is one handle for as
+ *    many streams as threads, and the pool orders work by handle (it may
+ *    record an event on another stream's handle from any thread). So work on
+ *    a per-thread default stream is treated as synchronous: allocations take
+ *    settled memory (VPMM_NO_STREAM) and frees first synchronise the calling
+ *    thread's per-thread stream. Correct, but such frees block.
+ *  - Allocations on a capturing stream go to the real function (the graph
+ *    owns them). Freeing pool memory on a capturing stream is refused with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the free would happen at graph
+ *    launch, and the pool cannot order reuse after a launch it never sees.
+ *  - Teardown: once the driver answers CUDA_ERROR_DEINITIALIZED, or the
+ *    pool's context is gone (nothing of it can still run), frees of pool
+ *    memory succeed quietly.
+ * May call: streams.h (the call's context and stream), devices.h (the
+ * pools), process.h, ipc.h (frees of shared memory), runtime.h
+ * (vpmm_runtime_init), trace.h, resolve.h, the log.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "alloc.h"
+#include "devices.h"
+#include "ipc.h"
+#include "process.h"
+#include "resolve.h"
+#include "runtime.h"
+#include "shim.h"
+#include "streams.h"
+#include "trace.h"
+
+static CUresult pool_result(vpmm_pool *p, int e)
+{
+	CUresult r;
+	switch (e) {
+	case 0:
+		return CUDA_SUCCESS;
+	case -ENOMEM:
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	case -EINVAL:
+		return CUDA_ERROR_INVALID_VALUE;
+	case -EIO:
+		r = vpmm_pool_last_result(p);
+		return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+	default:
+		return CUDA_ERROR_UNKNOWN;
+	}
+}
+
+/* ---- the operations ------------------------------------------------------------ */
+
+/* The one line an out-of-memory failure gets: what was asked, what the pool
+ * holds, what the device has left (the pool already tried everything it
+ * could: waited for every stream's frees, remapped, returned empty slabs). */
+static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
+{
+	static struct vpmm_log_limit limit;
+	struct vpmm_stats ps;
+	size_t dev_free = 0, dev_total = 0;
+	uint64_t take;
+	if (!vpmm_log_on(VPMM_LOG_ERROR) || !(take = vpmm_log_limit_take(&limit)))
+		return;
+	char more[96] = "";
+	if (take > 1)
+		snprintf(more, sizeof more, " (and %" PRIu64 " more since the last such line)",
+			 take - 1);
+	else if (atomic_load_explicit(&limit.seen, memory_order_relaxed) == VPMM_LOG_BURST)
+		snprintf(more, sizeof more, " (more: one line a second, with their count)");
+	vpmm_pool_stats(pool, &ps);
+	if (vpmm_real.mem_get_info)
+		vpmm_real.mem_get_info(&dev_free, &dev_total);
+	char limit_s[64] = "";
+	if (vpmm_process_config()->limit)
+		snprintf(limit_s, sizeof limit_s, ", VPMM_LIMIT %zu", vpmm_process_config()->limit);
+	vpmm_log_limited(&limit, VPMM_LOG_ERROR,
+			 "device %d: out of memory: requested %zu bytes; live %" PRIu64
+			 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s%s",
+			 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit_s,
+			 more);
+}
+
+bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
+		    enum vpmm_via via, int device, void *caller, CUresult *res)
+{
+	struct vpmm_ctx_scope sc = {false};
+	vpmm_pool *pool;
+	CUstream ps;
+	CUresult r;
+	int dev = device, e;
+
+	if (vpmm_tls_inside || !out || !size || !vpmm_active())
+		return false;
+
+	if (via == VPMM_VIA_TORCH) {
+		if (vpmm_enter_device(device, &sc) != CUDA_SUCCESS)
+			return false;
+	} else {
+		r = vpmm_enter(stream, &dev, &sc);
+		if (r != CUDA_SUCCESS && via >= VPMM_VIA_RUNTIME &&
+		    (stream == VPMM_NO_STREAM || vpmm_default_stream(stream))) {
+			cudaError_t ce = vpmm_runtime_init(caller);
+			if (ce != cudaSuccess) {
+				*res = (CUresult)ce;
+				return true;
+			}
+			r = vpmm_enter(stream, &dev, &sc);
+		}
+		if (r != CUDA_SUCCESS)
+			return false;
+	}
+
+	ps = vpmm_pool_stream(stream, via);
+	if (ps != VPMM_NO_STREAM && vpmm_capturing(ps) != 0)
+		goto pass; /* the graph owns it, or the real call reports the error */
+	if (ps == CU_STREAM_PER_THREAD)
+		ps = VPMM_NO_STREAM;
+	pool = vpmm_pool_for(dev);
+	if (!pool)
+		goto pass;
+	if (!vpmm_device_ctx(dev))
+		vpmm_adopt_context(dev, sc.stream_ctx);
+	/* Served from another context, the pool still records on its own
+	 * streams (to learn that their frees completed) and makes the events
+	 * for that in the current context: made in the caller's, the record
+	 * was refused and the allocation failed with
+	 * CUDA_ERROR_INVALID_HANDLE (user_context_waits). So the pool's
+	 * context is made current for the call; never on the hot path. */
+	bool pool_pushed = false;
+	if (vpmm_foreign_stream(&sc, dev)) {
+		ps = VPMM_NO_STREAM;
+		vpmm_push_pool_ctx(dev, &pool_pushed);
+	}
+	e = vpmm_pool_malloc(pool, size, ps, out);
+	vpmm_pop_ctx(pool_pushed);
+	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
+			 size, ps == VPMM_NO_STREAM ? NULL : ps);
+	if (e == -ENOMEM)
+		log_out_of_memory(pool, dev, size);
+	vpmm_leave(&sc);
+	*res = pool_result(pool, e);
+	if (!e)
+		vpmm_count(VPMM_HOOK_pool_malloc);
+	else
+		VPMM_LOGF(VPMM_LOG_DEBUG, "device %d: malloc of %zu failed (%d)", dev, size, e);
+	return true;
+pass:
+	vpmm_leave(&sc);
+	return false;
+}
+
+/* vpmm_pool_poll in the pool's context. */
+static void poll_pool(int dev, bool before_sync)
+{
+	bool pushed;
+	if (vpmm_push_pool_ctx(dev, &pushed) != CUDA_SUCCESS)
+		return; /* the next poll, or a malloc's own, settles it */
+	vpmm_pool_poll(vpmm_device_pool(dev, NULL), before_sync);
+	vpmm_pop_ctx(pushed);
+}
+
+/* Synchronise the pool's context, as the real synchronous free would. */
+static CUresult sync_context(int dev)
+{
+	CUcontext cur = NULL, popped, ctx = vpmm_device_ctx(dev);
+	CUresult r;
+	vpmm_count(VPMM_HOOK_sync_free);
+	if (vpmm_real.ctx_synchronize_v2 && ctx)
+		return vpmm_real.ctx_synchronize_v2(ctx);
+	r = vpmm_real.ctx_get_current(&cur);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (cur == ctx || !ctx)
+		return vpmm_real.ctx_synchronize();
+	r = vpmm_real.ctx_push(ctx);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = vpmm_real.ctx_synchronize();
+	vpmm_real.ctx_pop(&popped);
+	return r;
+}
+
+bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
+		  CUresult *res)
+{
+	struct vpmm_ctx_scope sc = {false};
+	vpmm_pool *pool;
+	CUstream ps;
+	CUresult r;
+	int owner, dev, e;
+
+	if (vpmm_tls_inside || !ptr || !vpmm_active())
+		return false;
+	owner = vpmm_owner_device(ptr);
+	if (owner < 0)
+		return false;
+	pool = vpmm_device_pool(owner, NULL);
+	if (vpmm_torn_down())
+		goto quiet;
+
+	ps = vpmm_pool_stream(stream, via);
+	if (ps == VPMM_NO_STREAM) {
+		/* The synchronisation completes every stream's work: frees made
+		 * on streams settle with it, if events say so (one per stream
+		 * with frees in its open epoch), instead of staying out of
+		 * reach of other streams and of merging. */
+		poll_pool(owner, true);
+		r = sync_context(owner);
+	} else if (ps == CU_STREAM_PER_THREAD) {
+		if (vpmm_capturing(ps) == 1)
+			goto refuse;
+		r = vpmm_real.stream_synchronize(ps);
+		ps = VPMM_NO_STREAM;
+	} else {
+		r = via == VPMM_VIA_TORCH ? vpmm_enter_device(owner, &sc)
+					  : vpmm_enter(ps, &dev, &sc);
+		if (r != CUDA_SUCCESS)
+			return false; /* a bad stream: the real call says so */
+		if (vpmm_capturing(ps) == 1)
+			goto refuse;
+		r = CUDA_SUCCESS;
+		/* The default stream names the current context's own: with
+		 * another device current, it is that device's stream. */
+		if (via != VPMM_VIA_TORCH &&
+		    (vpmm_foreign_stream(&sc, owner) ||
+		     (!sc.stream_ctx && dev != owner))) {
+			r = vpmm_real.stream_synchronize(ps);
+			ps = VPMM_NO_STREAM;
+		}
+	}
+	switch (r) {
+	case CUDA_SUCCESS:
+		break;
+	case CUDA_ERROR_DEINITIALIZED:
+		vpmm_set_torn_down();
+		goto quiet;
+	case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+	case CUDA_ERROR_INVALID_CONTEXT:
+		/* The context is gone, so is all of its work: nothing can touch
+		 * the memory any more. Settle it, ignoring the pool's answer. */
+		vpmm_pool_free(pool, ptr, VPMM_NO_STREAM);
+		goto quiet;
+	default:
+		vpmm_leave(&sc);
+		*res = r; /* e.g. a sticky kernel error, as the real call reports */
+		return true;
+	}
+	if (vpmm_trace_on()) { /* before the free: then the address may be reused */
+		CUdeviceptr base;
+		size_t size = 0;
+		vpmm_pool_find(pool, ptr, &base, &size);
+		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
+	}
+	switch (vpmm_ipc_defer_free(owner, ptr, ps)) {
+	case 1:
+		vpmm_leave(&sc);
+		vpmm_count(VPMM_HOOK_pool_free);
+		*res = CUDA_SUCCESS;
+		return true;
+	case -1:
+		vpmm_leave(&sc);
+		*res = CUDA_ERROR_INVALID_VALUE;
+		return true;
+	}
+	e = vpmm_pool_free(pool, ptr, ps);
+	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)
+		poll_pool(owner, false);
+	vpmm_leave(&sc);
+	*res = pool_result(pool, e);
+	if (!e)
+		vpmm_count(VPMM_HOOK_pool_free);
+	return true;
+refuse:
+	vpmm_leave(&sc);
+	vpmm_log(VPMM_LOG_WARN, "freeing pool memory on a capturing stream is not supported");
+	*res = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	return true;
+quiet:
+	*res = CUDA_SUCCESS;
+	return true;
+}
+
+/* ---- what the queries answer ---------------------------------------------------- */
+
+/* What the device's free memory means to a program under the pool: what
+ * the pool can still hand out. That is its reusable bytes plus what the
+ * device can still map; under VPMM_LIMIT, plus only what the limit leaves
+ * unmapped, since beyond it the pool maps nothing more. Without the limit
+ * here, a program that sizes a buffer by the free memory (a KV cache, a
+ * workspace) asked for the device's free bytes and got out of memory. */
+void vpmm_add_reusable(size_t *free_bytes, size_t total)
+{
+	struct vpmm_stats s;
+	CUdevice dev;
+	vpmm_pool *p;
+	size_t mappable;
+	const struct vpmm_config *cfg = vpmm_process_config();
+	if (vpmm_tls_inside || !free_bytes || !vpmm_active())
+		return;
+	if (vpmm_real.ctx_get_device(&dev) != CUDA_SUCCESS || (int)dev < 0 ||
+	    (int)dev >= VPMM_MAX_DEVICES)
+		return;
+	p = vpmm_device_pool((int)dev, NULL);
+	if (!p) {
+		/* No pool yet: the limit holds once it is made. */
+		if (cfg->limit && !vpmm_device_failed((int)dev) && *free_bytes > cfg->limit)
+			*free_bytes = cfg->limit;
+		return;
+	}
+	vpmm_pool_stats(p, &s);
+	mappable = *free_bytes < total ? *free_bytes : total;
+	if (cfg->limit) {
+		size_t room = cfg->limit > s.mapped ? cfg->limit - (size_t)s.mapped : 0;
+		if (mappable > room)
+			mappable = room;
+	}
+	*free_bytes = s.reusable > total - mappable ? total : mappable + (size_t)s.reusable;
+}
+
+enum vpmm_where vpmm_find_live(CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+	int owner;
+	if (vpmm_tls_inside || !vpmm_active() || (owner = vpmm_owner_device(ptr)) < 0)
+		return VPMM_NOT_POOLS;
+	return vpmm_pool_find(vpmm_device_pool(owner, NULL), ptr, base, size) == 0
+		       ? VPMM_POOL_LIVE
+		       : VPMM_POOL_NOT_LIVE;
+}

@@ -1,0 +1,262 @@
+/* driver_calls.c — the driver's entry points under the shim, each reached
+ * from its exported hook (hooks.c), directly or through a cuGetProcAddress
+ * or dlsym answer: allocation, free, the memory and pointer queries, and the
+ * calls whose news the pools need (stream and context ends, peer access,
+ * the program's own handles, IPC).
+ *
+ * Owns: what each driver call means for pool memory, and the pass-through
+ * (REAL) of everything else to the real entry point. Policy lives in the
+ * rooms it calls: alloc.h (malloc/free, queries), streams.h, devices.h,
+ * ipc.h; resolve.h gives the real functions.
+ */
+#include "alloc.h"
+#include "devices.h"
+#include "driver_calls.h"
+#include "ipc.h"
+#include "resolve.h"
+#include "shim.h"
+#include "streams.h"
+
+/* ---- the calls ------------------------------------------------------------------ */
+
+/* The real entry point, or NOT_INITIALIZED when libcuda is not here. */
+#define REAL(field, ...)                                                      \
+	do {                                                                  \
+		vpmm_resolve();                                               \
+		vpmm_count(VPMM_HOOK_passthrough);                            \
+		return vpmm_real.field ? vpmm_real.field(__VA_ARGS__)         \
+				       : CUDA_ERROR_NOT_INITIALIZED;          \
+	} while (0)
+
+CUresult vpmm_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemAlloc_v2);
+	if (vpmm_do_malloc(dptr, bytesize, VPMM_NO_STREAM, VPMM_VIA_DRIVER, -1, NULL, &r))
+		return r;
+	REAL(mem_alloc, dptr, bytesize);
+}
+
+CUresult vpmm_cuMemFree_v2(CUdeviceptr dptr)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemFree_v2);
+	if (vpmm_do_free(dptr, VPMM_NO_STREAM, VPMM_VIA_DRIVER, &r))
+		return r;
+	REAL(mem_free, dptr);
+}
+
+CUresult vpmm_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemAllocAsync);
+	if (vpmm_do_malloc(dptr, bytesize, s, VPMM_VIA_DRIVER, -1, NULL, &r))
+		return r;
+	REAL(alloc_async, dptr, bytesize, s);
+}
+
+CUresult vpmm_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemAllocAsync_ptsz);
+	if (vpmm_do_malloc(dptr, bytesize, s, VPMM_VIA_DRIVER_PTSZ, -1, NULL, &r))
+		return r;
+	REAL(alloc_async_ptsz, dptr, bytesize, s);
+}
+
+CUresult vpmm_cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemFreeAsync);
+	if (vpmm_do_free(dptr, s, VPMM_VIA_DRIVER, &r))
+		return r;
+	REAL(free_async, dptr, s);
+}
+
+CUresult vpmm_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemFreeAsync_ptsz);
+	if (vpmm_do_free(dptr, s, VPMM_VIA_DRIVER_PTSZ, &r))
+		return r;
+	REAL(free_async_ptsz, dptr, s);
+}
+
+CUresult vpmm_cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemGetInfo_v2);
+	vpmm_resolve();
+	if (!vpmm_real.mem_get_info)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.mem_get_info(free_bytes, total);
+	if (r == CUDA_SUCCESS && free_bytes && total)
+		vpmm_add_reusable(free_bytes, *total);
+	return r;
+}
+
+CUresult vpmm_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+	CUdeviceptr base;
+	size_t size;
+	vpmm_count(VPMM_HOOK_cuMemGetAddressRange_v2);
+	switch (vpmm_find_live(dptr, &base, &size)) {
+	case VPMM_POOL_LIVE:
+		if (pbase)
+			*pbase = base;
+		if (psize)
+			*psize = size;
+		return CUDA_SUCCESS;
+	case VPMM_POOL_NOT_LIVE:
+		return CUDA_ERROR_NOT_FOUND; /* as for a pointer freed by cuMemFree */
+	case VPMM_NOT_POOLS:
+		break;
+	}
+	REAL(address_range, pbase, psize, dptr);
+}
+
+CUresult vpmm_cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+	CUdeviceptr base;
+	size_t size;
+	vpmm_count(VPMM_HOOK_cuPointerGetAttribute);
+	if (data && (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+		     attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
+		switch (vpmm_find_live(ptr, &base, &size)) {
+		case VPMM_POOL_LIVE:
+			if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+				*(CUdeviceptr *)data = base;
+			else
+				*(size_t *)data = size;
+			return CUDA_SUCCESS;
+		case VPMM_POOL_NOT_LIVE:
+			return CUDA_ERROR_INVALID_VALUE; /* no allocation there */
+		case VPMM_NOT_POOLS:
+			break;
+		}
+	}
+	REAL(ptr_attr, data, attribute, ptr);
+}
+
+CUresult vpmm_cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
+				void **data, CUdeviceptr ptr)
+{
+	CUdeviceptr base;
+	size_t size;
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuPointerGetAttributes);
+	vpmm_resolve();
+	if (!vpmm_real.ptr_attrs)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.ptr_attrs(n, attributes, data, ptr);
+	if (r != CUDA_SUCCESS || !attributes || !data)
+		return r;
+	switch (vpmm_find_live(ptr, &base, &size)) {
+	case VPMM_POOL_LIVE:
+		break;
+	case VPMM_POOL_NOT_LIVE:
+		/* No allocation there: the null values this call gives a
+		 * pointer it does not know, not the pool's mapping. */
+		base = 0;
+		size = 0;
+		break;
+	case VPMM_NOT_POOLS:
+		return r;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		if (!data[i])
+			continue;
+		if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+			*(CUdeviceptr *)data[i] = base;
+		else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+			*(size_t *)data[i] = size;
+	}
+	return r;
+}
+
+/* The pool records events on streams other than the caller's: it must hear
+ * of a stream's end before the handle dangles (cudaStreamDestroy comes here
+ * through cuGetProcAddress). */
+CUresult vpmm_cuStreamDestroy_v2(CUstream s)
+{
+	vpmm_count(VPMM_HOOK_cuStreamDestroy_v2);
+	vpmm_stream_destroying(s);
+	REAL(stream_destroy, s);
+}
+
+/* Pool memory is shared through the shim on both sides (ipc.c); the
+ * driver's own IPC refuses VMM memory. */
+CUresult vpmm_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuIpcGetMemHandle);
+	if (vpmm_ipc_get(handle, dptr, &r))
+		return r;
+	REAL(ipc_get, handle, dptr);
+}
+
+CUresult vpmm_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuIpcOpenMemHandle_v2);
+	if (vpmm_ipc_open(pdptr, &handle, flags, &r))
+		return r;
+	REAL(ipc_open, pdptr, handle, flags);
+}
+
+CUresult vpmm_cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuIpcCloseMemHandle);
+	if (vpmm_ipc_close(dptr, &r))
+		return r;
+	REAL(ipc_close, dptr);
+}
+
+/* Peer access does not reach VMM mappings by itself: once the driver
+ * enabled it, the peer's pool grants this device access to its pages. */
+CUresult vpmm_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuCtxEnablePeerAccess);
+	vpmm_resolve();
+	if (!vpmm_real.peer_enable)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.peer_enable(peer, flags);
+	if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+		vpmm_peer_enabled(peer);
+	return r;
+}
+
+/* Passed through: the program's own handle, noted (vpmm_own_mapping). */
+CUresult vpmm_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+		     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuMemCreate);
+	vpmm_resolve();
+	if (!vpmm_real.mem_create)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.mem_create(handle, size, prop, flags);
+	if (r == CUDA_SUCCESS)
+		vpmm_own_mapping(prop, size);
+	return r;
+}
+
+/* A context's streams and events die with it, the pool's memory does not
+ * (cuMemCreate memory outlives contexts): the pools living in it must hear
+ * of it before the real call (cudaDeviceReset reaches the reset through
+ * cuGetProcAddress). */
+CUresult vpmm_cuCtxDestroy_v2(CUcontext ctx)
+{
+	vpmm_count(VPMM_HOOK_cuCtxDestroy_v2);
+	vpmm_context_ending(ctx, -1);
+	REAL(ctx_destroy, ctx);
+}
+
+CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	vpmm_count(VPMM_HOOK_cuDevicePrimaryCtxReset_v2);
+	vpmm_context_ending(NULL, (int)dev);
+	REAL(primary_reset, dev);
+}

@@ -1,0 +1,117 @@
+/* resolve.h — the real functions behind every hook (resolve.c): glibc's
+ * dlsym, libcuda and its entry points, the real runtime. Includes shim.h
+ * only.
+ */
+#ifndef VPMM_RESOLVE_H
+#define VPMM_RESOLVE_H
+
+#include "shim.h"
+
+typedef CUresult (*vpmm_gpa_v2_fn)(const char *, void **, int, cuuint64_t,
+				    CUdriverProcAddressQueryResult *);
+typedef CUresult (*vpmm_gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+
+/* The driver entry points we wrap: their forwarding targets. */
+enum vpmm_wrapped {
+	VPMM_W_GPA_V2,
+	VPMM_W_GPA_V1,
+	VPMM_W_MEM_ALLOC,
+	VPMM_W_MEM_FREE,
+	VPMM_W_ALLOC_ASYNC,
+	VPMM_W_ALLOC_ASYNC_PTSZ,
+	VPMM_W_FREE_ASYNC,
+	VPMM_W_FREE_ASYNC_PTSZ,
+	VPMM_W_MEM_GET_INFO,
+	VPMM_W_ADDRESS_RANGE,
+	VPMM_W_PTR_ATTR,
+	VPMM_W_PTR_ATTRS,
+	VPMM_W_STREAM_DESTROY,
+	VPMM_W_IPC_GET,
+	VPMM_W_IPC_OPEN,
+	VPMM_W_IPC_CLOSE,
+	VPMM_W_PEER_ENABLE,
+	VPMM_W_MEM_CREATE,
+	VPMM_W_CTX_DESTROY,
+	VPMM_W_PRIMARY_RESET,
+	VPMM_W_COUNT
+};
+
+struct vpmm_real {
+	void *libcuda; /* NULL: no driver here; every driver hook passes through */
+	int driver_version;
+	vpmm_gpa_v2_fn gpa_v2;
+	vpmm_gpa_v1_fn gpa_v1;
+	CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*alloc_async_ptsz)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*free_async)(CUdeviceptr, CUstream);
+	CUresult (*free_async_ptsz)(CUdeviceptr, CUstream);
+	CUresult (*mem_get_info)(size_t *, size_t *);
+	CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+	CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
+	CUresult (*ptr_attrs)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
+	CUresult (*stream_destroy)(CUstream);
+	CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
+	CUresult (*ipc_close)(CUdeviceptr);
+	CUresult (*peer_enable)(CUcontext, unsigned);
+	CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
+			       const CUmemAllocationProp *, unsigned long long);
+	CUresult (*ctx_destroy)(CUcontext);
+	CUresult (*primary_reset)(CUdevice);
+	/* Helpers for the other rooms; any may be NULL on an old driver. */
+	CUresult (*ctx_get_current)(CUcontext *);
+	CUresult (*ctx_get_device)(CUdevice *);
+	CUresult (*ctx_synchronize)(void);
+	CUresult (*ctx_synchronize_v2)(CUcontext);
+	CUresult (*ctx_push)(CUcontext);
+	CUresult (*ctx_pop)(CUcontext *);
+	CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
+	CUresult (*stream_get_ctx)(CUstream, CUcontext *);
+	CUresult (*stream_synchronize)(CUstream);
+	CUresult (*device_get)(CUdevice *, int);
+	CUresult (*primary_retain)(CUcontext *, CUdevice);
+	CUresult (*primary_get_state)(CUdevice, unsigned int *, int *);
+};
+
+extern struct vpmm_real vpmm_real VPMM_HIDDEN;
+
+/* glibc's dlsym (the real one); set by vpmm_resolve_dlsym(). */
+extern void *(*vpmm_real_dlsym_fn)(void *, const char *) VPMM_HIDDEN;
+void vpmm_resolve_dlsym(void);
+/* Everything else: libcuda and its entry points. Idempotent, thread-safe. */
+void vpmm_resolve(void);
+/* Whether this thread is inside vpmm_resolve() (dlopen of libcuda). */
+bool vpmm_resolving(void);
+
+/* Our wrapper for a pointer the real libcuda handed out, or NULL when the
+ * pointer is none of the wrapped entry points. */
+void *vpmm_wrapper_for(void *real_fn);
+/* Whether a symbol name is one a wrapper may stand for ("cuMemAlloc_v2"). */
+bool vpmm_wrapped_name(const char *name);
+/* A real driver entry point by exported name, never one of our wrappers:
+ * the resolver given to the cuda driver layer. */
+void *vpmm_real_entry(const char *name, void *arg);
+
+enum vpmm_rt {
+	VPMM_RT_MALLOC,
+	VPMM_RT_FREE,
+	VPMM_RT_MALLOC_ASYNC,
+	VPMM_RT_FREE_ASYNC,
+	VPMM_RT_MALLOC_ASYNC_PTSZ,
+	VPMM_RT_FREE_ASYNC_PTSZ,
+	VPMM_RT_MEM_GET_INFO,
+	VPMM_RT_COUNT
+};
+/* The real runtime function behind a runtime hook, found next after us in
+ * the global scope or else in the scope of `caller` (the hook's return
+ * address: a runtime loaded RTLD_LOCAL, as Python extensions load theirs);
+ * NULL when neither has one. */
+void *vpmm_real_runtime(enum vpmm_rt fn, void *caller);
+
+/* The wrappers (hooks.c), one per enum vpmm_wrapped: the exported entry
+ * points that cuGetProcAddress and dlsym answers are swapped for. */
+extern const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] VPMM_HIDDEN;
+
+#endif

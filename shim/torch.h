@@ -1,0 +1,14 @@
+/* torch.h — PyTorch's CUDAPluggableAllocator pair (torch.c): hooks.c
+ * forwards vpmm_torch_malloc and vpmm_torch_free here. Includes shim.h.
+ */
+#ifndef VPMM_TORCH_H
+#define VPMM_TORCH_H
+
+#include <sys/types.h>
+
+#include "shim.h"
+
+void *vpmm_pluggable_malloc(ssize_t size, int device, cudaStream_t stream);
+void vpmm_pluggable_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
+
+#endif
