@@ -350,17 +350,18 @@ void vpmm_context_ending(CUcontext ctx, int device)
 }
 
 /* A program that makes its own handles (JAX's XLA for every buffer,
- * PyTorch's expandable_segments, NCCL) keeps that memory out of the pool,
- * and one preloaded into such a program would otherwise see no effect and
- * no reason for it: the first such handle of device memory is logged, once
- * per process (docs/design.md, "Programs that map their own memory"). */
+ * PyTorch's expandable_segments, NCCL's buffers on every rank) keeps that
+ * memory out of the pool. That is expected, so it is said at the info
+ * level (VPMM_LOG=info), once per process, for whoever wonders why the
+ * pool serves little: a warning worried every NCCL user for nothing
+ * (docs/design.md, "Programs that map their own memory"). */
 void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size)
 {
 	static atomic_flag told = ATOMIC_FLAG_INIT;
 	if (vpmm_tls_inside || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
 	    !vpmm_active() || atomic_flag_test_and_set(&told))
 		return;
-	vpmm_log(VPMM_LOG_WARN,
+	vpmm_log(VPMM_LOG_INFO,
 		 "device %d: the program maps memory of its own (cuMemCreate of %zu bytes): the pool serves none of it",
 		 prop->location.id, size);
 }
