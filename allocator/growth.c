@@ -25,31 +25,21 @@
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
  */
-#include <time.h>
-
 #include "growth.h"
 #include "pool.h"
+#include "vpi.h"
 
 /* The device's free bytes are read again once older than this. Other
  * processes change them; our own growths are subtracted as they happen,
  * and a failed cuMemCreate counts as none left until the next read. */
 #define GROWTH_READ_NS 100000000ull /* 100 ms */
 
-static uint64_t growth_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 size_t vpi_growth_headroom(vpmm_pool *p)
 {
-	uint64_t now = growth_now_ns();
+	uint64_t now = vpi_now_ns();
 	if (!p->dev_read_ns || now - p->dev_read_ns >= GROWTH_READ_NS) {
 		size_t fr = 0, total = 0;
-		CUresult r = p->drv->mem_info(p->drv, &fr, &total);
-		p->driver_calls[VPMM_OP_MEM_INFO]++;
-		p->st.driver_calls++;
+		CUresult r = DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total);
 		p->dev_free = r == CUDA_SUCCESS ? fr : 0;
 		p->dev_read_ns = now ? now : 1;
 	}
