@@ -20,7 +20,7 @@
 # soak.md when those parts ran.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|hotpath|share|reliab|costs|step|bench|pressure|soak; "all" for
+# shim|dump|python|hotpath|share|reliab|costs|step|bench|pressure|soak; "all" for
 # every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
 # (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (the defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh),
@@ -66,6 +66,13 @@ if part dump && [ -f "$ROOT/scripts/gpu-dump.sh" ]; then
 	OUT=$W/logs/dump bash "$ROOT/scripts/gpu-dump.sh" >"$W/logs/dump.txt" 2>&1
 	note "vpmm-dump on the GPU: exit $? ($((SECONDS - t0)) s)"
 	tail -n 5 "$W/logs/dump.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+fi
+
+if part python; then
+	t0=$SECONDS
+	OUT=$W/logs/python bash "$ROOT/scripts/gpu-python.sh" >"$W/logs/python.txt" 2>&1
+	note "the Python package with PyTorch (scripts/gpu-python.sh): exit $? ($((SECONDS - t0)) s)"
+	tail -n 12 "$W/logs/python.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
 if part hotpath; then
