@@ -1,0 +1,156 @@
+/* fakecuda.h — what the files of the stand-in libcuda.so.1 share (the
+ * library is described in fakecuda.c): the host driver under it, the lock, the
+ * devices' primary contexts, the call counters, and every entry point
+ * it exports. Included only by test/shim/fakecuda*.c.
+ *
+ * The files, each calling only those listed after it:
+ *   fakecuda_procs.c   cuGetProcAddress and its table of every entry point
+ *   fakecuda_mem.c     virtual memory, IPC, plain allocations, pointer queries
+ *   fakecuda_stream.c  streams, events, stream capture
+ *   fakecuda_ctx.c     init, devices, contexts, primary contexts, peers
+ *   fakecuda.c         the shared state, call counters, injected faults
+ */
+#ifndef FAKECUDA_H
+#define FAKECUDA_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "driver_host.h"
+
+/* cuda.h maps these names to their current versions; here they are the
+ * old variants the fake also offers. */
+#undef cuGetProcAddress
+#undef cuMemAlloc
+#undef cuMemFree
+#undef cuMemGetInfo
+#define API __attribute__((visibility("default")))
+#define MAX_DEV 8
+
+struct fake_ctx {
+	int device;
+	bool destroyed;
+	unsigned gen; /* bumped when the context is reset or destroyed */
+	int refs;     /* a primary context's retains: the last release ends it */
+	struct fake_ctx *made_before; /* the program's contexts, all kept */
+};
+
+/* ---- fakecuda.c ---- */
+
+extern pthread_mutex_t fake_lock;  /* guards everything below and the lists */
+extern vpmm_driver *fake_drv;      /* NULL until cuInit */
+extern size_t fake_capacity;       /* bytes of the device */
+extern int fake_ndev;
+extern struct fake_ctx fake_ctxs[MAX_DEV]; /* the primary contexts */
+
+/* Counts a call of `name` if it is one fakecuda_calls() reports. */
+void fake_count(const char *name);
+
+#define NEED_INIT()                                                           \
+	do {                                                                  \
+		if (!fake_drv)                                                \
+			return CUDA_ERROR_NOT_INITIALIZED;                    \
+	} while (0)
+
+API unsigned long fakecuda_calls(const char *name);
+API void fakecuda_fail(int op, unsigned long nth, int result);
+
+/* ---- fakecuda_ctx.c ---- */
+
+/* The calling thread's current context, or NULL. */
+struct fake_ctx *fake_current(void);
+/* Counts driver work done with no current context: the real driver refuses
+ * some of it, and the shim is meant to set one up first. */
+void fake_note_context(void);
+/* The current context's state as a CUresult: SUCCESS, INVALID_CONTEXT or
+ * CONTEXT_IS_DESTROYED (NOT_INITIALIZED before cuInit). */
+CUresult fake_ctx_state(void);
+
+API CUresult cuInit(unsigned int flags);
+API CUresult cuDriverGetVersion(int *v);
+API CUresult cuDeviceGet(CUdevice *dev, int ordinal);
+API CUresult cuDeviceGetCount(int *n);
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+API CUresult cuCtxGetCurrent(CUcontext *pctx);
+API CUresult cuCtxSetCurrent(CUcontext ctx);
+API CUresult cuCtxGetDevice(CUdevice *dev);
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+API CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
+API CUresult cuCtxSynchronize(void);
+API CUresult cuCtxSynchronize_v2(CUcontext ctx);
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+API CUresult cuCtxDestroy_v2(CUcontext ctx);
+API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
+
+/* ---- fakecuda_stream.c ---- */
+
+API CUresult cuStreamCreate(CUstream *s, unsigned int flags);
+API CUresult cuStreamDestroy_v2(CUstream s);
+API CUresult cuStreamSynchronize(CUstream s);
+API CUresult cuStreamSynchronize_ptsz(CUstream s);
+API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st);
+API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
+API CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx);
+API CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *pctx);
+API CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags);
+API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags);
+API CUresult cuEventCreate(CUevent *ev, unsigned int flags);
+API CUresult cuEventRecord(CUevent ev, CUstream s);
+API CUresult cuEventRecord_ptsz(CUevent ev, CUstream s);
+API CUresult cuEventQuery(CUevent ev);
+API CUresult cuEventSynchronize(CUevent ev);
+API CUresult cuEventDestroy_v2(CUevent ev);
+API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+API void fakecuda_set_capturing(CUstream s, int on);
+
+/* ---- fakecuda_mem.c ---- */
+
+API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+					   CUmemAllocationGranularity_flags flags);
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
+				 CUdeviceptr addr, unsigned long long flags);
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t size);
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+			 const CUmemAllocationProp *prop, unsigned long long flags);
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h);
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
+		      CUmemGenericAllocationHandle h, unsigned long long flags);
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size);
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
+			    size_t count);
+API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
+					  CUmemAllocationHandleType type,
+					  unsigned long long flags);
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+					    CUmemAllocationHandleType type);
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p);
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags);
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p);
+API int fakecuda_accessible(CUdeviceptr p, int device);
+API CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+API CUresult cuMemFree(unsigned int dptr);
+API CUresult cuMemFree_v2(CUdeviceptr dptr);
+API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s);
+API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s);
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+API CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total);
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total);
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p);
+API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p);
+API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a, void **data,
+				    CUdeviceptr p);
+API void fakecuda_mem_info(size_t *free_bytes, size_t *total);
+
+/* ---- fakecuda_procs.c ---- */
+
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+				 cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+			      cuuint64_t flags);
+
+#endif

@@ -1,0 +1,302 @@
+/* fakecuda_ctx.c — the fake's init, devices and contexts: one primary
+ * context per device, contexts the program makes, a per-thread current
+ * context and push/pop stack, peer access between devices.
+ *
+ * Owns: the thread's context stack, the contexts the program made, the peer
+ * table. Calls fakecuda.c and the host driver's controls.
+ */
+#include "fakecuda.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "vpmm.h"
+
+static __thread struct fake_ctx *stack[8];
+static __thread int depth; /* stack[depth - 1] is current */
+
+/* ---- setup ----------------------------------------------------------------------- */
+
+static size_t env_size(const char *name, size_t def)
+{
+	const char *v = getenv(name);
+	size_t out;
+	if (!v || !*v || vpmm_parse_size(v, &out))
+		return def;
+	return out;
+}
+
+static CUresult init_locked(void)
+{
+	struct vpmm_host_options o = {0};
+	if (fake_drv)
+		return CUDA_SUCCESS;
+	fake_capacity = env_size("FAKECUDA_CAPACITY", (size_t)256 << 20);
+	o.granularity = env_size("FAKECUDA_GRANULARITY", (size_t)64 << 10);
+	o.capacity = fake_capacity;
+	o.unbacked = false;
+	fake_ndev = (int)env_size("FAKECUDA_DEVICES", 2);
+	if (fake_ndev < 1 || fake_ndev > MAX_DEV)
+		fake_ndev = 2;
+	for (int i = 0; i < fake_ndev; i++)
+		fake_ctxs[i].device = i;
+	return vpmm_driver_host_create(&o, &fake_drv);
+}
+
+struct fake_ctx *fake_current(void)
+{
+	return depth ? stack[depth - 1] : NULL;
+}
+
+/* Counts driver work done with no current context: the real driver refuses
+ * some of it, and the shim is meant to set one up first. */
+void fake_note_context(void)
+{
+	if (!fake_current())
+		fake_count("no_context");
+}
+
+/* The current context's state as a CUresult: SUCCESS, INVALID_CONTEXT or
+ * CONTEXT_IS_DESTROYED (NOT_INITIALIZED before cuInit). */
+CUresult fake_ctx_state(void)
+{
+	struct fake_ctx *c = fake_current();
+	if (!fake_drv)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return c->destroyed ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_SUCCESS;
+}
+
+/* ---- init, devices, contexts --------------------------------------------------------- */
+
+CUresult cuInit(unsigned int flags)
+{
+	CUresult r;
+	(void)flags;
+	pthread_mutex_lock(&fake_lock);
+	r = init_locked();
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+CUresult cuDriverGetVersion(int *v)
+{
+	if (!v)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = 13000;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+	NEED_INIT();
+	if (!dev || ordinal < 0 || ordinal >= fake_ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n)
+{
+	NEED_INIT();
+	if (!n)
+		return CUDA_ERROR_INVALID_VALUE;
+	*n = fake_ndev;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	NEED_INIT();
+	if (!pctx || dev < 0 || dev >= fake_ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fake_lock);
+	fake_ctxs[dev].destroyed = false;
+	fake_ctxs[dev].refs++;
+	pthread_mutex_unlock(&fake_lock);
+	*pctx = (CUcontext)&fake_ctxs[dev];
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	NEED_INIT();
+	if (dev < 0 || dev >= fake_ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fake_lock);
+	*flags = 0;
+	*active = fake_ctxs[dev].refs > 0 && !fake_ctxs[dev].destroyed;
+	pthread_mutex_unlock(&fake_lock);
+	return CUDA_SUCCESS;
+}
+
+/* As on the real driver, the last release destroys the primary context
+ * (its streams and events with it); a later retain makes it afresh. */
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	CUresult r = CUDA_SUCCESS;
+	NEED_INIT();
+	if (dev < 0 || dev >= fake_ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&fake_lock);
+	if (fake_ctxs[dev].refs <= 0) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (--fake_ctxs[dev].refs == 0) {
+		fake_ctxs[dev].destroyed = true;
+		fake_ctxs[dev].gen++;
+	}
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	NEED_INIT();
+	if (dev < 0 || dev >= fake_ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&fake_lock);
+	fake_ctxs[dev].destroyed = true;
+	fake_ctxs[dev].gen++;
+	pthread_mutex_unlock(&fake_lock);
+	return CUDA_SUCCESS;
+}
+
+/* Contexts the program makes itself: current once made (pushed), dead once
+ * destroyed (and popped if current), as on the real driver. Never freed:
+ * a stale handle must stay readable here; listed, so that a leak checker
+ * sees them held. */
+static struct fake_ctx *made_ctxs;
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	struct fake_ctx *c;
+	(void)flags;
+	NEED_INIT();
+	if (!pctx || dev < 0 || dev >= fake_ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (depth == 8 || !(c = calloc(1, sizeof *c)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	c->device = dev;
+	pthread_mutex_lock(&fake_lock);
+	c->made_before = made_ctxs;
+	made_ctxs = c;
+	pthread_mutex_unlock(&fake_lock);
+	stack[depth++] = c;
+	*pctx = (CUcontext)c;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	struct fake_ctx *c = (struct fake_ctx *)ctx;
+	NEED_INIT();
+	if (!c || c->destroyed)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&fake_lock);
+	c->destroyed = true;
+	c->gen++;
+	pthread_mutex_unlock(&fake_lock);
+	if (fake_current() == c)
+		depth--;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+	NEED_INIT();
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = (CUcontext)fake_current();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	NEED_INIT();
+	if (!ctx) {
+		if (depth)
+			depth--;
+		return CUDA_SUCCESS;
+	}
+	if (!depth)
+		depth = 1;
+	stack[depth - 1] = (struct fake_ctx *)ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *dev)
+{
+	CUresult r = fake_ctx_state();
+	if (r != CUDA_SUCCESS)
+		return r;
+	*dev = fake_current()->device;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	NEED_INIT();
+	if (!ctx || depth == 8)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (((struct fake_ctx *)ctx)->destroyed)
+		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	stack[depth++] = (struct fake_ctx *)ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	NEED_INIT();
+	if (!depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	depth--;
+	if (pctx)
+		*pctx = (CUcontext)stack[depth];
+	return CUDA_SUCCESS;
+}
+
+static CUresult sync_ctx(struct fake_ctx *c)
+{
+	fake_count("cuCtxSynchronize");
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (c->destroyed)
+		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	vpmm_host_complete_all(fake_drv);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+	NEED_INIT();
+	return sync_ctx(fake_current());
+}
+
+CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+	NEED_INIT();
+	return sync_ctx(ctx ? (struct fake_ctx *)ctx : fake_current());
+}
+
+static bool peer_on[MAX_DEV][MAX_DEV]; /* [accessor][owner], under fake_lock */
+
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	CUresult r = fake_ctx_state();
+	struct fake_ctx *p = (struct fake_ctx *)peer, *me = fake_current();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (flags || !p || p < fake_ctxs || p >= fake_ctxs + fake_ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (p->device == me->device)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&fake_lock);
+	bool was = peer_on[me->device][p->device];
+	peer_on[me->device][p->device] = true;
+	pthread_mutex_unlock(&fake_lock);
+	return was ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+}
+

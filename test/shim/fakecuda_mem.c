@@ -1,0 +1,418 @@
+/* fakecuda_mem.c — the fake's memory: the VMM calls (on the host driver),
+ * IPC handles (refused, as the real driver does for VMM memory), plain
+ * allocations (host memory the fake tracks, so foreign pointers are
+ * rejected), cuMemGetInfo, and the address-range queries, which answer one
+ * mapping (one handle) for VMM memory as the real driver does.
+ *
+ * Owns: the lists of plain allocations and of mappings. Calls
+ * fakecuda_ctx.c, fakecuda.c and the host driver.
+ */
+#include "fakecuda.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+struct plain {
+	uintptr_t va;
+	size_t size;
+	struct plain *next;
+};
+
+struct mapping {
+	uintptr_t va;
+	size_t size;
+	struct mapping *next;
+};
+
+static size_t plain_bytes;
+static struct plain *plains;
+static struct mapping *mappings;
+
+/* ---- virtual memory ----------------------------------------------------------------------- */
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+				       CUmemAllocationGranularity_flags flags)
+{
+	(void)flags;
+	NEED_INIT();
+	return fake_drv->granularity(fake_drv, prop ? prop->location.id : 0, g);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
+			     CUdeviceptr addr, unsigned long long flags)
+{
+	(void)align;
+	(void)addr;
+	(void)flags;
+	NEED_INIT();
+	fake_note_context();
+	return fake_drv->va_reserve(fake_drv, size, p);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
+{
+	NEED_INIT();
+	return fake_drv->va_free(fake_drv, p, size);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+		     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	(void)flags;
+	NEED_INIT();
+	fake_note_context();
+	fake_count("cuMemCreate");
+	if (!prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	return fake_drv->mem_create(fake_drv, prop->location.id, size, h);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	NEED_INIT();
+	return fake_drv->mem_release(fake_drv, h);
+}
+
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
+		  CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+	struct mapping *m;
+	CUresult r;
+	(void)flags;
+	NEED_INIT();
+	fake_note_context();
+	fake_count("cuMemMap");
+	if (offset)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	m = calloc(1, sizeof *m);
+	if (!m)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = fake_drv->map(fake_drv, p, size, h);
+	if (r != CUDA_SUCCESS) {
+		free(m);
+		return r;
+	}
+	m->va = (uintptr_t)p;
+	m->size = size;
+	pthread_mutex_lock(&fake_lock);
+	m->next = mappings;
+	mappings = m;
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+	CUresult r;
+	NEED_INIT();
+	fake_note_context();
+	r = fake_drv->unmap(fake_drv, p, size);
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&fake_lock);
+	for (struct mapping **m = &mappings; *m;) {
+		if ((*m)->va >= (uintptr_t)p && (*m)->va < (uintptr_t)p + size) {
+			struct mapping *dead = *m;
+			*m = dead->next;
+			free(dead);
+		} else {
+			m = &(*m)->next;
+		}
+	}
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
+			size_t n)
+{
+	int devs[MAX_DEV];
+	NEED_INIT();
+	fake_note_context();
+	if (!desc || !n || n > MAX_DEV)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < n; i++)
+		devs[i] = desc[i].location.id;
+	return fake_drv->set_access(fake_drv, p, size, devs, (int)n);
+}
+
+CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
+				      CUmemAllocationHandleType type,
+				      unsigned long long flags)
+{
+	(void)type;
+	(void)flags;
+	NEED_INIT();
+	return fake_drv->export_fd(fake_drv, h, (int *)out);
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+					CUmemAllocationHandleType type)
+{
+	NEED_INIT();
+	if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_ERROR_INVALID_VALUE;
+	return fake_drv->import_fd(fake_drv, (int)(uintptr_t)os, h);
+}
+/* ---- IPC and peers ------------------------------------------------------------------------- */
+
+/* The fake has no IPC of its own: like the real driver on VMM memory, it
+ * refuses every pointer; a handle it did not make is invalid. What the
+ * tests check is that the shim answers for pool memory and passes the rest
+ * through. */
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	(void)h;
+	(void)p;
+	NEED_INIT();
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
+{
+	(void)p;
+	(void)h;
+	(void)flags;
+	NEED_INIT();
+	return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	(void)p;
+	NEED_INIT();
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Test control: whether device `device` may access p (mapped memory). */
+int fakecuda_accessible(CUdeviceptr p, int device)
+{
+	return fake_drv && vpmm_host_accessible(fake_drv, p, device);
+}
+/* ---- plain allocations ---------------------------------------------------------------------- */
+
+static CUresult plain_alloc(CUdeviceptr *dptr, size_t size)
+{
+	struct plain *pl;
+	void *mem;
+	CUresult r = fake_ctx_state();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!dptr || !size)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fake_lock);
+	if (size > fake_capacity - plain_bytes) {
+		pthread_mutex_unlock(&fake_lock);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_unlock(&fake_lock);
+	mem = aligned_alloc(256, (size + 255) / 256 * 256);
+	pl = malloc(sizeof *pl);
+	if (!mem || !pl) {
+		free(mem);
+		free(pl);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pl->va = (uintptr_t)mem;
+	pl->size = size;
+	pthread_mutex_lock(&fake_lock);
+	plain_bytes += size;
+	pl->next = plains;
+	plains = pl;
+	pthread_mutex_unlock(&fake_lock);
+	*dptr = (CUdeviceptr)pl->va;
+	return CUDA_SUCCESS;
+}
+
+static CUresult plain_free(CUdeviceptr dptr)
+{
+	CUresult r = fake_ctx_state();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!dptr)
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&fake_lock);
+	for (struct plain **p = &plains; *p; p = &(*p)->next)
+		if ((*p)->va == (uintptr_t)dptr) {
+			struct plain *dead = *p;
+			*p = dead->next;
+			plain_bytes -= dead->size;
+			pthread_mutex_unlock(&fake_lock);
+			free((void *)dead->va);
+			free(dead);
+			return CUDA_SUCCESS;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
+{
+	CUdeviceptr p;
+	CUresult r;
+	fake_count("cuMemAlloc");
+	r = plain_alloc(&p, bytesize);
+	if (r == CUDA_SUCCESS)
+		*dptr = (unsigned int)p; /* the v1 ABI: truncated, never used */
+	if (r == CUDA_SUCCESS)
+		plain_free(p);
+	return r;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	fake_count("cuMemAlloc_v2");
+	return plain_alloc(dptr, bytesize);
+}
+
+CUresult cuMemFree(unsigned int dptr)
+{
+	(void)dptr;
+	fake_count("cuMemFree");
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	fake_count("cuMemFree_v2");
+	return plain_free(dptr);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+	(void)s;
+	fake_count("cuMemAllocAsync");
+	return plain_alloc(dptr, bytesize);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
+{
+	(void)s;
+	fake_count("cuMemAllocAsync_ptsz");
+	return plain_alloc(dptr, bytesize);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+	(void)s;
+	fake_count("cuMemFreeAsync");
+	return plain_free(dptr);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+	(void)s;
+	fake_count("cuMemFreeAsync_ptsz");
+	return plain_free(dptr);
+}
+
+void fakecuda_mem_info(size_t *free_bytes, size_t *total)
+{
+	struct vpmm_host_live live;
+	vpmm_host_live(fake_drv, &live);
+	pthread_mutex_lock(&fake_lock);
+	*total = fake_capacity;
+	*free_bytes = fake_capacity - live.handle_bytes - plain_bytes;
+	pthread_mutex_unlock(&fake_lock);
+}
+
+CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total)
+{
+	(void)free_bytes;
+	(void)total;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	CUresult r = fake_ctx_state();
+	fake_count("cuMemGetInfo_v2");
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	fakecuda_mem_info(free_bytes, total);
+	return CUDA_SUCCESS;
+}
+
+/* The plain allocation or the single mapping holding p. */
+static bool range_of(CUdeviceptr p, uintptr_t *base, size_t *size)
+{
+	bool found = false;
+	pthread_mutex_lock(&fake_lock);
+	for (struct plain *pl = plains; pl && !found; pl = pl->next)
+		if ((uintptr_t)p >= pl->va && (uintptr_t)p < pl->va + pl->size) {
+			*base = pl->va;
+			*size = pl->size;
+			found = true;
+		}
+	for (struct mapping *m = mappings; m && !found; m = m->next)
+		if ((uintptr_t)p >= m->va && (uintptr_t)p < m->va + m->size) {
+			*base = m->va;
+			*size = m->size;
+			found = true;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	return found;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p)
+{
+	uintptr_t base;
+	size_t size;
+	fake_count("cuMemGetAddressRange_v2");
+	NEED_INIT();
+	if (!range_of(p, &base, &size))
+		return CUDA_ERROR_NOT_FOUND;
+	if (pbase)
+		*pbase = (CUdeviceptr)base;
+	if (psize)
+		*psize = size;
+	return CUDA_SUCCESS;
+}
+
+static CUresult attr(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+	uintptr_t base;
+	size_t size;
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!range_of(p, &base, &size))
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = (CUdeviceptr)base;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = size;
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+	fake_count("cuPointerGetAttribute");
+	NEED_INIT();
+	return attr(data, a, p);
+}
+
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a, void **data,
+				CUdeviceptr p)
+{
+	fake_count("cuPointerGetAttributes");
+	NEED_INIT();
+	if (!a || !data)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned int i = 0; i < n; i++) {
+		CUresult r = attr(data[i], a[i], p);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
+	return CUDA_SUCCESS;
+}

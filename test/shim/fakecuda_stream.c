@@ -1,0 +1,266 @@
+/* fakecuda_stream.c — the fake's streams and events: each belongs to the
+ * context current when it was made and dies with it; stream capture as a
+ * flag a test sets (fakecuda_set_capturing) and the thread's capture mode.
+ *
+ * Owns: the streams' and events' contexts, the thread's capture mode. Calls
+ * fakecuda_ctx.c, fakecuda.c and the host driver.
+ */
+#include "fakecuda.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+/* The context an event or a stream was made in, and its generation then:
+ * handles of a context that was since reset or destroyed are dead. */
+struct owned {
+	void *handle;
+	struct fake_ctx *ctx;
+	unsigned gen;
+	struct owned *next;
+};
+
+struct stream_ctx {
+	CUstream s;
+	struct fake_ctx *ctx;
+	unsigned gen;
+	struct stream_ctx *next;
+};
+
+static struct stream_ctx *stream_ctxs;
+static struct owned *events_owned;
+static __thread CUstreamCaptureMode capture_mode;
+
+/* ---- streams and events ---------------------------------------------------------------- */
+
+static CUstream ptds(CUstream s)
+{
+	return s ? s : CU_STREAM_PER_THREAD;
+}
+
+CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	struct stream_ctx *sc;
+	CUresult r = fake_ctx_state();
+	(void)flags;
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!s || !(sc = calloc(1, sizeof *sc)))
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = vpmm_host_stream_create(fake_drv);
+	if (!*s) {
+		free(sc);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	sc->s = *s;
+	sc->ctx = fake_current();
+	sc->gen = sc->ctx->gen;
+	pthread_mutex_lock(&fake_lock);
+	sc->next = stream_ctxs;
+	stream_ctxs = sc;
+	pthread_mutex_unlock(&fake_lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamDestroy_v2(CUstream s)
+{
+	(void)s;
+	NEED_INIT();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream s)
+{
+	NEED_INIT();
+	fake_count("cuStreamSynchronize");
+	vpmm_host_stream_complete(fake_drv, s);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+	return cuStreamSynchronize(ptds(s));
+}
+
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+	bool cap = false;
+	CUresult r;
+	NEED_INIT();
+	if (!st)
+		return CUDA_ERROR_INVALID_VALUE;
+	r = fake_drv->stream_capturing(fake_drv, s, &cap);
+	*st = cap ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+	return r;
+}
+
+CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st)
+{
+	return cuStreamIsCapturing(ptds(s), st);
+}
+
+CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
+{
+	NEED_INIT();
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+		*pctx = (CUcontext)fake_current();
+		return fake_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	}
+	pthread_mutex_lock(&fake_lock);
+	for (struct stream_ctx *sc = stream_ctxs; sc; sc = sc->next)
+		if (sc->s == s) {
+			*pctx = (CUcontext)sc->ctx;
+			pthread_mutex_unlock(&fake_lock);
+			return CUDA_SUCCESS;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *pctx)
+{
+	return cuStreamGetCtx(ptds(s), pctx);
+}
+
+/* Events and stream work need a current context, as on the real driver. */
+CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
+{
+	CUresult r = fake_ctx_state();
+	fake_note_context();
+	(void)flags;
+	return r != CUDA_SUCCESS ? r : fake_drv->stream_wait(fake_drv, s, ev);
+}
+
+CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
+{
+	return cuStreamWaitEvent(ptds(s), ev, flags);
+}
+
+/* Whether `ev` is an event of a context that still exists, and which. */
+static bool event_alive(CUevent ev, struct fake_ctx **ctx)
+{
+	bool alive = false;
+	pthread_mutex_lock(&fake_lock);
+	for (struct owned *o = events_owned; o; o = o->next)
+		if (o->handle == (void *)ev) {
+			alive = !o->ctx->destroyed && o->ctx->gen == o->gen;
+			if (ctx)
+				*ctx = o->ctx;
+			break;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	return alive;
+}
+
+/* The context of stream `s` (the current one for the default streams);
+ * NULL when it is dead or unknown. */
+static struct fake_ctx *stream_ctx_of(CUstream s)
+{
+	struct fake_ctx *c = NULL;
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return fake_current();
+	pthread_mutex_lock(&fake_lock);
+	for (struct stream_ctx *sc = stream_ctxs; sc; sc = sc->next)
+		if (sc->s == s) {
+			if (!sc->ctx->destroyed && sc->ctx->gen == sc->gen)
+				c = sc->ctx;
+			break;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	return c;
+}
+
+CUresult cuEventCreate(CUevent *ev, unsigned int flags)
+{
+	CUresult r = fake_ctx_state();
+	struct owned *o;
+	fake_note_context();
+	(void)flags;
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!(o = calloc(1, sizeof *o)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = fake_drv->event_create(fake_drv, ev);
+	if (r != CUDA_SUCCESS) {
+		free(o);
+		return r;
+	}
+	o->handle = (void *)*ev;
+	o->ctx = fake_current();
+	o->gen = o->ctx->gen;
+	pthread_mutex_lock(&fake_lock);
+	o->next = events_owned;
+	events_owned = o;
+	pthread_mutex_unlock(&fake_lock);
+	return CUDA_SUCCESS;
+}
+
+/* As on the real driver, an event is recorded only on a stream of its own
+ * context, and a context's events die with it. */
+CUresult cuEventRecord(CUevent ev, CUstream s)
+{
+	CUresult r = fake_ctx_state();
+	struct fake_ctx *ec = NULL;
+	fake_note_context();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return fake_drv->event_record(fake_drv, ev, s);
+}
+
+CUresult cuEventRecord_ptsz(CUevent ev, CUstream s)
+{
+	return cuEventRecord(ev, ptds(s));
+}
+
+CUresult cuEventQuery(CUevent ev)
+{
+	fake_note_context();
+	NEED_INIT();
+	if (!event_alive(ev, NULL))
+		return CUDA_ERROR_INVALID_HANDLE;
+	return fake_drv->event_query(fake_drv, ev);
+}
+
+CUresult cuEventSynchronize(CUevent ev)
+{
+	fake_note_context();
+	NEED_INIT();
+	if (!event_alive(ev, NULL))
+		return CUDA_ERROR_INVALID_HANDLE;
+	return fake_drv->event_sync(fake_drv, ev);
+}
+
+CUresult cuEventDestroy_v2(CUevent ev)
+{
+	fake_note_context();
+	NEED_INIT();
+	pthread_mutex_lock(&fake_lock);
+	for (struct owned **o = &events_owned; *o; o = &(*o)->next)
+		if ((*o)->handle == (void *)ev) {
+			struct owned *dead = *o;
+			*o = dead->next;
+			free(dead);
+			break;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	return fake_drv->event_destroy(fake_drv, ev);
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	CUstreamCaptureMode old = capture_mode;
+	if (!mode)
+		return CUDA_ERROR_INVALID_VALUE;
+	capture_mode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}
+
+void fakecuda_set_capturing(CUstream s, int on)
+{
+	vpmm_host_set_capturing(fake_drv, s, on != 0);
+}
+
