@@ -20,7 +20,8 @@
  *    made now stays small against what is left, so that they can still be
  *    served once the device is full. While H is GROWTH_COARSE_RATIO times
  *    the pool, a growth for room is one handle, and a defragmentation's
- *    new handles are up to 1/GROWTH_POOL_RATIO of the pool; past that, the
+ *    new handles are up to 1/GROWTH_POOL_RATIO of the pool (or as the
+ *    split rule makes them, where that is coarser); past that, the
  *    split rule (VPMM_GROWTH_SPLIT) sizes them;
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
@@ -119,8 +120,17 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	 * that what live memory strands in the handles made now stays small
 	 * against what is left once the device is full. */
 	if (left / GROWTH_COARSE_RATIO >= p->st.mapped && left / GROWTH_ROOM_RATIO >= need) {
-		if (!room)
+		if (!room) {
+			/* Never finer than the split rule: 1/64 of a pool that
+			 * the growth outweighs (VPMM_PAGES mapped up front into
+			 * an empty one, a large request on a small pool) is a
+			 * page or a few, and one handle a page costs a driver
+			 * call or three each. */
+			size_t split = split_size(p, shortfall, cap);
 			cap = pages_within(p, (size_t)p->st.mapped / GROWTH_POOL_RATIO, cap);
+			if (cap < split)
+				cap = split;
+		}
 		return shortfall < cap ? shortfall : cap;
 	}
 	return split_size(p, shortfall, cap);

@@ -113,7 +113,7 @@ Test(growth, free_share_over_the_spare_remaps)
 
 /* On a device mostly empty, a defragmentation (the pool holds more than its
  * spare share free) creates what the free pages lack in handles of up to
- * 1/64 of the pool, whatever the split rule would make of the growth. */
+ * 1/64 of the pool, where the split rule would make them finer. */
 Test(growth, a_defragmentation_on_an_empty_device_makes_pool_sized_handles)
 {
 	struct pt t;
@@ -260,5 +260,36 @@ Test(growth, free_memory_is_read_rarely)
 			     "free memory read on a malloc that did not grow");
 	for (int i = 0; i < 200; i++)
 		PT_FREE(&t, p[i], s);
+	pt_close(&t);
+}
+
+/* A defragmentation's handles are never finer than the split rule makes
+ * them: 1/64 of a pool the growth outweighs is a page or a few. VPMM_PAGES
+ * mapped up front into the empty pool, and a large request on a small pool
+ * holding more than its spare share free, are made of handles of 1/256 of
+ * the room (64 and 32 pages here), not of one page each. */
+Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
+{
+	struct pt t;
+	struct pt_setup su = { .capacity = DEVICE_PAGES * PAGE, .va_pages = 4 * DEVICE_PAGES,
+			       .handle_pages = 1024, .no_loop_growth = true,
+			       .remap = VPMM_REMAP_PRESSURE, .initial_pages = 512 };
+	pt_open(&t, &su);
+	/* 512 pages in handles of 16384 / 256 = 64 pages. */
+	cr_expect_eq(pt_stats(&t).handles_created, 8, "512 pages up front: made %llu handles",
+		     (unsigned long long)pt_stats(&t).handles_created);
+	pt_close(&t);
+
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr *p = scatter(&t, s, 10, 8, 2); /* 80 pages, half free */
+	/* At most 600 pages lacking, in handles of a power of two within
+	 * (16384 - 80) / 256 pages: 32. */
+	struct grown g = grow_once(&t, 600, s);
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_leq(g.created, (600 + 31) / 32, "600 pages on an 80-page pool: made %llu handles",
+		      (unsigned long long)g.created);
+	PT_FREE(&t, g.ptr, s);
+	unscatter(&t, s, p, 10);
 	pt_close(&t);
 }
