@@ -32,7 +32,9 @@
 
 /* The device's free bytes are read again once older than this. Other
  * processes change them; our own growths are subtracted as they happen,
- * and a failed cuMemCreate counts as none left until the next read. */
+ * and a failed cuMemCreate counts as none left until the next read. A
+ * failed read (no context, an error) leaves the room unknown until the
+ * next: growth then follows VPMM_REMAP=always's policy. */
 #define GROWTH_READ_NS 100000000ull /* 100 ms */
 
 size_t vpi_growth_headroom(vpmm_pool *p)
@@ -41,6 +43,7 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 	if (!p->dev_read_ns || now - p->dev_read_ns >= GROWTH_READ_NS) {
 		size_t fr = 0, total = 0;
 		CUresult r = DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total);
+		p->dev_unknown = r != CUDA_SUCCESS;
 		p->dev_free = r == CUDA_SUCCESS ? fr : 0;
 		p->dev_read_ns = now ? now : 1;
 	}
@@ -70,7 +73,7 @@ bool vpi_growth_room(vpmm_pool *p, size_t need)
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE)
 		return false;
 	size_t room = vpi_growth_headroom(p);
-	if (room / GROWTH_ROOM_RATIO < need)
+	if (p->dev_unknown || room / GROWTH_ROOM_RATIO < need)
 		return false;
 	/* The free share once grown: at most the spare share of the pool.
 	 * Past it, the free pages are put to use first. */
@@ -113,6 +116,10 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE)
 		return split_size(p, shortfall, most);
 	size_t left = vpi_growth_headroom(p), cap = pages_within(p, left / GROWTH_HANDLE_RATIO, most);
+	/* The room unknown is no room of none: handles as VPMM_REMAP=always
+	 * makes them, not one a page until the next read. */
+	if (p->dev_unknown)
+		return split_size(p, shortfall, most);
 	/* A device mostly empty, and room for the request: coarse handles,
 	 * one a growth for room (as cudaMalloc would make), at most 1/64 of
 	 * the pool in a defragmentation's (whose pool is fragmented already).

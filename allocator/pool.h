@@ -78,6 +78,8 @@ struct vpmm_pool {
 	size_t dev_free;      /* the device's free bytes at dev_read_ns, less
 			       * what the pool created since (growth.c) */
 	uint64_t dev_read_ns; /* when they were read; 0: never */
+	bool dev_unknown;     /* that read failed: VPMM_REMAP=always's policy
+			       * until the next (growth.c) */
 
 	/* Devices granted access to every mapped page: [0] is cfg.device, then
 	 * peers (vpmm_pool_grant). A defragmentation copies the list before

@@ -56,7 +56,8 @@ struct vpmm_stats {
 	uint64_t regions;
 	uint64_t parked; /* bytes in streams' caches: counted in reusable */
 	/* What the device and the limit left the pool at the last growth
-	 * (VPMM_GROWTH=headroom; 0 before the first). */
+	 * (VPMM_REMAP=pressure; 0 before the first, and while the device's
+	 * free memory cannot be read). */
 	uint64_t headroom;
 };
 

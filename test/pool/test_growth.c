@@ -293,3 +293,37 @@ Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 	unscatter(&t, s, p, 10);
 	pt_close(&t);
 }
+
+/* The device's free memory cannot be read (cuMemGetInfo fails: no context,
+ * an error): the pool knows nothing of the room and grows as
+ * VPMM_REMAP=always does, until the next read finds the room again. */
+Test(growth, unread_free_memory_grows_as_always)
+{
+	struct pt t;
+	uint64_t always_created;
+	open_growth(&t, VPMM_REMAP_ALWAYS, 0);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	struct grown a = grow_once(&t, 600, s);
+	always_created = a.created;
+	PT_FREE(&t, a.ptr, s);
+	pt_close(&t);
+
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	s = vpmm_host_stream_create(t.drv);
+	vpmm_host_fail(t.drv, VPMM_OP_MEM_INFO, 1, CUDA_ERROR_INVALID_CONTEXT);
+	struct grown g = grow_once(&t, 600, s);
+	cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), 1);
+	cr_expect_eq(g.room_growths, 0);
+	cr_expect_eq(g.created, always_created, "600 pages, free memory unread: %llu handles, "
+		     "always makes %llu", (unsigned long long)g.created,
+		     (unsigned long long)always_created);
+	/* Read again after GROWTH_READ_NS: room, one handle. */
+	nanosleep(&(struct timespec){ .tv_nsec = 110 * 1000 * 1000 }, NULL);
+	struct grown again = grow_once(&t, 16, s);
+	cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), 2);
+	cr_expect_eq(again.room_growths, 1);
+	cr_expect_eq(again.created, 1);
+	PT_FREE(&t, again.ptr, s);
+	PT_FREE(&t, g.ptr, s);
+	pt_close(&t);
+}
