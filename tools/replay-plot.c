@@ -7,7 +7,6 @@
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -146,9 +145,13 @@ static const char *human(double b, char *buf, size_t n)
 /* 1, 2 or 5 times a power of ten, at least x. */
 static double nice(double x)
 {
-	if (x <= 0)
+	if (!(x > 0))
 		return 1;
-	double p = pow(10, floor(log10(x)));
+	double p = 1; /* the power of ten at or under x; no libm */
+	while (p * 10 <= x)
+		p *= 10;
+	while (p > x)
+		p /= 10;
 	double f = x / p;
 	return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
 }
@@ -222,7 +225,8 @@ static void frame_for(struct frame *fr, double nops, double ymax)
 	}
 	fr->uname = units[k];
 	fr->ystep = nice(ymax / fr->unit / 5) * fr->unit;
-	fr->ytop = ceil(ymax / fr->ystep) * fr->ystep;
+	double n = (double)(uint64_t)(ymax / fr->ystep);
+	fr->ytop = (n * fr->ystep < ymax ? n + 1 : n) * fr->ystep;
 	fr->nops = nops;
 }
 
