@@ -125,12 +125,12 @@ def main():
     s = replay(a.replay, serving, "--plot", svg)
     s_always = replay(a.replay, serving, "--remap", "always")
 
-    row = "%-44s %11s %14s %20s"
+    row = "%-31s %11s %14s %15s"
     print("libvpmm demo, no GPU: vpmm-replay runs the pool on a simulated device.\n")
-    print(row % ("workload", "peak live", "libvpmm maps", "caching model maps"))
-    print(row % ("design scenario: +10 +1 -10 +4 +11 GiB", gib(d["peak_requested_bytes"]),
+    print(row % ("", "peak live", "libvpmm maps", "caching model"))
+    print(row % ("design: +10 +1 -10 +4 +11 GiB", gib(d["peak_requested_bytes"]),
                  gib(d["peak_mapped_bytes"]), gib(model_peak(design))))
-    print(row % ("LLM serving trace, %d operations" % s["ops"],
+    print(row % ("LLM serving, %d operations" % s["ops"],
                  gib(s["peak_requested_bytes"]), gib(s["peak_mapped_bytes"]),
                  gib(model_peak(serving))))
     print((row % ("  the same, VPMM_REMAP=always", "", gib(s_always["peak_mapped_bytes"]),

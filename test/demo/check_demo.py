@@ -40,8 +40,8 @@ def check_cpu(tmp):
     assert took < 60, "the demo took %.1f s" % took
     out = r.stdout
     num = r"\s+([0-9.]+) GiB"
-    d = re.search(r"design scenario: \+10 \+1 -10 \+4 \+11 GiB" + num * 3, out)
-    s = re.search(r"LLM serving trace, (\d+) operations" + num * 3, out)
+    d = re.search(r"design: \+10 \+1 -10 \+4 \+11 GiB" + num * 3, out)
+    s = re.search(r"LLM serving, (\d+) operations" + num * 3, out)
     a = re.search(r"the same, VPMM_REMAP=always" + num, out)
     assert d and s and a, out
     # The design's story: 16 GiB live, 16 mapped by the pool; a cache keeps
