@@ -1,6 +1,7 @@
 /* replay-log.c — vpmm-replay's reader of an allocation log in RMM's CSV
  * format, parsed whole before the pool is touched (a malformed line stops
- * everything, naming FILE:LINE). Calls replay.h's types only.
+ * everything, naming FILE:LINE), with its progress on a terminal. Calls
+ * replay.h's types and replay-progress.c.
  *
  * The log: a header `Thread,Time,Action,Pointer,Size,Stream`, then one line per
  * event. RMM's logging_resource_adaptor writes Pointer and Stream in hex, with
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "replay.h"
@@ -273,6 +275,7 @@ static void warn_line(struct parser *ps, const char *what, const char *ptr)
 {
 	if (++ps->warnings > MAX_WARNINGS)
 		return;
+	progress_clear();
 	fprintf(stderr, "%s:%lu: warning: %s of %.40s, %s\n", ps->log->name,
 		ps->line, what, ptr,
 		strcmp(what, "free") == 0
@@ -291,6 +294,7 @@ static int push_op(struct log *lg, enum op_kind kind, uint32_t stream, size_t id
 
 #define FAIL(...)                                                              \
 	do {                                                                   \
+		progress_clear();                                              \
 		fprintf(stderr, "%s:%lu: ", lg->name, ps->line);               \
 		fprintf(stderr, __VA_ARGS__);                                  \
 		fputc('\n', stderr);                                           \
@@ -420,16 +424,25 @@ int parse_log(FILE *in, struct log *lg)
 	int rc = 0;
 
 	lg->nstreams = 1;
+	struct stat sb;
+	bool sized = fstat(fileno(in), &sb) == 0 && S_ISREG(sb.st_mode);
+	progress_begin("reading", lg->name, sized ? (uint64_t)sb.st_size : 0,
+		       sized && (uint64_t)sb.st_size >= PROGRESS_MIN_BYTES);
 	while ((len = read_line(in, buf)) != -1) {
 		char *line = buf;
-		ps->line++;
+		if ((++ps->line & 16383) == 0 && sized) {
+			off_t at = ftello(in);
+			progress_at(at > 0 ? (uint64_t)at : 0);
+		}
 		if (len == -2) {
+			progress_clear();
 			fprintf(stderr, "%s:%lu: a line longer than %d bytes: not an allocation log\n",
 				lg->name, ps->line, LINE_MAX_BYTES - 1);
 			rc = EXIT_INPUT;
 			break;
 		}
 		if ((size_t)len != strlen(buf)) {
+			progress_clear();
 			fprintf(stderr, "%s:%lu: a NUL byte in the line\n", lg->name,
 				ps->line);
 			rc = EXIT_INPUT;
@@ -442,6 +455,7 @@ int parse_log(FILE *in, struct log *lg)
 			continue;
 		if (!header) {
 			if (!is_header(line)) {
+				progress_clear();
 				fprintf(stderr, "%s:%lu: expected the header %s\n",
 					lg->name, ps->line, HEADER);
 				rc = EXIT_INPUT;
@@ -460,6 +474,7 @@ int parse_log(FILE *in, struct log *lg)
 		}
 		int e = parse_line(ps, line);
 		if (e == -ENOMEM) {
+			progress_clear();
 			fprintf(stderr, "%s:%lu: out of memory\n", lg->name, ps->line);
 			rc = 1;
 			break;
@@ -469,6 +484,7 @@ int parse_log(FILE *in, struct log *lg)
 			break;
 		}
 	}
+	progress_end();
 	if (!rc && ferror(in)) {
 		fprintf(stderr, "%s: read error: %s\n", lg->name, strerror(errno));
 		rc = EXIT_INPUT;

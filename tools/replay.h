@@ -1,7 +1,9 @@
 /* replay.h — what the parts of vpmm-replay share: the parsed log, the
  * replay's result, and each part's entry points. The parts:
  *
+ *   replay-progress.c  the progress line on a terminal (stderr)
  *   replay-log.c     an RMM CSV allocation log parsed into operations
+ *   replay-plot.c    live and mapped bytes sampled over the replay, as SVG
  *   replay-run.c     the operations through a pool on the simulated device
  *   replay-report.c  the result as text or JSON
  *   vpmm-replay.c    the options, the pool and the device they make, main
@@ -21,6 +23,23 @@
 
 #define EXIT_INPUT 2 /* usage, unreadable or malformed log, bad option */
 #define HEADER "Thread,Time,Action,Pointer,Size,Stream"
+
+/* ---- replay-progress.c ------------------------------------------------------ */
+
+/* A phase ("reading", "replaying") of `total` steps (bytes, operations):
+ * shown only if is_long and stderr is a terminal. progress_at() is cheap
+ * enough to call every few thousand steps; progress_clear() erases the line
+ * before another message (the next update draws it again); progress_end()
+ * erases it for good. */
+void progress_begin(const char *what, const char *name, uint64_t total, bool is_long);
+void progress_at(uint64_t done);
+void progress_clear(void);
+void progress_end(void);
+
+/* A log is long, and shows progress on a terminal, from this many bytes
+ * (while reading) or operations (while replaying). */
+#define PROGRESS_MIN_BYTES (4u << 20)
+#define PROGRESS_MIN_OPS 100000u
 
 /* ---- replay-log.c ----------------------------------------------------------- */
 
@@ -59,6 +78,60 @@ int parse_log(FILE *in, struct log *lg);
 /* A decimal number, digits only; false past UINT64_MAX. */
 bool parse_dec(const char *s, uint64_t *out);
 
+/* ---- replay-plot.c ---------------------------------------------------------- */
+
+/* What happened at an operation, by the pool's counters (one kind a
+ * marker, the first that applies): */
+enum plot_kind {
+	MARK_REMAP,       /* handles_remapped rose: a defragmentation */
+	MARK_LOOP_GROWTH, /* loop_growths rose */
+	MARK_ROOM_GROWTH, /* room_growths rose */
+	MARK_GROWTH,      /* handles_created rose otherwise */
+	MARK_KINDS
+};
+
+struct plot_point {
+	uint64_t op;            /* operations done */
+	uint64_t live, mapped;  /* bytes */
+};
+
+struct plot_mark {
+	uint64_t op, live, mapped;
+	uint64_t remapped, created; /* handles, at this operation */
+	enum plot_kind kind;
+};
+
+/* The series --plot draws: about PLOT_SAMPLES evenly spaced points, each the
+ * highest live and mapped bytes of its stretch of operations, plus every
+ * operation at which a counter changed (up to PLOT_MAX_MARKS markers; the
+ * rest are counted). */
+#define PLOT_SAMPLES 2000u
+#define PLOT_MAX_MARKS 5000u
+
+struct plot {
+	uint64_t nops, stride;
+	struct plot_point *pts;
+	size_t npts, cap_pts;
+	struct plot_mark *marks;
+	size_t nmarks, cap_marks;
+	uint64_t kinds[MARK_KINDS]; /* operations of each kind, marked or not */
+	uint64_t unmarked;          /* past PLOT_MAX_MARKS */
+	struct vpmm_stats last;     /* the counters after the previous operation */
+	struct plot_point bucket;   /* this stretch's highest so far */
+	bool oom;                   /* a point or marker could not be stored */
+};
+
+/* Starts a series for a log of nops operations, from the pool's stats before
+ * the first. */
+void plot_begin(struct plot *pl, uint64_t nops, const struct vpmm_stats *s0);
+/* The pool's stats after operation number op (1 = the first). */
+void plot_sample(struct plot *pl, uint64_t op, const struct vpmm_stats *s);
+/* Writes the series as an SVG document titled with the log's name: 0, or
+ * -errno if writing failed. */
+int plot_write_svg(FILE *f, const struct plot *pl, const char *log_name,
+		   const struct vpmm_stats *end);
+void plot_free(struct plot *pl);
+
 /* ---- replay-run.c ----------------------------------------------------------- */
 
 struct result {
@@ -85,9 +158,11 @@ struct tenant {
 /* Replays lg's operations through `pool`, each on its stream (streams[i] for
  * the log's stream i), with `tn`'s tenant on drv's device; the device
  * finishes its queued work every `complete_every` operations (0: never);
- * `check` runs the pool's check after each. Only the loop is timed. */
+ * `check` runs the pool's check after each; `plot` (or NULL) samples the
+ * pool's stats after each. Only the loop is timed (sampling included). */
 void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, const CUstream *streams,
-	    const struct tenant *tn, uint64_t complete_every, bool check, struct result *r);
+	    const struct tenant *tn, uint64_t complete_every, bool check,
+	    struct plot *plot, struct result *r);
 
 /* ---- replay-report.c -------------------------------------------------------- */
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "driver_host.h"
 #include "options.h"
@@ -32,6 +33,23 @@ static bool stdout_ok(void)
 		return true;
 	fprintf(stderr, "vpmm-replay: writing the output: %s\n", strerror(errno ? errno : EIO));
 	return false;
+}
+
+/* The --plot file, opened for writing before the log is read, so that a
+ * path that cannot be written costs no replay. Never the log itself. */
+static FILE *open_plot(const char *path, FILE *log)
+{
+	struct stat a, b;
+	if (stat(path, &a) == 0 && fstat(fileno(log), &b) == 0 && a.st_dev == b.st_dev &&
+	    a.st_ino == b.st_ino) {
+		fprintf(stderr, "vpmm-replay: --plot %s: that is the log\n", path);
+		return NULL;
+	}
+	FILE *f = fopen(path, "w");
+	if (!f)
+		fprintf(stderr, "vpmm-replay: cannot write the plot %s: %s\n", path,
+			strerror(errno));
+	return f;
 }
 
 /* ---- main ------------------------------------------------------------------ */
@@ -84,6 +102,10 @@ static void usage(FILE *f)
 "                        peak_requested_bytes (as logged), peak_mapped_bytes,\n"
 "                        ratio, ops, pages_created, pages_remapped, defrags,\n"
 "                        ns_per_op, failures, unknown_frees, ...\n"
+"  --plot FILE.svg       also draw live and mapped bytes over the log's\n"
+"                        operations, defragmentations and growths marked, as\n"
+"                        an SVG image (the pool's stats read after every\n"
+"                        operation: the time per operation includes them)\n"
 "  --check               run the pool's consistency check after every operation\n"
 "                        (slow); exit 1 if it finds anything\n"
 "  -h, --help            this text\n"
@@ -92,14 +114,17 @@ static void usage(FILE *f)
 "SIZE: bytes, or with a K/M/G/T suffix (powers of 1024), e.g. 2M, 1G.\n"
 "Exit status: 0 replayed (allocation failures are counted, not fatal);\n"
 "1 the pool could not be created or the check failed; 2 bad usage or a\n"
-"malformed or unreadable log (the message names FILE:LINE).\n");
+"malformed or unreadable log (the message names FILE:LINE), or a --plot\n"
+"file that cannot be written.\n"
+"On a terminal, a long log's reading and replay show their progress on\n"
+"standard error.\n");
 }
 
 enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
 	O_GRAIN, O_SMALL_MAX, O_REMAP, O_GROWTH_SPLIT, O_TENANT,
 	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
-	O_CHECK, O_VERSION,
+	O_PLOT, O_CHECK, O_VERSION,
 };
 
 static bool size_arg(const char *opt, const char *s, size_t *out)
@@ -251,6 +276,7 @@ int main(int argc, char **argv)
 		{ "capacity", required_argument, NULL, O_CAPACITY },
 		{ "complete-every", required_argument, NULL, O_COMPLETE_EVERY },
 		{ "json", no_argument, NULL, O_JSON },
+		{ "plot", required_argument, NULL, O_PLOT },
 		{ "check", no_argument, NULL, O_CHECK },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
@@ -263,6 +289,7 @@ int main(int argc, char **argv)
 	uint64_t complete_every = 1;
 	struct tenant tenant = { 0 };
 	bool json = false, check = false;
+	const char *plot_path = NULL;
 	char err[256];
 	int c;
 
@@ -295,6 +322,15 @@ int main(int argc, char **argv)
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
 		case O_JSON: json = true; break;
 		case O_CHECK: check = true; break;
+		case O_PLOT:
+			plot_path = optarg;
+			if (!*optarg || strcmp(optarg, "-") == 0) {
+				fprintf(stderr, "vpmm-replay: --plot \"%s\": expected a file "
+						"name (the report goes to standard output)\n",
+					optarg);
+				ok = false;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			return stdout_ok() ? 0 : 1;
@@ -334,10 +370,19 @@ int main(int argc, char **argv)
 		free(tenant.step);
 		return EXIT_INPUT;
 	}
+	FILE *plot_file = NULL;
+	if (plot_path && !(plot_file = open_plot(plot_path, in))) {
+		if (in != stdin)
+			fclose(in);
+		free(tenant.step);
+		return EXIT_INPUT;
+	}
 	int rc = parse_log(in, &lg);
 	if (in != stdin)
 		fclose(in);
 	if (rc) {
+		if (plot_file)
+			fclose(plot_file);
 		free(lg.stream_values);
 		free(lg.ops);
 		free(lg.allocs);
@@ -383,7 +428,22 @@ int main(int argc, char **argv)
 				     : vpmm_host_stream_create(drv);
 
 	struct result r = { 0 };
-	replay(&lg, pool, drv, streams, &tenant, complete_every, check, &r);
+	struct plot plot = { 0 };
+	replay(&lg, pool, drv, streams, &tenant, complete_every, check,
+	       plot_file ? &plot : NULL, &r);
+	if (plot_file) {
+		int e = plot.oom ? -ENOMEM
+				 : plot_write_svg(plot_file, &plot, lg.name, &r.stats);
+		if (fclose(plot_file) != 0 && !e)
+			e = -(errno ? errno : EIO);
+		plot_file = NULL;
+		if (e) {
+			fprintf(stderr, "vpmm-replay: writing the plot %s: %s\n", plot_path,
+				strerror(-e));
+			rc = 1;
+		}
+		plot_free(&plot);
+	}
 	if (json)
 		print_json(stdout, &lg, &r, &cfg, complete_every);
 	else
@@ -391,6 +451,8 @@ int main(int argc, char **argv)
 	if (r.check_violations || r.free_errors)
 		rc = 1;
 out:
+	if (plot_file)
+		fclose(plot_file);
 	if (pool)
 		vpmm_pool_destroy(pool);
 	if (drv)
