@@ -66,7 +66,7 @@ const char *human(char *buf, size_t n, uint64_t v)
 	return buf;
 }
 
-/* The spec's size notation: the largest K/M/G/T... unit that divides it. */
+/* The region map's size notation: the largest K/M/G/T... unit that divides it. */
 const char *exact(char *buf, size_t n, uint64_t v)
 {
 	static const char suffix[] = "KMGTPE";

@@ -1,6 +1,6 @@
 /* dump-show.c — one process's pool as vpmm-dump shows it: the map and
  * config replies fetched, then printed as text (header metrics and every
- * region in the spec's symbols), as a picture of the address space (--map)
+ * region in the region map's notation), as a picture of the address space (--map)
  * or as one JSON document (--json, docs/dump-json.md). Calls json.h,
  * protocol.h, dump-common.c, dump-conn.c and dump-list.c.
  */

@@ -1,7 +1,7 @@
 /* vpmm-dump.c — reads the live region map of programs running under
  * libvpmm.so through their Unix sockets (shim/server.c; protocol in
  * shim/protocol.h): lists them, prints one's header metrics and every region
- * in the spec's symbols, as JSON (docs/dump-json.md), as a picture of the
+ * in the region map's notation, as JSON (docs/dump-json.md), as a picture of the
  * address space, or as a PyTorch memory snapshot (a pickle the memory
  * visualizer opens). The manual is docs/vpmm-dump.md.
  *

@@ -1,6 +1,6 @@
 /* test_show.c — what vpmm-dump shows of a pool: the JSON document against
  * the pool's own view (checked by check_dump.py too), the text and --map
- * output in the spec's symbols, names kept exact in JSON and made printable
+ * output in the region map's notation, names kept exact in JSON and made printable
  * in text. Helpers: dump_test.h.
  */
 #include <criterion/criterion.h>
@@ -131,7 +131,7 @@ Test(dump, json_matches_the_pool)
 	host_close(&h);
 }
 
-Test(dump, text_and_map_use_the_spec_symbols)
+Test(dump, text_and_map_use_the_map_symbols)
 {
 	struct host h;
 	host_open(&h, "", 0, 64);
