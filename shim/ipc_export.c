@@ -7,7 +7,7 @@
  * fresh start of both sides.
  *
  * Why not the driver's own IPC: cuIpcGetMemHandle refuses memory made with
- * the VMM API (docs/cuda-facts.md). What the VMM API shares is a physical
+ * the VMM API (docs/cuda.md). What the VMM API shares is a physical
  * handle, as a file descriptor, and a descriptor crosses processes only over
  * a Unix socket (SCM_RIGHTS). So the 64-byte handle names the owner's pid,
  * an export id and a random token; the opener asks the owner's vpmm socket

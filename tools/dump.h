@@ -58,7 +58,7 @@ void errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int output_status(void);
 /* "12.50 MiB" */
 const char *human(char *buf, size_t n, uint64_t v);
-/* The spec's size notation: the largest K/M/G/T... unit that divides it. */
+/* The region map's size notation: the largest K/M/G/T... unit that divides it. */
 const char *exact(char *buf, size_t n, uint64_t v);
 /* obj's unsigned number `key`, 0 if it has none. */
 uint64_t u64_of(const struct json *obj, const char *key);

@@ -1,6 +1,6 @@
 /* fakecudart.c — a stand-in libcudart.so for the shim's CI tests.
  *
- * It reaches the driver the way the real runtimes do (cuda-facts.md):
+ * It reaches the driver the way the real runtimes do (docs/cuda.md):
  * dlopen("libcuda.so.1"), dlsym(h, "cuGetProcAddress_v2"), then
  * "cuGetProcAddress" through that, and every entry point through the answer,
  * legacy and per-thread. Semantics the shim relies on, kept from the real
