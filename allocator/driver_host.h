@@ -36,6 +36,12 @@ CUresult vpmm_driver_host_create(const struct vpmm_host_options *opt,
 /* A new stream. (CUstream)0 and CU_STREAM_PER_THREAD also work as streams. */
 CUstream vpmm_host_stream_create(vpmm_driver *d);
 
+/* The program destroys `s`: its handle is refused from now on (and may come
+ * back from vpmm_host_stream_create), while the work queued on it still runs,
+ * as on the device: vpmm_host_complete_all() and a sync on one of its events
+ * reach it. Its memory is freed once its queue ran empty. */
+void vpmm_host_stream_destroy(vpmm_driver *d, CUstream s);
+
 /* Run the queue of `s` as far as it can go: every recorded event completes,
  * up to the first wait on an event that has not completed. Returns how many
  * events completed. */

@@ -43,6 +43,23 @@ unsigned vpmm_host_stream_complete(vpmm_driver *d, CUstream st)
 	return n;
 }
 
+void vpmm_host_stream_destroy(vpmm_driver *d, CUstream st)
+{
+	struct host_driver *h = vpi_host_checked(d);
+	size_t pos;
+	if (!h || (uintptr_t)st < HOST_SPECIAL_STREAMS)
+		return;
+	pthread_mutex_lock(&h->lock);
+	if (vpi_host_ptr_find(h->streams, h->nstreams, st, &pos)) {
+		struct host_stream *s = (struct host_stream *)st;
+		vpi_host_ptr_remove(h->streams, &h->nstreams, pos);
+		s->next_draining = h->draining;
+		h->draining = s;
+		vpi_host_stream_drained(h);
+	}
+	pthread_mutex_unlock(&h->lock);
+}
+
 unsigned vpmm_host_complete_all(vpmm_driver *d)
 {
 	struct host_driver *h = vpi_host_checked(d);
@@ -58,7 +75,10 @@ unsigned vpmm_host_complete_all(vpmm_driver *d)
 				n += vpi_host_stream_run(h->special[i], &moved);
 		for (size_t i = 0; i < h->nstreams; i++)
 			n += vpi_host_stream_run(h->streams[i], &moved);
+		for (struct host_stream *s = h->draining; s; s = s->next_draining)
+			n += vpi_host_stream_run(s, &moved);
 	} while (moved);
+	vpi_host_stream_drained(h);
 	pthread_mutex_unlock(&h->lock);
 	return n;
 }

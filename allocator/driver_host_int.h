@@ -78,6 +78,7 @@ struct host_stream {
 	unsigned long waits;
 	bool capturing;
 	bool busy; /* on the stack of stream_run_until */
+	struct host_stream *next_draining; /* destroyed, its queue not yet run */
 };
 
 struct host_driver {
@@ -101,6 +102,9 @@ struct host_driver {
 	size_t nevents, capevents;
 	void **streams; /* struct host_stream *, sorted by address */
 	size_t nstreams, capstreams;
+	/* Destroyed with work still queued: the device runs it (complete_all,
+	 * a sync on one of its events), then the stream is freed. */
+	struct host_stream *draining;
 	struct host_stream *special[HOST_SPECIAL_STREAMS];
 
 	/* Called at the start of every operation, before the lock (so that
@@ -174,6 +178,8 @@ CUresult vpi_host_stream_find(struct host_driver *h, CUstream s,
 /* Runs `s` up to its first blocked wait, adding the entries passed to
  * *moved; returns how many events completed. Lock held. */
 unsigned vpi_host_stream_run(struct host_stream *s, size_t *moved);
+/* Frees the destroyed streams whose queues ran empty. Lock held. */
+void vpi_host_stream_drained(struct host_driver *h);
 /* Frees every stream and event (destroy). */
 void vpi_host_stream_fini(struct host_driver *h);
 

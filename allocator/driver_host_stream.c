@@ -301,12 +301,30 @@ void vpi_host_stream_ops(vpmm_driver *base)
 	base->stream_capturing = host_stream_capturing;
 }
 
+void vpi_host_stream_drained(struct host_driver *h)
+{
+	for (struct host_stream **l = &h->draining; *l;) {
+		struct host_stream *s = *l;
+		if (s->head < s->len) {
+			l = &s->next_draining;
+			continue;
+		}
+		*l = s->next_draining;
+		stream_free(s);
+	}
+}
+
 void vpi_host_stream_fini(struct host_driver *h)
 {
 	for (size_t i = 0; i < h->nstreams; i++)
 		stream_free(h->streams[i]);
 	for (size_t i = 0; i < HOST_SPECIAL_STREAMS; i++)
 		stream_free(h->special[i]);
+	while (h->draining) {
+		struct host_stream *s = h->draining;
+		h->draining = s->next_draining;
+		stream_free(s);
+	}
 	for (size_t i = 0; i < h->nevents; i++) {
 		struct host_event *ev = h->events[i];
 		rec_put(ev->rec);

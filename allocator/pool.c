@@ -376,6 +376,7 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 		p->event_cache = ev->next;
 		vpi_event_forget(p, ev);
 		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+		p->nevents--;
 		free(ev);
 	}
 	/* The completed events still held (by a zombie's old address, a
@@ -387,6 +388,7 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 	for (struct event *ev = p->events; ev; ev = ev->all_next)
 		if (ev->done && !ev->gone && ev->epoch <= ev->stream->done) {
 			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+			p->nevents--;
 			ev->ev = NULL;
 			ev->gone = true;
 		}
@@ -482,5 +484,7 @@ void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out)
 	out->front_parks = parks;
 	out->mallocs += hits;
 	out->frees += parks;
+	out->streams = p->nrecords;
+	out->events = p->nevents;
 }
 

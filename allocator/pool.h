@@ -48,6 +48,7 @@ struct vpmm_pool {
 	struct stream *streams;   /* every stream seen, creation order */
 	struct stream **stream_hash;
 	unsigned stream_hash_size, nstreams;
+	size_t nrecords;          /* stream records in `streams` */
 	/* A VPMM_NO_STREAM malloc came through the lock: synchronous callers
 	 * take only settled memory. Never cleared. Without it and a second
 	 * stream, frees close epochs only every SOLE_RECORD_NS
@@ -58,6 +59,7 @@ struct vpmm_pool {
 	struct region *region_cache; /* recycled region structs (via next) */
 	struct event *event_cache;   /* recycled events, CUevent kept */
 	struct event *events;        /* every event created */
+	size_t nevents;              /* their driver events still alive */
 
 	struct small_state *small;
 	struct front sync_front; /* parked frees of VPMM_NO_STREAM */

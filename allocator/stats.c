@@ -25,6 +25,8 @@ void vpmm_stats_print(const struct vpmm_stats *s, FILE *f, bool json)
 #undef X
 	OUT("page_size", s->page_size);
 	OUT("regions", s->regions);
+	OUT("streams", s->streams);
+	OUT("events", s->events);
 #undef OUT
 	if (json)
 		fputs("}\n", f);

@@ -67,6 +67,7 @@ struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
 	while (*tail)
 		tail = &(*tail)->next;
 	*tail = s;
+	p->nrecords++;
 	unsigned i = vpi_stream_slot(p, h);
 	s->hash_next = p->stream_hash[i];
 	p->stream_hash[i] = s;
@@ -136,6 +137,7 @@ int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 	if (fresh) {
 		ev->all_next = p->events;
 		p->events = ev;
+		p->nevents++;
 	}
 	ev->stream = s;
 	ev->epoch = e;

@@ -54,6 +54,10 @@ struct vpmm_stats {
 #undef X
 	uint64_t page_size;
 	uint64_t regions;
+	/* Stream records the pool holds (destroyed streams' included until
+	 * nothing refers to them), and the driver events it holds. */
+	uint64_t streams;
+	uint64_t events;
 	uint64_t parked; /* bytes in streams' caches: counted in reusable */
 	/* What the device and the limit left the pool at the last growth
 	 * (VPMM_REMAP=pressure; 0 before the first, and while the device's

@@ -2,7 +2,9 @@
  * pending frees, the pool never records on it again, and a new stream that
  * gets the same handle starts afresh. */
 #include <pthread.h>
+#include <inttypes.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "pool_test.h"
 
@@ -193,4 +195,113 @@ Test(gone, destroyed_while_its_defragmentation_maps)
 	PT_FREE(&t, all, u);
 	pt_settle(&t);
 	pt_close(&t);
+}
+/* ---- streams by the thousand ------------------------------------------------ */
+
+/* CPU time of this thread: what other processes on the machine do does not
+ * count. */
+static uint64_t cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void open_churn(struct pt *t)
+{
+	struct pt_setup su = {.va_pages = 1024, .small_max = SIZE_MAX, .front_entries = 16,
+			      .keep_event_interval = true};
+	pt_open(t, &su);
+}
+
+struct churn {
+	uint64_t ns;        /* CPU time of the streams made */
+	unsigned made;      /* streams made before the budget ran out */
+	uint64_t records;   /* most stream records the pool held at once */
+	size_t events;      /* most driver events alive at once */
+};
+
+/* A program that makes a stream per request: n streams, one after another,
+ * each created, given 1 MiB and a small block that are freed on it,
+ * synchronised and destroyed. The device runs a destroyed stream's last
+ * work a little later (every `lag` streams). Stops once `budget_ns` of CPU
+ * time is spent (0: no budget). */
+static void churn(struct pt *t, unsigned n, unsigned lag, uint64_t budget_ns,
+		  struct churn *c)
+{
+	*c = (struct churn){0};
+	uint64_t t0 = cpu_ns();
+	for (unsigned i = 0; i < n; i++) {
+		CUstream s = vpmm_host_stream_create(t->drv);
+		CUdeviceptr a, b;
+		cr_assert_not_null(s);
+		cr_assert_eq(vpmm_pool_malloc(t->pool, PT_MiB, s, &a), 0);
+		cr_assert_eq(vpmm_pool_malloc(t->pool, 4 * PT_KiB, s, &b), 0);
+		cr_assert_eq(vpmm_pool_free(t->pool, b, s), 0);
+		cr_assert_eq(vpmm_pool_free(t->pool, a, s), 0);
+		vpmm_host_stream_complete(t->drv, s);
+		cr_assert_eq(vpmm_pool_stream_gone(t->pool, s), 0);
+		vpmm_host_stream_destroy(t->drv, s);
+		if (i % lag == lag - 1)
+			vpmm_host_complete_all(t->drv);
+		struct vpmm_stats st = pt_stats(t);
+		struct vpmm_host_live l;
+		vpmm_host_live(t->drv, &l);
+		if (st.streams > c->records)
+			c->records = st.streams;
+		if (l.events > c->events)
+			c->events = l.events;
+		c->made = i + 1;
+		c->ns = cpu_ns() - t0;
+		if (budget_ns && c->ns > budget_ns)
+			break;
+	}
+}
+
+/* What the pool keeps for streams the program destroyed stays bounded: the
+ * records of the streams whose last work the device has not run yet, and
+ * the events recorded on them. */
+Test(gone, destroyed_streams_leave_nothing_behind)
+{
+	struct pt t;
+	open_churn(&t);
+	struct churn c;
+	churn(&t, 5000, 16, 0, &c);
+	PT_CHECK(&t);
+	cr_expect_leq(c.records, 40, "%" PRIu64 " stream records held for 5000 streams "
+		      "destroyed 16 at a time", c.records);
+	cr_expect_leq(c.events, 40, "%zu events alive for 5000 streams destroyed 16 at a time",
+		      c.events);
+	vpmm_host_complete_all(t.drv);
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_expect_eq(st.streams, 0, "%" PRIu64 " stream records left after every destroyed "
+		     "stream's work completed", st.streams);
+	cr_expect_leq(st.events, 16, "%" PRIu64 " events kept", st.events);
+	pt_close(&t);
+}
+
+/* The thousandth stream and the twenty-thousandth cost the same. Compared in
+ * CPU time, the best of three runs of 1 000 against one of 20 000 in a new
+ * pool, which stops as soon as it has spent four times as much a stream. */
+Test(gone, a_stream_costs_the_same_however_many_came_before)
+{
+	struct pt t;
+	struct churn c;
+	uint64_t best = UINT64_MAX;
+	for (int round = 0; round < 3; round++) {
+		open_churn(&t);
+		churn(&t, 1000, 16, 0, &c);
+		pt_close(&t);
+		if (c.ns < best)
+			best = c.ns;
+	}
+	uint64_t per = best / 1000, budget = 4 * per * 20000;
+	open_churn(&t);
+	churn(&t, 20000, 16, budget, &c);
+	pt_close(&t);
+	cr_expect_eq(c.made, 20000, "20 000 streams took over 4x the CPU time a stream of "
+		     "1 000 did (%" PRIu64 " ns): %u made in %" PRIu64 " ns, %" PRIu64
+		     " ns a stream", per, c.made, c.ns, c.ns / c.made);
+	cr_expect_leq(c.records, 40, "%" PRIu64 " stream records held", c.records);
 }

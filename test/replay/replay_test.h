@@ -24,7 +24,12 @@ char *slurp(const char *path);
 struct run {
 	int status; /* exit status, or -1 if killed */
 	char *out, *err;
+	uint64_t cpu_ns;  /* user and system time of the run */
+	uint64_t rss_kib; /* its peak resident memory */
 };
+
+/* CPU seconds a run may take before the kernel stops it (0: no limit). */
+extern unsigned run_cpu_limit_s;
 
 void run_free(struct run *r);
 /* Runs `prog` with args (NULL-terminated) and only PATH plus `env` (NULL-

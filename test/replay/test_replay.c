@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,6 +75,8 @@ void run_free(struct run *r)
 
 /* Runs `prog` with args (NULL-terminated) and only PATH plus `env` (NULL-
  * terminated, may be NULL) in its environment: no VPMM_* of ours leaks in. */
+unsigned run_cpu_limit_s;
+
 struct run run_prog(const char *prog, const char *const *args, const char *const *env)
 {
 	char out[300], err[300];
@@ -105,12 +108,19 @@ struct run run_prog(const char *prog, const char *const *args, const char *const
 		int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 		if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
 			_exit(126);
+		struct rlimit cpu = { run_cpu_limit_s, run_cpu_limit_s };
+		if (run_cpu_limit_s && setrlimit(RLIMIT_CPU, &cpu))
+			_exit(126);
 		execve(prog, (char *const *)argv, (char *const *)envp);
 		_exit(127);
 	}
 	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	struct run r = { WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err) };
+	struct rusage ru;
+	cr_assert_eq(wait4(pid, &st, 0, &ru), pid);
+	struct run r = { WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), slurp(err),
+			 (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000u +
+				 (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000u,
+			 (uint64_t)ru.ru_maxrss };
 	cr_assert_neq(r.status, 127, "could not execute %s", prog);
 	return r;
 }
@@ -533,4 +543,47 @@ Test(replay, random_log_stays_consistent)
 			      json_u64(r.out, "peak_live_bytes"), "%s", r.out);
 		run_free(&r);
 	}
+}
+
+/* A program that makes a stream per request: n streams, each allocating
+ * 1 MiB and freeing it. */
+static const char *stream_per_request_log(unsigned n, const char *name)
+{
+	struct logbuf l;
+	log_open(&l);
+	for (unsigned i = 1; i <= n; i++) {
+		log_add(&l, "1,t,allocate,%#" PRIx64 ",1048576,%#x", (uint64_t)i << 20, i);
+		log_add(&l, "1,t,free,%#" PRIx64 ",1048576,%#x", (uint64_t)i << 20, i);
+	}
+	return log_write(&l, name);
+}
+
+Test(replay, a_stream_per_request_costs_the_same_at_every_count)
+{
+	/* The replay destroys a stream the log names no more when the next
+	 * new stream comes: the 32 000th stream costs what the 2 000th does,
+	 * in CPU time and in memory. The large run is stopped at four times
+	 * the small one's CPU time a stream. */
+	const unsigned small = 2000, large = 32000;
+	struct run s = replay((const char *[]){ "--json", stream_per_request_log(small, "s.csv"),
+						NULL }, NULL);
+	cr_assert_eq(s.status, 0, "exit %d: %s", s.status, s.err);
+	cr_expect_eq(json_u64(s.out, "streams"), small, "%s", s.out);
+	double per = (double)s.cpu_ns / small;
+	unsigned limit = (unsigned)(4 * per * large / 1e9) + 1;
+	run_cpu_limit_s = limit;
+	struct run l = replay((const char *[]){ "--json", stream_per_request_log(large, "l.csv"),
+						NULL }, NULL);
+	run_cpu_limit_s = 0;
+	cr_assert_eq(l.status, 0, "%u streams: exit %d (stopped past %u s of CPU, four times "
+		     "%.0f ns a stream): %s", large, l.status, limit, per, l.err);
+	cr_expect_eq(json_u64(l.out, "streams"), large, "%s", l.out);
+	cr_expect_leq((double)l.cpu_ns / large, 4 * per, "%.0f ns a stream at %u streams, "
+		      "%.0f at %u", (double)l.cpu_ns / large, large, per, small);
+	uint64_t grew = l.rss_kib > s.rss_kib ? (l.rss_kib - s.rss_kib) * 1024 : 0;
+	cr_expect_leq(grew / (large - small), 2048, "peak memory %" PRIu64 " KiB at %u "
+		      "streams, %" PRIu64 " KiB at %u: %" PRIu64 " bytes a stream",
+		      l.rss_kib, large, s.rss_kib, small, grew / (large - small));
+	run_free(&s);
+	run_free(&l);
 }
