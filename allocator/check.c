@@ -232,13 +232,20 @@ static size_t check_mappings(vpmm_pool *p, FILE *log, uint64_t *mapped_va,
 	return bad;
 }
 
+/* The stream records: each one's pending frees and events; the list, the
+ * hash (the streams not destroyed) and the dead list (those destroyed that
+ * something still refers to) agree with each other and with the counts. */
 static size_t check_streams(vpmm_pool *p, FILE *log, size_t *nfree)
 {
-	size_t bad = 0, n = 0;
-	for (const struct stream *s = p->streams; s; s = s->next) {
+	size_t bad = 0, n = 0, alive = 0, hashed = 0, dead = 0;
+	const struct stream *prev = NULL;
+	for (const struct stream *s = p->streams; s; prev = s, s = s->next) {
 		size_t in_fifo = 0;
 		uint64_t last = 0;
 		n++;
+		alive += !s->dead;
+		if (s->prev != prev)
+			bad += complain(log, "stream %u: broken links in the list", s->id);
 		bad += vpi_tree_check(&s->free_by_size);
 		for (const struct region *r = s->fifo_head; r; r = r->next) {
 			if (r->kind != R_FREE || r->stream != s)
@@ -260,9 +267,41 @@ static size_t check_streams(vpmm_pool *p, FILE *log, size_t *nfree)
 		for (const struct event *ev = s->ev_head; ev; ev = ev->next)
 			if (ev->stream != s || ev->epoch <= s->done || !ev->refs)
 				bad += complain(log, "stream %u: stale event in its list", s->id);
+		if (s->pins > p->busy)
+			bad += complain(log, "stream %u: %u pins, %zu regions busy", s->id, s->pins,
+					p->busy);
 	}
-	if (n != p->nstreams)
-		bad += complain(log, "%zu streams listed, %u counted", n, p->nstreams);
+	if (prev != p->streams_tail || n != p->nrecords)
+		bad += complain(log, "%zu streams listed, %zu counted", n, p->nrecords);
+	for (unsigned i = 0; i < p->stream_hash_size; i++)
+		for (const struct stream *s = p->stream_hash[i]; s; s = s->hash_next, hashed++)
+			if (s->dead || vpi_stream_slot(p, s->handle) != i)
+				bad += complain(log, "stream %u: dead or in the wrong slot of the hash",
+						s->id);
+	const struct stream *tail = NULL;
+	for (const struct stream *s = p->dead; s && dead <= n; tail = s, s = s->dead_next, dead++)
+		if (!s->dead)
+			bad += complain(log, "stream %u: on the dead list, not dead", s->id);
+	if (hashed != alive || hashed != p->nhashed || dead != n - alive || dead != p->ndead ||
+	    tail != p->dead_tail)
+		bad += complain(log, "%zu streams alive, %zu hashed (%zu counted), %zu dead "
+				"listed of %zu (%zu counted)", alive, hashed, p->nhashed, dead,
+				n - alive, p->ndead);
+	size_t events = 0, cached = 0;
+	for (const struct event *ev = p->events; ev && events <= p->nevents + p->nrecords;
+	     ev = ev->all_next) {
+		events += !ev->gone;
+		if (ev->all_next && ev->all_next->all_prev != ev)
+			bad += complain(log, "events: broken links");
+	}
+	for (const struct event *ev = p->event_cache; ev && cached <= p->nevents;
+	     ev = ev->next, cached++)
+		if (ev->refs || ev->gone || ev->stream)
+			bad += complain(log, "a cached event is held, gone or on a stream");
+	if (events != p->nevents || cached != p->ncached || p->cache_low > cached)
+		bad += complain(log, "%zu events alive (%zu counted), %zu cached (%zu counted, "
+				"%zu at least since the last trim)", events, p->nevents, cached,
+				p->ncached, p->cache_low);
 	return bad;
 }
 

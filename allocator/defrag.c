@@ -22,6 +22,7 @@ struct harvest {
 	struct region *r;     /* free region giving pages */
 	CUdeviceptr a, b;     /* the whole handles taken: [a, b) inside r */
 	struct event *ev;     /* what the old VA waits for; NULL = nothing */
+	struct stream *pin;   /* r's stream while r is busy (stream.h, pins) */
 };
 
 struct plan {
@@ -416,6 +417,8 @@ struct defrag {
 	bool room;                /* growing for room: nothing remapped */
 	bool refused;             /* the driver refused to create: out of memory */
 	struct region *hole, *adj, *adj2; /* the span; the lending neighbour */
+	struct stream *adj_pin, *adj2_pin; /* their streams while busy */
+	struct stream *caller_pin; /* the caller, while the lock is dropped */
 	unsigned new_chunk;       /* a chunk added for it, or UINT32_MAX */
 	CUdeviceptr base, off;    /* the span mapped: [base, off) */
 	size_t created;           /* bytes of new handles, once committed */
@@ -501,6 +504,22 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 	return 0;
 }
 
+/* While the lock is dropped, a busy region names its stream in no list of
+ * the stream's, and the caller may be destroyed: their records stay until
+ * unpinned (defrag_release). */
+static struct stream *pin(struct stream *s)
+{
+	if (s)
+		s->pins++;
+	return s;
+}
+
+static void unpin(struct stream *s)
+{
+	if (s)
+		s->pins--;
+}
+
 /* Harvesting: the harvested pieces, the lending neighbour and the span of
  * the hole to map go out of circulation (busy), and each range gets its
  * address in the span. */
@@ -527,6 +546,7 @@ static void defrag_harvest(vpmm_pool *p, struct defrag *d)
 		src->kind = R_BUSY;
 		p->busy++;
 		h->r = src;
+		h->pin = pin(src->stream);
 		for (struct mapping *m = vpi_mapping_from(p, src->chunk, h->a); m && m->va < h->b;
 		     m = vpi_mapping_next(m))
 			d->fr[k++].handle = m->handle;
@@ -542,10 +562,15 @@ static void defrag_harvest(vpmm_pool *p, struct defrag *d)
 	for (k = 0; k < d->nfr; k++)
 		d->order[k] = &d->fr[k];
 	qsort(d->order, d->nfr, sizeof(*d->order), fresh_by_size);
-	if (d->adj)
+	d->caller_pin = pin(d->caller); /* it may be destroyed meanwhile */
+	if (d->adj) {
 		vpi_busy_take(p, d->adj);
-	if (d->adj2)
+		d->adj_pin = pin(d->adj->stream);
+	}
+	if (d->adj2) {
 		vpi_busy_take(p, d->adj2);
+		d->adj2_pin = pin(d->adj2->stream);
+	}
 	vpi_tree_remove(&p->holes, &d->hole->by_size);
 	if (d->hole->size > d->pl.taken + d->shortfall && d->adj2) {
 		/* The request ends in adj2: map the end of the hole. */
@@ -737,8 +762,13 @@ static struct region *defrag_commit(vpmm_pool *p, struct defrag *d, CUdeviceptr 
 /* What the plan held, whatever happened. */
 static void defrag_release(vpmm_pool *p, struct defrag *d)
 {
-	for (size_t i = 0; i < d->pl.n; i++)
+	for (size_t i = 0; i < d->pl.n; i++) {
 		vpi_event_unref(p, d->pl.h[i].ev);
+		unpin(d->pl.h[i].pin);
+	}
+	unpin(d->adj_pin);
+	unpin(d->adj2_pin);
+	unpin(d->caller_pin);
 	fresh_free(d->fr, d->nfr, d->nmove);
 	free(d->order);
 	free(d->pl.h);

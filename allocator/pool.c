@@ -171,7 +171,7 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		p->region_cache = r->next;
 		free(r);
 	}
-	for (struct stream *s = p->streams, *next; s; s = next) {
+	for (struct stream *s = p->streams, *next; s; s = next) { /* dead ones too */
 		next = s->next;
 		free(s->small_partial);
 		vpi_loop_fini(&s->front.loop);
@@ -308,6 +308,11 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	return rc;
 }
 
+/* Dead streams a destroy looks at (vpi_stream_reap_locked): more than the
+ * one it adds, so that their records go as fast as the device completes
+ * their last work. */
+#define REAP_ON_GONE 4
+
 int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 {
 	int rc = 0;
@@ -325,17 +330,25 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 		/* Its parked frees join its pending ones; one last event, while
 		 * the stream still exists, covers them all, and what it frees
 		 * later: blocks of its slabs, freed by others once it is gone,
-		 * are released in the epoch of that event (give_locked). Recorded
-		 * even with no pending free, since those blocks' work may follow
-		 * every event before it. */
+		 * are released in the epoch of that event (give_locked). Needed
+		 * even with no free pending while it owns a slab, since its own
+		 * frees of the slab's blocks may follow every event before it,
+		 * and while a defragmentation for it is in the driver, since
+		 * the waits it put on the stream come after them (defrag_commit
+		 * gives its span that event's epoch); else only if a free is
+		 * not covered yet. */
 		vpi_front_flush_stream_locked(p, s);
 		uint64_t open = s->epoch;
-		if ((rc = vpi_close_epoch_uncaptured(p, s)))
+		if ((s->slabs || s->pins || !vpi_stream_covered(s)) &&
+		    (rc = vpi_close_epoch_uncaptured(p, s)))
 			/* No event will follow to cover an epoch a failed record
 			 * closed: back to the last one recorded. */
 			__atomic_store_n(&s->epoch, open, __ATOMIC_SEQ_CST);
 		vpi_stream_forget_locked(p, s, link);
+		vpi_small_stream_gone_locked(p, s);
 	}
+	vpi_stream_reap_locked(p, REAP_ON_GONE);
+	vpi_event_cache_trim_locked(p);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
 }
@@ -362,6 +375,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 		vpi_poll_stream(p, s);
 	vpi_small_drain_locked(p);
 	int n = vpi_reserve_regions(p, 2) ? -ENOMEM : vpi_reclaim_zombies(p, false, NULL);
+	vpi_stream_reap_locked(p, p->ndead);
 	pthread_mutex_unlock(&p->lock);
 	return n;
 }
@@ -374,6 +388,8 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 	while (p->event_cache) {
 		struct event *ev = p->event_cache;
 		p->event_cache = ev->next;
+		p->ncached--;
+		p->cache_low = 0;
 		vpi_event_forget(p, ev);
 		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 		p->nevents--;
@@ -383,10 +399,10 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 	 * deferred small block) die with the context too: left alive here,
 	 * each went back to the cache once let go, and was recorded again,
 	 * destroyed, in the next context. Their holders only read `done`.
-	 * One still on its stream's list (epoch past the stream's done) may
-	 * yet be waited on, and stays. */
+	 * One still on its stream's list (it names its stream) may yet be
+	 * waited on, and stays. */
 	for (struct event *ev = p->events; ev; ev = ev->all_next)
-		if (ev->done && !ev->gone && ev->epoch <= ev->stream->done) {
+		if (ev->done && !ev->gone && !ev->stream) {
 			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 			p->nevents--;
 			ev->ev = NULL;
@@ -407,7 +423,9 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 				continue;
 			}
 			vpi_stream_forget_locked(p, s, link); /* *link is the next one */
+			vpi_small_stream_gone_locked(p, s);
 		}
+	vpi_stream_reap_locked(p, p->ndead);
 	if (rebind && rebind != p->ctx) {
 		p->ctx = rebind;
 		pthread_cond_signal(&p->reclaim_cond);
@@ -435,6 +453,7 @@ int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 			vpi_poll_stream(p, s);
 		vpi_small_drain_locked(p);
 	}
+	vpi_stream_reap_locked(p, p->ndead);
 	int n = (int)(p->settled_count - settled);
 	pthread_mutex_unlock(&p->lock);
 	return n;

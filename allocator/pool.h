@@ -45,10 +45,17 @@ struct vpmm_pool {
 	struct vpi_tree maps;    /* struct mapping by va */
 	struct region *zombie_head, *zombie_tail;
 
-	struct stream *streams;   /* every stream seen, creation order */
+	/* Stream records, creation order: every stream the program has not
+	 * destroyed, and those it destroyed while something refers to them.
+	 * The hash holds the first kind by handle; `dead` the second. */
+	struct stream *streams, *streams_tail;
+	size_t nrecords;
 	struct stream **stream_hash;
-	unsigned stream_hash_size, nstreams;
-	size_t nrecords;          /* stream records in `streams` */
+	unsigned stream_hash_size;
+	size_t nhashed;
+	struct stream *dead, *dead_tail;
+	size_t ndead;
+	unsigned nstreams;        /* streams ever seen: the next one's id */
 	/* A VPMM_NO_STREAM malloc came through the lock: synchronous callers
 	 * take only settled memory. Never cleared. Without it and a second
 	 * stream, frees close epochs only every SOLE_RECORD_NS
@@ -58,7 +65,9 @@ struct vpmm_pool {
 
 	struct region *region_cache; /* recycled region structs (via next) */
 	struct event *event_cache;   /* recycled events, CUevent kept */
-	struct event *events;        /* every event created */
+	size_t ncached;
+	size_t cache_low;            /* the fewest cached since the last trim */
+	struct event *events;        /* every event created, not yet freed */
 	size_t nevents;              /* their driver events still alive */
 
 	struct small_state *small;

@@ -131,6 +131,8 @@ static void slab_release(vpmm_pool *p, struct slab *sl)
 		vpi_small_list_del(head, sl);
 	vpi_small_st(p)->slabs--;
 	vpi_give_locked(p, sl->r, sl->owner, 0);
+	if (sl->owner)
+		sl->owner->slabs--;
 	sl->next = vpi_small_st(p)->spare[sl->cls];
 	vpi_small_st(p)->spare[sl->cls] = sl;
 }
@@ -257,6 +259,16 @@ static size_t sweep(vpmm_pool *p, bool all)
 			for (unsigned c = 0; c < s->nclasses; c++)
 				n += sweep_list(p, &st->small_partial[c], all);
 	return n;
+}
+
+void vpi_small_stream_gone_locked(vpmm_pool *p, struct stream *s)
+{
+	struct small_state *st = vpi_small_st(p);
+	if (!st || !s->slabs)
+		return;
+	for (unsigned c = 0; c < st->nclasses; c++)
+		if (st->kept[c] && st->kept[c]->owner == s && slab_empty(st->kept[c]))
+			slab_release(p, st->kept[c]);
 }
 
 size_t vpi_small_trim_locked(vpmm_pool *p)

@@ -114,6 +114,9 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   CUdeviceptr *base, size_t *size);
 size_t vpi_small_check_locked(vpmm_pool *p, FILE *log);
+/* The program destroyed s (dead already): its kept empty slabs go back,
+ * since it can have no malloc again. */
+void vpi_small_stream_gone_locked(vpmm_pool *p, struct stream *s);
 /* Give every empty slab back to the pool (even the last of its class). */
 size_t vpi_small_trim_locked(vpmm_pool *p);
 /* Free deferred blocks whose stream completed; return surplus empty slabs. */

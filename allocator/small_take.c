@@ -52,6 +52,8 @@ static int slab_new(vpmm_pool *p, struct stream *owner, unsigned cls,
 	}
 	sl->r = r;
 	sl->owner = owner;
+	if (owner)
+		owner->slabs++;
 	sl->nfree = (uint32_t)nblocks;
 	sl->hint = 0;
 	sl->listed = false;

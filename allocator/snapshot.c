@@ -148,7 +148,7 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 	pthread_mutex_lock(&p->lock);
 	need[0] = p->nchunks;
 	need[1] = p->regions.count;
-	need[2] = (size_t)(p->nstreams + 1) * VPMM_FRONT_MAX;
+	need[2] = (p->nhashed + 1) * p->cfg.front_entries; /* at most parked */
 	pthread_mutex_unlock(&p->lock);
 
 	/* The pool may change between the two holds: leave room for growth and

@@ -1,6 +1,8 @@
 /* stream.c — streams and events: the stream records and their hash, the
  * events that close a stream's epochs, and learning that work completed
- * (what completed settles: any stream may take it without waiting).
+ * (what completed settles: any stream may take it without waiting). A
+ * stream the program destroyed keeps its record until nothing refers to it
+ * (reaped from the dead list); completed events are cached for reuse.
  *
  * Stream order without an event per free: a free is tagged with its
  * stream's open epoch; an event is recorded only to close an epoch (on the
@@ -22,22 +24,29 @@ unsigned vpi_stream_slot(const vpmm_pool *p, CUstream h)
 	return vpi_hash_bits((uint64_t)(uintptr_t)h, (unsigned)__builtin_ctz(p->stream_hash_size));
 }
 
+/* Twice the slots; the streams in the hash move over. */
 static int stream_hash_grow(vpmm_pool *p)
 {
-	unsigned n = p->stream_hash_size ? p->stream_hash_size * 2 : 16;
-	struct stream **t = calloc(n, sizeof(*t));
+	unsigned old = p->stream_hash_size, n = old ? old * 2 : 16;
+	struct stream **t = calloc(n, sizeof(*t)), **was = p->stream_hash;
 	if (!t)
 		return -ENOMEM;
-	free(p->stream_hash);
 	p->stream_hash = t;
 	p->stream_hash_size = n;
-	for (struct stream *s = p->streams; s; s = s->next) {
-		unsigned i = vpi_stream_slot(p, s->handle);
-		s->hash_next = t[i];
-		t[i] = s;
-	}
+	for (unsigned i = 0; i < old; i++)
+		for (struct stream *s = was[i], *next; s; s = next) {
+			unsigned j = vpi_stream_slot(p, s->handle);
+			next = s->hash_next;
+			s->hash_next = t[j];
+			t[j] = s;
+		}
+	free(was);
 	return 0;
 }
+
+/* Dead streams a new record looks at first (vpi_stream_reap_locked), so
+ * that destroyed streams' records go where no destroy follows. */
+#define REAP_ON_NEW 4
 
 /* The stream record of `h`, created on first sight; NULL if the host is out
  * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
@@ -50,7 +59,9 @@ struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
 		for (s = p->stream_hash[vpi_stream_slot(p, h)]; s; s = s->hash_next)
 			if (s->handle == h)
 				return p->last_stream = s;
-	if (p->nstreams + 1 > p->stream_hash_size / 2 && stream_hash_grow(p))
+	if (p->ndead)
+		vpi_stream_reap_locked(p, REAP_ON_NEW);
+	if (p->nhashed + 1 > p->stream_hash_size / 2 && stream_hash_grow(p))
 		return NULL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -63,25 +74,56 @@ struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
 	s->id = __atomic_fetch_add(&p->nstreams, 1, __ATOMIC_RELEASE);
 	s->epoch = 1;
 	vpi_tree_init(&s->free_by_size, vpi_region_by_size, s->id + 1);
-	struct stream **tail = &p->streams;
-	while (*tail)
-		tail = &(*tail)->next;
-	*tail = s;
+	s->prev = p->streams_tail;
+	if (s->prev)
+		s->prev->next = s;
+	else
+		p->streams = s;
+	p->streams_tail = s;
 	p->nrecords++;
 	unsigned i = vpi_stream_slot(p, h);
 	s->hash_next = p->stream_hash[i];
 	p->stream_hash[i] = s;
+	p->nhashed++;
 	return p->last_stream = s;
 }
 
 /* Unlinks ev from p->events (it is being destroyed). */
 void vpi_event_forget(vpmm_pool *p, struct event *ev)
 {
-	for (struct event **e = &p->events; *e; e = &(*e)->all_next)
-		if (*e == ev) {
-			*e = ev->all_next;
-			return;
-		}
+	if (ev->all_prev)
+		ev->all_prev->all_next = ev->all_next;
+	else
+		p->events = ev->all_next;
+	if (ev->all_next)
+		ev->all_next->all_prev = ev->all_prev;
+	ev->all_prev = ev->all_next = NULL;
+}
+
+/* A completed event no one holds: kept for reuse. */
+static void event_cache_put(vpmm_pool *p, struct event *ev)
+{
+	ev->stream = NULL;
+	ev->next = p->event_cache;
+	p->event_cache = ev;
+	p->ncached++;
+}
+
+void vpi_event_cache_trim_locked(vpmm_pool *p)
+{
+	size_t n = p->ncached > VPMM_EVENT_CACHE_MAX ? p->ncached - VPMM_EVENT_CACHE_MAX : 0;
+	if (n > p->cache_low)
+		n = p->cache_low; /* the others were taken since: still needed */
+	for (; n; n--) { /* events are alike: any n of them */
+		struct event *ev = p->event_cache;
+		p->event_cache = ev->next;
+		p->ncached--;
+		vpi_event_forget(p, ev);
+		DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
+		p->nevents--;
+		free(ev);
+	}
+	p->cache_low = p->ncached;
 }
 
 void vpi_event_unref(vpmm_pool *p, struct event *ev)
@@ -92,8 +134,7 @@ void vpi_event_unref(vpmm_pool *p, struct event *ev)
 			free(ev);
 			return;
 		}
-		ev->next = p->event_cache;
-		p->event_cache = ev;
+		event_cache_put(p, ev);
 	}
 }
 
@@ -105,6 +146,8 @@ int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 	CUresult r;
 	if (ev) {
 		p->event_cache = ev->next;
+		if (--p->ncached < p->cache_low)
+			p->cache_low = p->ncached;
 	} else {
 		ev = calloc(1, sizeof(*ev));
 		if (!ev)
@@ -129,13 +172,15 @@ int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 			DRV(p, VPMM_OP_EVENT_DESTROY, event_destroy, ev->ev);
 			free(ev);
 		} else {
-			ev->next = p->event_cache;
-			p->event_cache = ev;
+			event_cache_put(p, ev);
 		}
 		return vpi_cu_errno(r);
 	}
 	if (fresh) {
+		ev->all_prev = NULL;
 		ev->all_next = p->events;
+		if (p->events)
+			p->events->all_prev = ev;
 		p->events = ev;
 		p->nevents++;
 	}
@@ -215,6 +260,7 @@ void vpi_poll_stream(vpmm_pool *p, struct stream *s)
 			s->ev_tail = NULL;
 		s->done = ev->epoch;
 		ev->done = true;
+		ev->stream = NULL; /* its holders only read `done` from now on */
 		vpi_event_unref(p, ev);
 		moved = true;
 	}
@@ -257,7 +303,8 @@ bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
 }
 
 /* The stream `s`, at *link in its hash chain, is gone: no malloc will name
- * it again, and a new stream may come with its handle. */
+ * it again, and a new stream may come with its handle. Its record waits on
+ * p->dead until nothing refers to it. */
 void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link)
 {
 	s->dead = true;
@@ -266,7 +313,70 @@ void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **li
 	pthread_mutex_unlock(&s->front.lock);
 	*link = s->hash_next;
 	s->hash_next = NULL;
+	p->nhashed--;
 	if (p->last_stream == s)
 		p->last_stream = NULL;
+	/* Thread-local lookups (front.c) that name s miss from now on, so
+	 * none can reach the record once it is freed. */
 	__atomic_fetch_add(&p->stream_gen, 1, __ATOMIC_RELEASE);
+	s->dead_next = NULL;
+	if (p->dead_tail)
+		p->dead_tail->dead_next = s;
+	else
+		p->dead = s;
+	p->dead_tail = s;
+	p->ndead++;
+}
+
+bool vpi_stream_covered(const struct stream *s)
+{
+	uint64_t last = s->ev_tail ? s->ev_tail->epoch : s->done;
+	return last + 1 == s->epoch && !(s->fifo_tail && s->fifo_tail->epoch == s->epoch);
+}
+
+/* Whether anything refers to the dead stream s. */
+static bool stream_held(const struct stream *s)
+{
+	return s->fifo_head || s->ev_head || s->slabs || s->front.n || s->pins;
+}
+
+static void stream_free(vpmm_pool *p, struct stream *s)
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		p->streams = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	else
+		p->streams_tail = s->prev;
+	p->nrecords--;
+	free(s->small_partial);
+	vpi_loop_fini(&s->front.loop);
+	pthread_mutex_destroy(&s->front.lock);
+	free(s);
+}
+
+void vpi_stream_reap_locked(vpmm_pool *p, size_t max)
+{
+	for (size_t i = 0; i < max && p->dead; i++) {
+		struct stream *s = p->dead;
+		p->dead = s->dead_next;
+		if (!p->dead)
+			p->dead_tail = NULL;
+		p->ndead--;
+		if (s->ev_head)
+			vpi_poll_stream(p, s);
+		if (!stream_held(s)) {
+			stream_free(p, s);
+			continue;
+		}
+		s->dead_next = NULL;
+		if (p->dead_tail)
+			p->dead_tail->dead_next = s;
+		else
+			p->dead = s;
+		p->dead_tail = s;
+		p->ndead++;
+	}
 }

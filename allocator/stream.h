@@ -15,11 +15,17 @@
 struct region;
 struct slab;
 
+/* Completed events kept for reuse whatever happens; beyond these, those
+ * the cache held unused from one destroyed stream to the next are destroyed
+ * (vpi_event_cache_trim_locked). */
+#define VPMM_EVENT_CACHE_MAX 64
+
 /* An event recorded on a stream closes that stream's epoch: it completes once
  * every free tagged with an epoch <= ev->epoch can be reused by anyone. */
 struct event {
 	CUevent ev;
-	struct stream *stream;
+	struct stream *stream; /* while on its stream's list; NULL once off it
+				* (completed), as the stream may be freed */
 	uint64_t epoch;
 	unsigned refs;      /* the stream's pending list + zombies waiting on it */
 	bool done;
@@ -27,7 +33,7 @@ struct event {
 	 * destroyed, and the struct is freed, not cached, once unreferenced. */
 	bool gone;
 	struct event *next; /* stream's pending list (epoch ascending) or cache */
-	struct event *all_next; /* pool->events: every event, for destroy */
+	struct event *all_prev, *all_next; /* pool->events: every event */
 };
 
 struct stream {
@@ -43,12 +49,19 @@ struct stream {
 	struct vpi_tree free_by_size;
 	struct region *fifo_head, *fifo_tail;
 	struct slab **small_partial; /* small.c: per class, slabs with room */
+	unsigned slabs;              /* small.c: live slabs it owns */
+	unsigned pins;               /* defrag.c: defragmentations in the driver
+				      * for it, and regions naming it that they
+				      * hold busy (in no list of its) */
 	struct front front;
 	/* The program destroyed it: nothing is recorded on it any more; its
-	 * last event covers every free it had (vpmm_pool_stream_gone). */
+	 * last event covers every free it had (vpmm_pool_stream_gone). Out
+	 * of the hash, on pool->dead until nothing refers to it any more
+	 * (vpi_stream_reap_locked). */
 	bool dead;
 	struct stream *hash_next;
-	struct stream *next; /* pool->streams, creation order */
+	struct stream *prev, *next; /* pool->streams, creation order */
+	struct stream *dead_next;   /* pool->dead */
 };
 
 /* The stream record of `h`, created on first sight; NULL if the host is out
@@ -57,8 +70,20 @@ struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h);
 /* The slot of h in p->stream_hash. */
 unsigned vpi_stream_slot(const vpmm_pool *p, CUstream h);
 /* The stream `s`, at *link in its hash chain, is gone: no malloc will name
- * it again, and a new stream may come with its handle. */
+ * it again, and a new stream may come with its handle. Its record waits on
+ * pool->dead until nothing refers to it. */
 void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link);
+/* Whether every free of s so far is covered by an event already recorded or
+ * known complete: no free in its open epoch, no epoch closed by a record
+ * that failed. */
+bool vpi_stream_covered(const struct stream *s);
+/* Looks at up to `max` dead streams, oldest first: what completed on each
+ * settles, and the record of one that nothing refers to any more (no
+ * pending free, no event not known complete, no slab, no cache entry, no
+ * pin) is freed; the others go to the back. Only where no caller holds a
+ * stream pointer: at the top of a public call or of a new stream's
+ * record. */
+void vpi_stream_reap_locked(vpmm_pool *p, size_t max);
 /* Record an event on s that closes its open epoch. */
 int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out);
 /* vpi_close_epoch(), unless another thread is capturing s: -EBUSY then. */
@@ -69,6 +94,12 @@ int vpi_cover_event(vpmm_pool *p, struct stream *s, uint64_t epoch,
 		    struct event **out);
 /* Unlinks ev from p->events (it is being destroyed). */
 void vpi_event_forget(vpmm_pool *p, struct event *ev);
+/* A stream was destroyed: the cached events no one took since the last
+ * destroy, beyond VPMM_EVENT_CACHE_MAX, are destroyed. A program's events in
+ * flight come back to the cache whatever their number (a stream that frees
+ * without a poll piles up thousands, and needs them again); a burst of
+ * streams that ended leaves no more than this. */
+void vpi_event_cache_trim_locked(vpmm_pool *p);
 void vpi_event_unref(vpmm_pool *p, struct event *ev);
 /* Query s's events oldest first; what completed settles. */
 void vpi_poll_stream(vpmm_pool *p, struct stream *s);

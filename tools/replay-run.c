@@ -4,7 +4,15 @@
  * every so many operations, and --plot's samples taken after each. Only
  * this loop is timed. Calls vpmm.h, driver_host.h, replay-progress.c and
  * replay-plot.c.
+ *
+ * Streams: a host stream is made at a stream's first operation. One the
+ * log names no more (its last operation passed) is destroyed when the next
+ * new stream comes, as a program that makes a stream per request does: the
+ * pool learns that it is gone (vpmm_pool_stream_gone), and the new stream
+ * may get its handle. A log whose streams all come at the start replays as
+ * if none were destroyed.
  */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,16 +30,57 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv,
-	    const CUstream *streams, const struct tenant *tn,
-	    uint64_t complete_every, bool check, struct plot *plot, struct result *r)
+struct streams {
+	CUstream *s;       /* [k]: stream k's; NULL before its first operation */
+	size_t *last;      /* [k]: the last operation naming stream k */
+	uint32_t *ended;   /* streams past their last operation, not destroyed */
+	size_t nended;
+};
+
+/* The stream of operation i (NULL without memory). */
+static CUstream stream_of(const struct log *lg, vpmm_pool *pool, vpmm_driver *drv,
+			  struct streams *ss, size_t i)
+{
+	uint32_t k = lg->ops[i].stream;
+	if (k && !ss->s[k]) {
+		for (; ss->nended; ss->nended--) {
+			CUstream *e = &ss->s[ss->ended[ss->nended - 1]];
+			vpmm_pool_stream_gone(pool, *e);
+			vpmm_host_stream_destroy(drv, *e);
+			*e = NULL;
+		}
+		ss->s[k] = vpmm_host_stream_create(drv);
+	}
+	return ss->s[k];
+}
+
+static void stream_passed(const struct log *lg, struct streams *ss, size_t i)
+{
+	uint32_t k = lg->ops[i].stream;
+	if (k && ss->last[k] == i && ss->s[k] != VPMM_NO_STREAM)
+		ss->ended[ss->nended++] = k;
+}
+
+int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
+	   const struct tenant *tn, uint64_t complete_every, bool check,
+	   struct plot *plot, struct result *r)
 {
 	uint64_t live = 0, since = 0;
 	size_t next_step = 0;
 	struct vpmm_stats st;
+	struct streams ss = { streams, calloc(lg->nstreams, sizeof(size_t)),
+			      calloc(lg->nstreams, sizeof(uint32_t)), 0 };
+	if (!ss.last || !ss.ended) {
+		free(ss.last);
+		free(ss.ended);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < lg->nops; i++)
+		ss.last[lg->ops[i].stream] = i;
 	char *mbuf = NULL;
 	size_t mlen = 0;
 	FILE *msgs = check ? open_memstream(&mbuf, &mlen) : NULL;
+	int rc = 0;
 
 	if (plot) {
 		vpmm_pool_stats(pool, &st);
@@ -50,12 +99,17 @@ void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv,
 		while (next_step < tn->n && tn->step[next_step].op <= i)
 			vpmm_host_set_tenant(drv, tn->step[next_step++].bytes);
 		struct alloc *a = &lg->allocs[op->id];
-		CUstream s = streams[op->stream];
+		CUstream s = stream_of(lg, pool, drv, &ss, i);
+		if (op->stream && !s) {
+			rc = -ENOMEM;
+			break;
+		}
+		stream_passed(lg, &ss, i);
 
 		if (op->kind == OP_ALLOC) {
-			int rc = vpmm_pool_malloc(pool, a->size, s, &a->ptr);
+			int e = vpmm_pool_malloc(pool, a->size, s, &a->ptr);
 			r->ops++;
-			if (rc == 0) {
+			if (e == 0) {
 				a->live = true;
 				r->allocs++;
 				live += a->size;
@@ -63,7 +117,7 @@ void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv,
 					r->peak_requested = live;
 			} else {
 				if (!r->failures++)
-					r->first_failure = -rc;
+					r->first_failure = -e;
 			}
 		} else {
 			if (!a->live)
@@ -106,6 +160,9 @@ void replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv,
 	if (msgs)
 		fclose(msgs);
 	free(mbuf);
+	free(ss.last);
+	free(ss.ended);
 	vpmm_pool_stats(pool, &r->stats);
+	return rc;
 }
 

@@ -415,22 +415,24 @@ int main(int argc, char **argv)
 		rc = 1;
 		goto out;
 	}
-	streams = calloc(lg.nstreams, sizeof(*streams));
+	streams = calloc(lg.nstreams, sizeof(*streams)); /* made by replay() */
 	if (!streams) {
 		fprintf(stderr, "vpmm-replay: out of memory\n");
 		rc = 1;
 		goto out;
 	}
-	streams[0] = (CUstream)0;
 	for (size_t i = 1; i < lg.nstreams; i++)
-		streams[i] = lg.stream_values[i] == UINT64_MAX
-				     ? VPMM_NO_STREAM
-				     : vpmm_host_stream_create(drv);
+		if (lg.stream_values[i] == UINT64_MAX)
+			streams[i] = VPMM_NO_STREAM;
 
 	struct result r = { 0 };
 	struct plot plot = { 0 };
-	replay(&lg, pool, drv, streams, &tenant, complete_every, check,
-	       plot_file ? &plot : NULL, &r);
+	if (replay(&lg, pool, drv, streams, &tenant, complete_every, check,
+		   plot_file ? &plot : NULL, &r)) {
+		fprintf(stderr, "vpmm-replay: out of memory for the streams\n");
+		rc = 1;
+		goto out;
+	}
 	if (plot_file) {
 		int e = plot.oom ? -ENOMEM
 				 : plot_write_svg(plot_file, &plot, lg.name, &r.stats);
