@@ -61,10 +61,22 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 	return CUDA_SUCCESS;
 }
 
+/* The device finishes the stream's work (as fast as it does everything
+ * here: see cuStreamSynchronize) and the handle may come back. */
 CUresult cuStreamDestroy_v2(CUstream s)
 {
-	(void)s;
 	NEED_INIT();
+	pthread_mutex_lock(&fake_lock);
+	for (struct stream_ctx **l = &stream_ctxs; *l; l = &(*l)->next)
+		if ((*l)->s == s) {
+			struct stream_ctx *dead = *l;
+			*l = dead->next;
+			free(dead);
+			break;
+		}
+	pthread_mutex_unlock(&fake_lock);
+	vpmm_host_stream_complete(fake_drv, s);
+	vpmm_host_stream_destroy(fake_drv, s);
 	return CUDA_SUCCESS;
 }
 

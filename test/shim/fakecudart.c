@@ -48,6 +48,7 @@ static struct {
 	CUresult (*mem_get_info)(size_t *, size_t *);
 	CUresult (*stream_create)(CUstream *, unsigned int);
 	CUresult (*stream_sync)(CUstream);
+	CUresult (*stream_destroy)(CUstream);
 } d;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -103,6 +104,7 @@ static void load(void)
 	GET(d.mem_get_info, "cuMemGetInfo", 12000, 0);
 	GET(d.stream_create, "cuStreamCreate", 12000, 0);
 	GET(d.stream_sync, "cuStreamSynchronize", 12000, 0);
+	GET(d.stream_destroy, "cuStreamDestroy", 4000, 0);
 	if (d.init(0) != CUDA_SUCCESS)
 		goto fail;
 	atexit(teardown);
@@ -143,6 +145,7 @@ API cudaError_t cudaSetDevice(int dev);
 API cudaError_t cudaGetDevice(int *dev);
 API cudaError_t cudaStreamCreate(cudaStream_t *s);
 API cudaError_t cudaStreamSynchronize(cudaStream_t s);
+API cudaError_t cudaStreamDestroy(cudaStream_t s);
 API cudaError_t cudaDeviceSynchronize(void);
 
 enum how { SYNC, ASYNC, ASYNC_PTSZ };
@@ -253,6 +256,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 	if (e)
 		return e;
 	return (cudaError_t)d.stream_sync(s);
+}
+
+/* Through cuGetProcAddress, as the real runtime: the shim's hook. */
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.stream_destroy(s);
 }
 
 cudaError_t cudaDeviceSynchronize(void)

@@ -22,6 +22,8 @@ cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t);
 cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
 
 #define P ((size_t)64 << 10) /* the fake driver's granularity: one pool page */
 
@@ -462,6 +464,48 @@ static void oom_flood(void)
 	CHECK(worst < 1.0); /* waiting on the pipe: until the alarm */
 }
 
+static uint64_t cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A stream per request, 20 000 times: created, 1 MiB allocated and freed
+ * on it, synchronised, destroyed. What the pool keeps for the destroyed
+ * streams stays bounded, and no thousand streams cost four times the CPU
+ * time of the second thousand (the first makes the pool). */
+static void stream_per_request(void)
+{
+	uint64_t t0 = cpu_ns(), ref = 0;
+	for (int i = 1; i <= 20000; i++) {
+		cudaStream_t s;
+		void *p;
+		CHECK_EQ(cudaStreamCreate(&s), 0);
+		CHECK_EQ(cudaMallocAsync(&p, 16 * P, s), 0);
+		CHECK_EQ(cudaFreeAsync(p, s), 0);
+		CHECK_EQ(cudaStreamSynchronize(s), 0);
+		CHECK_EQ(cudaStreamDestroy(s), 0);
+		if (i % 1000)
+			continue;
+		uint64_t t = cpu_ns(), spent = t - t0;
+		t0 = t;
+		if (i == 2000)
+			ref = spent;
+		if (i > 2000 && spent > 4 * ref) {
+			fprintf(stderr, "FAIL streams %d-%d: %llu ns a stream, %llu at 1001-2000\n",
+				i - 999, i, (unsigned long long)spent / 1000,
+				(unsigned long long)ref / 1000);
+			exit(1);
+		}
+		if (expect_pool()) {
+			struct vpmm_stats st = pool_stats(0);
+			CHECK(st.streams <= 8);
+			CHECK(st.events <= 64);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -472,7 +516,7 @@ int main(int argc, char **argv)
 		{"capture", capture}, {"oom", oom},         {"devices", devices},
 		{"thread", thread},   {"exit", teardown},   {"fork", forked},
 		{"threads", threads}, {"limit_info", limit_info}, {"churn", churn},
-		{"oom_flood", oom_flood},
+		{"oom_flood", oom_flood}, {"stream_per_request", stream_per_request},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

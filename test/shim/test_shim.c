@@ -139,6 +139,8 @@ Test(shim_rt, capture_without_shim, .timeout = 30)
 RT_SCENARIO(thread)
 RT_SCENARIO(fork)
 RT_SCENARIO(threads)
+/* A stream per request, 20 000 of them: flat in time and memory. */
+RT_SCENARIO(stream_per_request)
 
 Test(shim_rt, devices_pool, .timeout = 30)
 {
