@@ -2,7 +2,9 @@
  * forked workers cannot start under ThreadSanitizer): four threads allocate,
  * write, verify and free on their own streams and on a shared one, a fifth
  * repeats one training-like step on its own stream (so that loops are seen
- * and mallocs placed where they went a step before), a "GPU" thread
+ * and mallocs placed where they went a step before), a sixth makes a stream
+ * per request and destroys it (the records of destroyed streams are freed
+ * while the others run), a "GPU" thread
  * completes streams, a checker thread runs vpmm_pool_check() without
  * pause, and the background reclaimer and the per-stream caches are on.
  * Exit 0 when no pattern was lost, no check failed and nothing leaked.
@@ -132,6 +134,41 @@ static void *looper(void *arg)
 	return NULL;
 }
 
+/* A stream per request: each allocates a few pages and a block on a new
+ * stream, frees the pages there or on the shared stream, and is destroyed;
+ * its block outlives it and is freed on the next stream, the block's slab
+ * still owned by the destroyed one. */
+static void *churner(void *arg)
+{
+	(void)arg;
+	struct alloc kept = {0};
+	for (long it = 0; it < ops / 20 && !atomic_load(&failed); it++) {
+		CUstream s = vpmm_host_stream_create(drv);
+		struct alloc a = {0, (size_t)(1 + it % 3) * PAGE, (8ull << 40) | (uint64_t)it};
+		struct alloc b = {0, 1000, (9ull << 40) | (uint64_t)it};
+		if (!s || vpmm_pool_malloc(pool, a.n, s, &a.p))
+			a.p = 0;
+		if (!s || vpmm_pool_malloc(pool, b.n, s, &b.p))
+			b.p = 0;
+		if (a.p)
+			stamp(&a);
+		if (b.p)
+			stamp(&b);
+		if (kept.p && (!intact(&kept) || vpmm_pool_free(pool, kept.p, s ? s : VPMM_NO_STREAM)))
+			fail("churner: a destroyed stream's block", THREADS + 1, it);
+		if (a.p && (!intact(&a) || vpmm_pool_free(pool, a.p, it % 4 ? s : streams[THREADS])))
+			fail("churner: pages", THREADS + 1, it);
+		kept = b;
+		if (s) {
+			vpmm_pool_stream_gone(pool, s);
+			vpmm_host_stream_destroy(drv, s);
+		}
+	}
+	if (kept.p && (!intact(&kept) || vpmm_pool_free(pool, kept.p, VPMM_NO_STREAM)))
+		fail("churner: the last block", THREADS + 1, -1);
+	return NULL;
+}
+
 static void *gpu(void *arg)
 {
 	(void)arg;
@@ -174,15 +211,17 @@ int main(int argc, char **argv)
 	for (int i = 0; i <= THREADS + 1; i++)
 		streams[i] = vpmm_host_stream_create(drv);
 
-	pthread_t w[THREADS], g, ch, lo;
+	pthread_t w[THREADS], g, ch, lo, cn;
 	pthread_create(&g, NULL, gpu, NULL);
 	pthread_create(&ch, NULL, checker, NULL);
 	for (long i = 0; i < THREADS; i++)
 		pthread_create(&w[i], NULL, worker, (void *)i);
 	pthread_create(&lo, NULL, looper, NULL);
+	pthread_create(&cn, NULL, churner, NULL);
 	for (int i = 0; i < THREADS; i++)
 		pthread_join(w[i], NULL);
 	pthread_join(lo, NULL);
+	pthread_join(cn, NULL);
 	atomic_store(&stop, 1);
 	pthread_join(g, NULL);
 	pthread_join(ch, NULL);
@@ -192,6 +231,8 @@ int main(int argc, char **argv)
 		fail("final check", -1, -1);
 	struct vpmm_stats st;
 	vpmm_pool_stats(pool, &st);
+	if (st.streams > THREADS + 2)
+		fail("records of destroyed streams left after their work completed", -1, -1);
 	printf("race: %ld ops x %d threads: %" PRIu64 " mallocs, %" PRIu64 " defrags, %" PRIu64
 	       " pages remapped, %" PRIu64 " front hits, %" PRIu64 " placed where they went a step before\n",
 	       ops, THREADS, st.mallocs, st.defrags, st.pages_remapped, st.front_hits, st.loop_hints);
