@@ -310,7 +310,9 @@ void vpi_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 			      uint64_t *hits, uint64_t *parks)
 {
 	struct stream *s;
-	*parked_bytes = *hits = *parks = 0;
+	*parked_bytes = 0;
+	*hits = p->gone_hits; /* what freed streams' caches served */
+	*parks = p->gone_parks;
 	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
 		pthread_mutex_lock(&f->lock);
 		*parked_bytes += f->bytes;

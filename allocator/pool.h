@@ -50,6 +50,9 @@ struct vpmm_pool {
 	 * The hash holds the first kind by handle; `dead` the second. */
 	struct stream *streams, *streams_tail;
 	size_t nrecords;
+	/* The cache counts of stream records freed (stream.c), so that the
+	 * mallocs and frees they served stay in the stats. */
+	uint64_t gone_hits, gone_parks;
 	struct stream **stream_hash;
 	unsigned stream_hash_size;
 	size_t nhashed;

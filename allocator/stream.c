@@ -351,6 +351,8 @@ static void stream_free(vpmm_pool *p, struct stream *s)
 	else
 		p->streams_tail = s->prev;
 	p->nrecords--;
+	p->gone_hits += s->front.hits;
+	p->gone_parks += s->front.parks;
 	free(s->small_partial);
 	vpi_loop_fini(&s->front.loop);
 	pthread_mutex_destroy(&s->front.lock);

@@ -370,3 +370,31 @@ Test(gone, a_stream_costs_the_same_however_many_came_before)
 		     " ns a stream", per, c.made, c.ns, c.ns / c.made);
 	cr_expect_leq(c.records, 40, "%" PRIu64 " stream records held", c.records);
 }
+
+/* The mallocs and frees a destroyed stream's cache served stay counted
+ * once its record is freed: the stats count the program's calls. */
+Test(gone, a_freed_record_keeps_its_calls_counted)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .front_entries = 16};
+	pt_open(&t, &su);
+	uint64_t calls = 0;
+	for (int round = 0; round < 20; round++) {
+		CUstream s = vpmm_host_stream_create(t.drv);
+		for (int i = 0; i < 10; i++) { /* after the first, cache hits */
+			CUdeviceptr a = PT_MALLOC(&t, 1, s);
+			PT_FREE(&t, a, s);
+			calls++;
+		}
+		cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
+		vpmm_host_stream_destroy(t.drv, s);
+		pt_settle(&t);
+	}
+	struct vpmm_stats st = pt_stats(&t);
+	cr_expect_lt(st.streams, 20, "no destroyed stream's record was freed (%" PRIu64 ")",
+		     st.streams);
+	cr_expect_gt(st.front_hits, 0);
+	cr_expect_eq(st.mallocs, calls, "mallocs %" PRIu64 ", calls %" PRIu64, st.mallocs, calls);
+	cr_expect_eq(st.frees, calls, "frees %" PRIu64 ", calls %" PRIu64, st.frees, calls);
+	pt_close(&t);
+}
