@@ -302,6 +302,18 @@ bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
+/* Puts the dead stream s at the end of the records waiting to be freed. */
+static void dead_append(vpmm_pool *p, struct stream *s)
+{
+	s->dead_next = NULL;
+	if (p->dead_tail)
+		p->dead_tail->dead_next = s;
+	else
+		p->dead = s;
+	p->dead_tail = s;
+	p->ndead++;
+}
+
 /* The stream `s`, at *link in its hash chain, is gone: no malloc will name
  * it again, and a new stream may come with its handle. Its record waits on
  * p->dead until nothing refers to it. */
@@ -319,13 +331,7 @@ void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **li
 	/* Thread-local lookups (front.c) that name s miss from now on, so
 	 * none can reach the record once it is freed. */
 	__atomic_fetch_add(&p->stream_gen, 1, __ATOMIC_RELEASE);
-	s->dead_next = NULL;
-	if (p->dead_tail)
-		p->dead_tail->dead_next = s;
-	else
-		p->dead = s;
-	p->dead_tail = s;
-	p->ndead++;
+	dead_append(p, s);
 }
 
 bool vpi_stream_covered(const struct stream *s)
@@ -373,12 +379,6 @@ void vpi_stream_reap_locked(vpmm_pool *p, size_t max)
 			stream_free(p, s);
 			continue;
 		}
-		s->dead_next = NULL;
-		if (p->dead_tail)
-			p->dead_tail->dead_next = s;
-		else
-			p->dead = s;
-		p->dead_tail = s;
-		p->ndead++;
+		dead_append(p, s);
 	}
 }
