@@ -389,6 +389,22 @@ def vpmm_sets(text):
     return out
 
 
+def finish(args, doc, start, body, table):
+    """Runs body under the holder, records in doc how it ended, saves doc
+    and prints table(doc) where no output file was named; the exit status."""
+    try:
+        run_with_holder(args, body)
+    except (Interrupted, HolderError) as e:
+        doc["stopped"] = str(e)
+        print("stopped: %s" % e, flush=True)
+    doc["elapsed_s"] = round(time.time() - start, 1)
+    doc["holder_restarts"] = getattr(args, "holder_restarts", [])
+    save(args.out, doc)
+    if not args.dry_run and not args.out:
+        print(table(doc))
+    return 0 if "stopped" not in doc else 1
+
+
 def run_with_holder(args, body):
     """Starts the holder, runs body(holder, runner), gives the holder back
     however body ends (a signal included); returns body's value."""
@@ -486,17 +502,7 @@ def cmd_pressure(args):
         holder.leave(NOTHING)
         return doc
 
-    try:
-        run_with_holder(args, body)
-    except (Interrupted, HolderError) as e:
-        doc["stopped"] = str(e)
-        print("stopped: %s" % e, flush=True)
-    doc["elapsed_s"] = round(time.time() - start, 1)
-    doc["holder_restarts"] = getattr(args, "holder_restarts", [])
-    save(args.out, doc)
-    if not args.dry_run and not args.out:
-        print(pressure_table(doc))
-    return 0 if "stopped" not in doc else 1
+    return finish(args, doc, start, body, pressure_table)
 
 
 def setup_of(alone, runs, alloc, args):
@@ -592,17 +598,7 @@ def cmd_soak(args):
         holder.leave(NOTHING)
         return doc
 
-    try:
-        run_with_holder(args, body)
-    except (Interrupted, HolderError) as e:
-        doc["stopped"] = str(e)
-        print("stopped: %s" % e, flush=True)
-    doc["elapsed_s"] = round(time.time() - start, 1)
-    doc["holder_restarts"] = getattr(args, "holder_restarts", [])
-    save(args.out, doc)
-    if not args.dry_run and not args.out:
-        print(soak_table(doc))
-    return 0 if "stopped" not in doc else 1
+    return finish(args, doc, start, body, soak_table)
 
 
 def crash_text(rec, args):
