@@ -20,11 +20,12 @@
 # soak.md when those parts ran.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|python|hotpath|share|reliab|costs|step|bench|pressure|soak; "all" for
-# every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
+# shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak;
+# "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
 # (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (the defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh),
-# DEADLINE (bench, 170 s); pressure and soak read gpu-pressure.sh's own
+# DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
+# process leaves free, 12G; bench/capacity.py); pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
@@ -133,6 +134,23 @@ if part step; then
 		bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
 	note "PyTorch step, native and pluggable alternated: exit $? ($((SECONDS - t0)) s)"
 	grep -E '^(round|median)|per step' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+fi
+
+if part capacity; then
+	# The largest Llama-shaped training step each allocator completes while
+	# a second process holds the device to CAPACITY_BUDGET (bench/capacity.py).
+	t0=$SECONDS
+	# shellcheck source=scripts/gpu-build.sh
+	. "$ROOT/scripts/gpu-build.sh"
+	if vpmm_build_lib "$W/libvpmm-cap.so" >"$W/logs/capacity-build.txt" 2>&1 &&
+		nvcc -O2 -o "$W/hold" "$ROOT/test/gpu/hold.cu" >>"$W/logs/capacity-build.txt" 2>&1; then
+		python3 "$ROOT/bench/capacity.py" --hold "$W/hold" --lib "$W/libvpmm-cap.so" \
+			--budget "${CAPACITY_BUDGET:-12G}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
+		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
+		sed -n '/^capacity /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+	else
+		note "capacity: build failed (logs/capacity-build.txt)"
+	fi
 fi
 
 if part bench; then

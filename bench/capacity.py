@@ -1,0 +1,293 @@
+"""capacity.py -- the figure users care about: how large a training step fits
+on a device that another process holds to a fixed budget, for each allocator.
+
+A second process (test/gpu/hold.cu, driven through bench/pressure.py's
+Holder) holds all of the device but BUDGET bytes. Under it a Llama-shaped
+model from transformers (built from a config, random weights, bf16, AdamW)
+trains STEPS steps with a new sequence length every step (drawn from a fixed
+seed in [SEQ/2, SEQ]) at batch B. For each allocator the largest B that
+completes is searched (doubling, then bisection to 2 %), each try a fresh
+CUDA process; then every allocator runs once more at the largest B that
+all of them completed, for the median step there.
+
+Allocators (--modes):
+  native      PyTorch's caching allocator
+  expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  pluggable   CUDAPluggableAllocator over libvpmm.so (--lib)
+  preload     LD_PRELOAD=libvpmm.so with PYTORCH_NO_CUDA_MEMORY_CACHING=1
+
+Each allocator has a worker process of its own, started with that
+allocator's environment, which imports torch and transformers once and forks
+a child per try before CUDA starts (a try then costs the CUDA start-up, not
+the imports). A child exits 0 with a JSON line, 3 on out of memory, anything
+else is an error and ends that allocator's search.
+
+Usage: capacity.py --hold PATH --lib PATH [--budget 12G] [--modes ...]
+                   [--steps 20] [--seq 256] [--start 16] [--out FILE.json]
+Prints one line a try and a table last. Needs a GPU, torch, transformers.
+Owns nothing else; the model, the search and the table are all here.
+"""
+import argparse
+import json
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+MODES = ("native", "expandable", "pluggable", "preload")
+
+
+def parse_size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    s = s.strip().upper()
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+# ---- the worker: one allocator, one child a try --------------------------------------
+
+
+def train(batch, steps, seq, lib, mode):
+    """One try, in a fresh child: returns the result dict (raises on OOM)."""
+    import torch
+    if mode == "pluggable":
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "vpmm_torch_malloc",
+                                                         "vpmm_torch_free")
+        torch.cuda.memory.change_current_allocator(alloc)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                      max_position_embeddings=4 * seq)
+    model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+    lens = torch.randint(seq // 2, seq + 1, (steps,), generator=gen).tolist()
+    times = []
+    for n in lens:
+        ids = torch.randint(0, cfg.vocab_size, (batch, n), generator=gen).cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if not torch.isfinite(loss).item():
+            raise RuntimeError("loss is not finite")
+    free, total = torch.cuda.mem_get_info()
+    # the first steps load kernels and fill caches: the median of the rest
+    return {"batch": batch, "step_ms": 1000 * statistics.median(times[2:] or times),
+            "tokens_max": batch * max(lens), "free_after": free}
+
+
+def is_oom(e):
+    text = str(e).lower()
+    return "out of memory" in text or type(e).__name__ == "OutOfMemoryError"
+
+
+def worker(args):
+    """Reads `try B` lines, answers one JSON line each."""
+    import torch  # noqa: F401  (imported once, before any fork)
+    import transformers  # noqa: F401
+    print("ready", flush=True)
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts or parts[0] != "try":
+            continue
+        batch = int(parts[1])
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.dup2(2, 1)  # the child's own prints must not reach the answers
+            code = 0
+            try:
+                res = train(batch, args.steps, args.seq, args.lib, args.mode)
+            except BaseException as e:  # noqa: B902 -- every failure is reported
+                code = 3 if is_oom(e) else 4
+                res = {"batch": batch, "error": "%s: %s" % (type(e).__name__, str(e)[:300])}
+            os.write(w, (json.dumps(res) + "\n").encode())
+            os._exit(code)
+        os.close(w)
+        data = b""
+        while True:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        try:
+            res = json.loads(data.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            res = {"batch": batch}
+        if os.WIFSIGNALED(status):
+            res.update(outcome="crash", error="signal %d" % os.WTERMSIG(status))
+        else:
+            res["outcome"] = {0: "ok", 3: "oom"}.get(os.WEXITSTATUS(status), "error")
+        print(json.dumps(res), flush=True)
+
+
+# ---- the orchestrator ---------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, mode, args):
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        if mode == "expandable":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if mode == "preload":
+            env["LD_PRELOAD"] = args.lib
+            env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        env.setdefault("VPMM_SOCKET", "off")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--lib", args.lib,
+               "--steps", str(args.steps), "--seq", str(args.seq)]
+        self.mode = mode
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                  universal_newlines=True, bufsize=1)
+        if self.p.stdout.readline().strip() != "ready":
+            raise SystemExit("%s: the worker did not start" % mode)
+
+    def attempt(self, batch, timeout):
+        self.p.stdin.write("try %d\n" % batch)
+        self.p.stdin.flush()
+        r, _, _ = select.select([self.p.stdout], [], [], timeout)
+        if not r:
+            self.p.kill()
+            raise SystemExit("%s: a try of batch %d ran over %d s" % (self.mode, batch, timeout))
+        return json.loads(self.p.stdout.readline())
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def search(w, holder, budget, start, tries, log):
+    """The largest batch that completes: doubling (or halving) from start,
+    then bisection until the gap is 2 % of the batch or one."""
+    ok, bad = {}, {}
+
+    def attempt(b):
+        holder.leave(budget)
+        res = w.attempt(b, 600)
+        log.append(dict(res, mode=w.mode))
+        print("%-10s batch %4d: %s%s" % (w.mode, b, res["outcome"],
+              " %.1f ms a step" % res["step_ms"] if res["outcome"] == "ok"
+              else " (%s)" % res.get("error", "")[:160]), flush=True)
+        (ok if res["outcome"] == "ok" else bad)[b] = res
+        return res["outcome"]
+
+    b = start
+    out = attempt(b)
+    while out == "ok" and len(ok) + len(bad) < tries:
+        b *= 2
+        out = attempt(b)
+    while out == "oom" and b > 1 and not ok and len(ok) + len(bad) < tries:
+        b //= 2
+        out = attempt(b)
+    if out not in ("ok", "oom"):
+        return None, ok, bad
+    while ok and bad and len(ok) + len(bad) < tries:
+        lo, hi = max(ok), min(bad)
+        if hi - lo <= max(1, int(0.02 * lo)):
+            break
+        if attempt((lo + hi) // 2) not in ("ok", "oom"):
+            break
+    return (max(ok) if ok else 0), ok, bad
+
+
+def orchestrate(args):
+    from pressure import Holder
+    budget = parse_size(args.budget)
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit("unknown mode %r (modes: %s)" % (m, ", ".join(MODES)))
+    import subprocess as sp
+    card = sp.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                  stdout=sp.PIPE, universal_newlines=True).stdout.strip().splitlines()[:1]
+    print("capacity %s on %s: budget %.1f GiB, %d steps, seq %d/2..%d" % (
+        time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), card[0] if card else "?",
+        budget / 2**30, args.steps, args.seq, args.seq), flush=True)
+    holder = Holder([args.hold], open(os.devnull, "wb"))
+    workers = {m: Worker(m, args) for m in modes}
+    log, largest = [], {}
+    try:
+        start = args.start
+        for m in modes:
+            largest[m], ok, bad = search(workers[m], holder, budget, start, args.tries, log)
+            if m == "native" and largest[m]:
+                start = largest[m]  # the others start where native stopped
+        common = min((v for v in largest.values() if v), default=0)
+        at_common = {}
+        if common:
+            for m in modes:
+                holder.leave(budget)
+                res = workers[m].attempt(common, 600)
+                log.append(dict(res, mode=m, at_common=True))
+                at_common[m] = res
+    finally:
+        for w in workers.values():
+            w.close()
+        holder.close()
+    nat = largest.get("native") or 0
+    rows = []
+    print("\n| allocator | largest batch | vs native | median step there | step at batch %d | vs native |"
+          % common)
+    print("| --- | --- | --- | --- | --- | --- |")
+    for m in modes:
+        own = [x for x in log if x["mode"] == m and x.get("batch") == largest[m]
+               and x["outcome"] == "ok"]
+        c = at_common.get(m, {})
+        nc = at_common.get("native", {})
+        row = {"mode": m, "largest": largest[m],
+               "step_ms": own[-1]["step_ms"] if own else None,
+               "common_step_ms": c.get("step_ms")}
+        rows.append(row)
+        print("| %s | %s | %s | %s | %s | %s |" % (
+            m, largest[m] if largest[m] is not None else "error",
+            "%.3f" % (largest[m] / nat) if nat and largest[m] else "-",
+            "%.1f ms" % row["step_ms"] if row["step_ms"] else "-",
+            "%.1f ms" % c["step_ms"] if c.get("outcome") == "ok" else c.get("outcome", "-"),
+            "%.3f" % (c["step_ms"] / nc["step_ms"])
+            if c.get("outcome") == "ok" and nc.get("outcome") == "ok" else "-"))
+    print("targets: libvpmm's largest >= 1.15 x native's and >= 1.05 x expandable's, "
+          "step within 5 % of native's")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"budget": budget, "steps": args.steps, "seq": args.seq,
+                       "card": card[0] if card else None, "rows": rows, "log": log}, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--hold", help="the holder program (test/gpu/hold.cu, built)")
+    ap.add_argument("--lib", required=True, help="libvpmm.so")
+    ap.add_argument("--budget", default="12G", help="what the holder leaves free (12G)")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--start", type=int, default=16, help="native's first batch")
+    ap.add_argument("--tries", type=int, default=10, help="tries per allocator at most")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.worker:
+        args.mode = args.worker
+        worker(args)
+    else:
+        if not args.hold:
+            ap.error("--hold is required")
+        orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()
