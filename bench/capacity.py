@@ -89,7 +89,9 @@ def train(batch, steps, seq, lib, mode):
 
 def is_oom(e):
     text = str(e).lower()
-    return "out of memory" in text or type(e).__name__ == "OutOfMemoryError"
+    # cuBLAS reports a failed workspace allocation as ALLOC_FAILED
+    return ("out of memory" in text or "alloc_failed" in text
+            or type(e).__name__ == "OutOfMemoryError")
 
 
 def worker(args):

@@ -85,7 +85,8 @@ vpmm_build_lib() {
 	local out=$1 tree=${2:-$VPMM_BUILD_TREE}
 	mkdir -p "$(dirname "$out")"
 	# shellcheck disable=SC2046
-	gcc $(vpmm_build_cflags "$tree") -fPIC -shared \
+	# -fexceptions as shim/meson.build: vpmm_torch_malloc throws through it
+	gcc $(vpmm_build_cflags "$tree") -fPIC -shared -fexceptions \
 		$(vpmm_sources "$tree" allocator) $(vpmm_sources "$tree" shim) \
 		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic \
 		-Wl,-z,defs -Wl,-z,nodelete -lpthread -ldl -o "$out"

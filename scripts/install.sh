@@ -37,12 +37,13 @@ CUDA_INCLUDE_DEFAULT=/usr/local/cuda/include
 CUDA_INCLUDE=${CUDA_INCLUDE:-}
 BUILD_DIR=${BUILD_DIR:-build}
 # gcc + libc6-dev: the compiler and C headers (apt would skip libc6-dev as a
-# mere recommendation). python3: the replay tests parse JSON with it, and
-# man/md2man.py makes the man pages. valgrind: the `meson test --setup
+# mere recommendation); g++: the C++ test program of the PyTorch entry
+# point's exceptions (test/shim/torch_oom_prog.cpp). python3: the replay
+# tests parse JSON with it, and man/md2man.py makes the man pages. valgrind: the `meson test --setup
 # valgrind` setup. groff-base + man-db: the install suite renders the man
 # pages (groff, tbl, man -l). python3-venv: the python suite's virtual
 # environment (ensurepip).
-PACKAGES=(ninja-build pkg-config gcc libc6-dev libcriterion-dev python3 valgrind
+PACKAGES=(ninja-build pkg-config gcc g++ libc6-dev libcriterion-dev python3 valgrind
 	groff-base man-db python3-venv)
 # Where the distribution has them (not Ubuntu 22.04: see above).
 MESON_PACKAGES=(meson python3-mesonpy)

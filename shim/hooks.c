@@ -243,7 +243,7 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 
 void *vpmm_torch_malloc(ssize_t size, int device, cudaStream_t stream)
 {
-	return vpmm_pluggable_malloc(size, device, stream);
+	return vpmm_pluggable_malloc(size, device, stream, __builtin_return_address(0));
 }
 
 void vpmm_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream)

@@ -8,7 +8,9 @@
 
 #include "shim.h"
 
-void *vpmm_pluggable_malloc(ssize_t size, int device, cudaStream_t stream);
+/* caller: the return address of the exported entry point (torch.c: who
+ * gets a C++ exception on failure). */
+void *vpmm_pluggable_malloc(ssize_t size, int device, cudaStream_t stream, void *caller);
 void vpmm_pluggable_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
 
 #endif

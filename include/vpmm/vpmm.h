@@ -106,8 +106,11 @@ VPMM_API unsigned long long vpmm_shim_hook_calls(const char *name);
  *                                            "vpmm_torch_free")
  * Stream-ordered on `stream` (a cudaStream_t), in `device`'s primary
  * context when the calling thread has none; no device synchronisation on
- * free. NULL when the memory cannot be had (a line on stderr says why,
- * unless it is out of memory, which PyTorch reports itself). */
+ * free. When the memory cannot be had, the call throws a C++
+ * std::runtime_error whose message says out of memory (or the driver's
+ * error), since PyTorch would take NULL as a tensor at address 0; PyTorch
+ * raises it in Python as a RuntimeError. It throws only where the process
+ * has the C++ runtime; a C program without it gets NULL. */
 VPMM_API void *vpmm_torch_malloc(ssize_t size, int device, struct CUstream_st *stream);
 VPMM_API void vpmm_torch_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream);
 

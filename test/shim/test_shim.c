@@ -362,6 +362,16 @@ Test(shim_torch, pluggable_disabled, .timeout = 30)
 	EXPECT_BAD_DEVICES_ONLY();
 }
 
+/* A failed vpmm_torch_malloc reaches PyTorch's C++ as an exception that
+ * names out of memory, never as NULL (a tensor at address 0). */
+Test(shim_torch, failure_is_thrown, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_LIMIT=8M", NULL};
+	run(TORCH_OOM_PROG, NULL, false, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("ok", NULL), 1, "%s", R.out);
+}
+
 /* ---- options ---------------------------------------------------------------------------------- */
 
 /* VPMM_DISABLE=1: everything passes through, on both paths. */
