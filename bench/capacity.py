@@ -84,7 +84,27 @@ def train(batch, steps, seq, lib, mode):
     free, total = torch.cuda.mem_get_info()
     # the first steps load kernels and fill caches: the median of the rest
     return {"batch": batch, "step_ms": 1000 * statistics.median(times[2:] or times),
-            "tokens_max": batch * max(lens), "free_after": free}
+            "tokens_max": batch * max(lens), "free_after": free,
+            "pool": pool_stats(lib if mode == "pluggable" else None)}
+
+
+def pool_stats(lib):
+    """libvpmm's counters for device 0 (the preloaded library's, or the one
+    loaded by path), or None where it does not serve."""
+    import ctypes
+    try:
+        fn = ctypes.CDLL(lib).vpmm_shim_stats_json
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_long
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    buf = ctypes.create_string_buffer(8192)
+    if fn(0, buf, len(buf)) < 0:
+        return None
+    s = json.loads(buf.value.decode())
+    keep = ("mapped_peak", "live_peak", "mallocs", "defrags", "room_growths",
+            "growth_refusals", "handles_created", "handles_remapped", "failures")
+    return {k: s[k] for k in keep if k in s}
 
 
 def is_oom(e):
@@ -181,9 +201,10 @@ def search(w, holder, budget, start, tries, log):
         holder.leave(budget)
         res = w.attempt(b, 600)
         log.append(dict(res, mode=w.mode))
-        print("%-10s batch %4d: %s%s" % (w.mode, b, res["outcome"],
+        print("%-10s batch %4d: %s%s%s" % (w.mode, b, res["outcome"],
               " %.1f ms a step" % res["step_ms"] if res["outcome"] == "ok"
-              else " (%s)" % res.get("error", "")[:160]), flush=True)
+              else " (%s)" % res.get("error", "")[:160],
+              " pool %s" % json.dumps(res["pool"]) if res.get("pool") else ""), flush=True)
         (ok if res["outcome"] == "ok" else bad)[b] = res
         return res["outcome"]
 
