@@ -32,6 +32,8 @@ enum opt_group { G_POOL, G_PROCESS };
 static const char *const defrag_names[] = { "lacking", "all", NULL };
 static const char *const remap_names[] = { "pressure", "always", NULL };
 static const char *const log_names[] = { "error", "warn", "info", "debug", NULL };
+/* Indexed by enum vpmm_sync_free. */
+static const char *const sync_free_names[] = { "events", "device", NULL };
 
 /* THE table. X(id, name, group, type, choices, default text, description).
  * The default text must describe what vpmm_config_default() and
@@ -99,7 +101,14 @@ static const char *const log_names[] = { "error", "warn", "info", "debug", NULL 
 	X(RELEASE_THRESHOLD, "VPMM_RELEASE_THRESHOLD", G_PROCESS, T_SIZE,      \
 	  NULL, "(keep all)",                                                  \
 	  "free bytes kept mapped; free pages beyond it are released to the "  \
-	  "driver once their events completed")
+	  "driver once their events completed")                               \
+	X(SYNC_FREE, "VPMM_SYNC_FREE", G_PROCESS, T_ENUM, sync_free_names,     \
+	  "events",                                                            \
+	  "what cudaFree and cuMemFree wait for: events (on the device: the "  \
+	  "legacy default stream waits for every non-blocking stream, which "  \
+	  "wait for it before the memory is reused; the host goes on; as "     \
+	  "device where the shim may not know every stream) or device "        \
+	  "(synchronise the context, as the real calls)")
 
 enum opt_id {
 #define X(id, name, group, type, choices, def, desc) OPT_##id,
@@ -185,6 +194,7 @@ void vpmm_env_options_default(struct vpmm_env_options *o)
 	o->log_level = VPMM_LOG_WARN;
 	o->socket_off = false;
 	o->has_release_threshold = false;
+	o->sync_free = VPMM_SYNC_FREE_EVENTS;
 }
 
 const char *vpmm_log_level_name(enum vpmm_log_level level)
@@ -576,6 +586,8 @@ int vpmm_env_options_from_env(struct vpmm_env_options *o, vpmm_getenv_fn getenv_
 		o->has_release_threshold = true;
 		o->release_threshold = r.val[OPT_RELEASE_THRESHOLD].size;
 	}
+	if (r.set[OPT_SYNC_FREE])
+		o->sync_free = (enum vpmm_sync_free)r.val[OPT_SYNC_FREE].choice;
 	return 0;
 }
 

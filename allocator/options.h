@@ -26,6 +26,18 @@ enum vpmm_log_level {
 	VPMM_LOG_DEBUG,
 };
 
+/* What a synchronous free (cudaFree, cuMemFree) does before the memory
+ * is reused (VPMM_SYNC_FREE). */
+enum vpmm_sync_free {
+	/* Fences on the device (the legacy default stream waits for every
+	 * non-blocking stream; they wait for it before the memory is handed
+	 * out again): the host goes on. Where the shim cannot know every
+	 * stream that may touch the memory, as `device`. */
+	VPMM_SYNC_FREE_EVENTS,
+	/* Synchronise the pool's context, as the real call does. */
+	VPMM_SYNC_FREE_DEVICE,
+};
+
 /* sun_path of a Unix socket address holds 108 bytes with the final NUL. */
 #define VPMM_SOCKET_PATH_MAX 108
 #define VPMM_TRACE_PATH_MAX 4096
@@ -38,6 +50,7 @@ struct vpmm_env_options {
 	char trace[VPMM_TRACE_PATH_MAX];    /* VPMM_TRACE; "" = no trace */
 	bool has_release_threshold;         /* VPMM_RELEASE_THRESHOLD set */
 	size_t release_threshold;           /* bytes of free pages kept mapped */
+	enum vpmm_sync_free sync_free;      /* VPMM_SYNC_FREE */
 };
 
 typedef const char *(*vpmm_getenv_fn)(const char *name);

@@ -8,14 +8,21 @@
  *    set one up, by the real cudaFree(NULL) (the documented way to
  *    initialise it), then proceeds; a driver call with no context goes to
  *    the real function, which reports the error the program expects.
- *  - Synchronous frees (cudaFree, cuMemFree_v2) synchronise the pool's
- *    context, then free on VPMM_NO_STREAM (settled at once). This is what
- *    the real calls do, and what programs such as PyTorch without caching
- *    rely on: no kernel issued before the free may still touch the memory
- *    when it is handed out again, on any stream. A cheaper scheme (an event
- *    on the legacy default stream, which orders after every blocking stream)
- *    does not cover streams created non-blocking, which PyTorch uses for its
- *    side streams, so it was rejected.
+ *  - Synchronous frees (cudaFree, cuMemFree_v2) keep the real calls'
+ *    promise, which programs such as PyTorch without caching rely on: no
+ *    kernel issued before the free may still touch the memory when it is
+ *    handed out again, on any stream. By default (VPMM_SYNC_FREE=events)
+ *    without stopping the host: the free is a free on the legacy default
+ *    stream after that stream waited for every non-blocking stream of the
+ *    context, and a synchronous malloc is a malloc on the legacy stream
+ *    after which every non-blocking stream waits for it (live_streams.c
+ *    says why that covers every stream). Where the shim cannot know every
+ *    stream that may touch the memory (streams made behind its back,
+ *    another context or a peer on the device, a capture, more than
+ *    VPMM_FENCE_STREAMS_MAX non-blocking streams, another thread's context
+ *    current), and with VPMM_SYNC_FREE=device: the free synchronises the
+ *    pool's context, then frees on VPMM_NO_STREAM (settled at once), and
+ *    the malloc takes settled memory only.
  *  - Per-thread default streams: CU_STREAM_PER_THREAD is one handle for as
  *    many streams as threads, and the pool orders work by handle (it may
  *    record an event on another stream's handle from any thread). So work on
@@ -30,7 +37,7 @@
  *    pool's context is gone (nothing of it can still run), frees of pool
  *    memory succeed quietly.
  * May call: streams.h (the call's context and stream), devices.h (the
- * pools), process.h, ipc.h (frees of shared memory), runtime.h
+ * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared memory), runtime.h
  * (vpmm_runtime_init), trace.h, resolve.h, the log.
  */
 #include <errno.h>
@@ -41,6 +48,7 @@
 #include "alloc.h"
 #include "devices.h"
 #include "ipc.h"
+#include "live_streams.h"
 #include "process.h"
 #include "resolve.h"
 #include "runtime.h"
@@ -67,6 +75,16 @@ static CUresult pool_result(vpmm_pool *p, int e)
 }
 
 /* ---- the operations ------------------------------------------------------------ */
+
+static CUresult sync_context(int dev);
+
+/* Whether a synchronous call on device `dev`, in context `ctx` (current),
+ * may use the legacy stream and the fences instead of a synchronisation. */
+static bool fences_stand(int dev, CUcontext ctx)
+{
+	return !vpmm_process_sync_device() && ctx && ctx == vpmm_device_ctx(dev) &&
+	       vpmm_device_alone(dev) && vpmm_fence_possible(ctx, dev);
+}
 
 /* The one line an out-of-memory failure gets: what was asked, what the pool
  * holds, what the device has left (the pool already tried everything it
@@ -149,7 +167,26 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		ps = VPMM_NO_STREAM;
 		vpmm_push_pool_ctx(dev, &pool_pushed);
 	}
+	/* A synchronous malloc in the pool's own context takes memory on the
+	 * legacy stream (pending there or not), then fences the non-blocking
+	 * streams, unless the fences cannot stand for a synchronisation. */
+	CUcontext fence_ctx = NULL;
+	if (ps == VPMM_NO_STREAM && !pool_pushed && fences_stand(dev, sc.stream_ctx)) {
+		fence_ctx = sc.stream_ctx;
+		ps = NULL;
+	}
 	e = vpmm_pool_malloc(pool, size, ps, out);
+	if (!e && fence_ctx) {
+		vpmm_count(VPMM_HOOK_fence_malloc);
+		r = vpmm_fence_malloc(fence_ctx);
+		/* A fence left half made: the synchronisation it stood for. */
+		if (r != CUDA_SUCCESS && (r = sync_context(dev)) != CUDA_SUCCESS) {
+			vpmm_pool_free(pool, *out, ps);
+			vpmm_leave(&sc);
+			*res = r;
+			return true;
+		}
+	}
 	vpmm_pop_ctx(pool_pushed);
 	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
 			 size, ps == VPMM_NO_STREAM ? NULL : ps);
@@ -198,9 +235,30 @@ static CUresult sync_context(int dev)
 	return r;
 }
 
+/* A synchronous free by fences: the pool's context made current (*pushed
+ * says whether it was pushed; pop it after the pool's free), the legacy
+ * stream made to wait for every non-blocking stream. False: nothing to
+ * undo, the caller synchronises instead. */
+static bool fence_free(int owner, bool *pushed)
+{
+	CUcontext ctx = vpmm_device_ctx(owner);
+	*pushed = false;
+	if (vpmm_process_sync_device() || !ctx || !vpmm_device_alone(owner) ||
+	    vpmm_push_pool_ctx(owner, pushed) != CUDA_SUCCESS)
+		return false;
+	if (vpmm_fence_possible(ctx, owner) && vpmm_fence_free(ctx) == CUDA_SUCCESS) {
+		vpmm_count(VPMM_HOOK_fence_free);
+		return true;
+	}
+	vpmm_pop_ctx(*pushed);
+	*pushed = false;
+	return false;
+}
+
 bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		  CUresult *res)
 {
+	bool fence_pushed = false;
 	struct vpmm_ctx_scope sc = {false};
 	vpmm_pool *pool;
 	CUstream ps;
@@ -217,7 +275,14 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		goto quiet;
 
 	ps = vpmm_pool_stream(stream, via);
-	if (ps == VPMM_NO_STREAM) {
+	if (ps == VPMM_NO_STREAM && fence_free(owner, &fence_pushed)) {
+		/* Freed on the legacy stream, which waits for every stream's
+		 * work issued so far: reusable at once there (and by the
+		 * synchronous mallocs, which fence), by others once it
+		 * completed. */
+		ps = NULL;
+		r = CUDA_SUCCESS;
+	} else if (ps == VPMM_NO_STREAM) {
 		/* The synchronisation completes every stream's work: frees made
 		 * on streams settle with it, if events say so (one per stream
 		 * with frees in its open epoch), instead of staying out of
@@ -271,16 +336,19 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 	}
 	switch (vpmm_ipc_defer_free(owner, ptr, ps)) {
 	case 1:
+		vpmm_pop_ctx(fence_pushed);
 		vpmm_leave(&sc);
 		vpmm_count(VPMM_HOOK_pool_free);
 		*res = CUDA_SUCCESS;
 		return true;
 	case -1:
+		vpmm_pop_ctx(fence_pushed);
 		vpmm_leave(&sc);
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}
 	e = vpmm_pool_free(pool, ptr, ps);
+	vpmm_pop_ctx(fence_pushed);
 	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)
 		poll_pool(owner, false);
 	vpmm_leave(&sc);

@@ -68,6 +68,20 @@ int vpmm_device_count(void)
 	return atomic_load_explicit(&st.ndev, memory_order_acquire);
 }
 
+bool vpmm_device_alone(int dev)
+{
+	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);
+	bool alone = true;
+	for (int i = 0; alone && i < n; i++)
+		alone = i == dev || !existing_pool(i);
+	if (alone) {
+		pthread_mutex_lock(&st.lock);
+		alone = st.peers[dev] == 0;
+		pthread_mutex_unlock(&st.lock);
+	}
+	return alone;
+}
+
 static int owner_of(CUdeviceptr ptr)
 {
 	int n = atomic_load_explicit(&st.ndev, memory_order_acquire);

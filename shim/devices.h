@@ -23,6 +23,12 @@ int vpmm_device_count(void);
 /* The device whose pool owns ptr; -1: none. */
 int vpmm_owner_device(CUdeviceptr ptr);
 
+/* Whether only `dev`'s own contexts can reach its pool memory, as far as
+ * the shim knows: no peer was let access it and no other device has a
+ * pool (whose memory a copy on another device's stream could exchange
+ * with it). */
+bool vpmm_device_alone(int dev);
+
 /* The primary context of `dev`, retained once for the process. */
 CUcontext vpmm_primary_of(int dev);
 /* The pool of `dev` lost its context: it lives on in `c` (NULL: the current

@@ -7,12 +7,15 @@
  * Owns: what each driver call means for pool memory, and the pass-through
  * (REAL) of everything else to the real entry point. Policy lives in the
  * rooms it calls: alloc.h (malloc/free, queries), streams.h, devices.h,
- * ipc.h; resolve.h gives the real functions.
+ * ipc.h, live_streams.h (the streams made); resolve.h gives the real
+ * functions.
  */
 #include "alloc.h"
 #include "devices.h"
 #include "driver_calls.h"
 #include "ipc.h"
+#include "live_streams.h"
+#include "process.h"
 #include "resolve.h"
 #include "shim.h"
 #include "streams.h"
@@ -251,6 +254,7 @@ CUresult vpmm_cuCtxDestroy_v2(CUcontext ctx)
 {
 	vpmm_count(VPMM_HOOK_cuCtxDestroy_v2);
 	vpmm_context_ending(ctx, -1);
+	vpmm_live_streams_ctx_end(ctx);
 	REAL(ctx_destroy, ctx);
 }
 
@@ -258,5 +262,59 @@ CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
 	vpmm_count(VPMM_HOOK_cuDevicePrimaryCtxReset_v2);
 	vpmm_context_ending(NULL, (int)dev);
+	vpmm_live_streams_device_reset((int)dev);
 	REAL(primary_reset, dev);
+}
+
+/* Every stream the program makes is noted (live_streams.h): the fences of
+ * the synchronous frees must reach each non-blocking one, and a new one
+ * waits for what the legacy stream still has queued. */
+static void stream_made(CUstream s, unsigned flags)
+{
+	vpmm_live_stream_created(s, flags);
+	if ((flags & CU_STREAM_NON_BLOCKING) && !vpmm_tls_inside && vpmm_active() &&
+	    !vpmm_process_sync_device())
+		vpmm_fence_new_stream(s);
+}
+
+CUresult vpmm_cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuStreamCreate);
+	vpmm_resolve();
+	if (!vpmm_real.stream_create)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.stream_create(phStream, flags);
+	if (r == CUDA_SUCCESS)
+		stream_made(*phStream, flags);
+	return r;
+}
+
+CUresult vpmm_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuStreamCreateWithPriority);
+	vpmm_resolve();
+	if (!vpmm_real.stream_create_prio)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.stream_create_prio(phStream, flags, priority);
+	if (r == CUDA_SUCCESS)
+		stream_made(*phStream, flags);
+	return r;
+}
+
+/* A green context's stream runs beside the legacy stream of the context
+ * the pool lives in: no fence reaches it. */
+CUresult vpmm_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
+				     int priority)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuGreenCtxStreamCreate);
+	vpmm_resolve();
+	if (!vpmm_real.green_stream_create)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.green_stream_create(phStream, greenCtx, flags, priority);
+	if (r == CUDA_SUCCESS)
+		vpmm_live_streams_untrackable("a green context's stream");
+	return r;
 }

@@ -30,5 +30,9 @@ CUresult vpmm_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult vpmm_cuCtxDestroy_v2(CUcontext ctx);
 CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult vpmm_cuStreamCreate(CUstream *phStream, unsigned int flags);
+CUresult vpmm_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+CUresult vpmm_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
+				     int priority);
 
 #endif

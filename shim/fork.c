@@ -8,18 +8,21 @@
  * (server.c) and the IPC tables (ipc_export.c) forget theirs with handlers
  * of their own.
  *
- * Owns: the handler's registration. May call: devices.h, process.h.
+ * Owns: the handler's registration. May call: devices.h, live_streams.h,
+ * process.h.
  */
 #include <pthread.h>
 #include <stdbool.h>
 
 #include "devices.h"
 #include "fork.h"
+#include "live_streams.h"
 #include "process.h"
 
 static void forked_child(void)
 {
 	vpmm_devices_forget();
+	vpmm_live_streams_forget();
 	vpmm_process_forget();
 }
 

@@ -100,6 +100,11 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags) VPMM_EXPORT;
 CUresult cuCtxDestroy_v2(CUcontext ctx) VPMM_EXPORT;
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) VPMM_EXPORT;
+CUresult cuStreamCreate(CUstream *phStream, unsigned int flags) VPMM_EXPORT;
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
+				    int priority) VPMM_EXPORT;
+CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
+				int priority) VPMM_EXPORT;
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
@@ -201,6 +206,22 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	return vpmm_cuDevicePrimaryCtxReset_v2(dev);
 }
 
+CUresult cuStreamCreate(CUstream *phStream, unsigned int flags)
+{
+	return vpmm_cuStreamCreate(phStream, flags);
+}
+
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+	return vpmm_cuStreamCreateWithPriority(phStream, flags, priority);
+}
+
+CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
+				int priority)
+{
+	return vpmm_cuGreenCtxStreamCreate(phStream, greenCtx, flags, priority);
+}
+
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus)
@@ -237,6 +258,9 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_MEM_CREATE] = (vpmm_fnptr)cuMemCreate,
 	[VPMM_W_CTX_DESTROY] = (vpmm_fnptr)cuCtxDestroy_v2,
 	[VPMM_W_PRIMARY_RESET] = (vpmm_fnptr)cuDevicePrimaryCtxReset_v2,
+	[VPMM_W_STREAM_CREATE] = (vpmm_fnptr)cuStreamCreate,
+	[VPMM_W_STREAM_CREATE_PRIO] = (vpmm_fnptr)cuStreamCreateWithPriority,
+	[VPMM_W_GREEN_STREAM_CREATE] = (vpmm_fnptr)cuGreenCtxStreamCreate,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ------------------------------------------------- */

@@ -34,6 +34,7 @@ static struct {
 	bool active;
 	atomic_bool torn_down; /* the driver said DEINITIALIZED */
 	struct vpmm_config cfg;
+	bool sync_device;      /* VPMM_SYNC_FREE=device */
 	vpmm_driver *drv;
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -124,6 +125,7 @@ static void setup_locked(void)
 	st.cfg.background = true;
 	st.cfg.release = o.has_release_threshold;
 	st.cfg.release_threshold = o.release_threshold;
+	st.sync_device = o.sync_free == VPMM_SYNC_FREE_DEVICE;
 	vpmm_resolve();
 	if (!vpmm_real.libcuda)
 		return; /* resolve.c said why */
@@ -171,6 +173,11 @@ vpmm_driver *vpmm_shim_driver(void)
 const struct vpmm_config *vpmm_process_config(void)
 {
 	return &st.cfg;
+}
+
+bool vpmm_process_sync_device(void)
+{
+	return st.sync_device;
 }
 
 bool vpmm_torn_down(void)

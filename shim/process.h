@@ -18,6 +18,8 @@ vpmm_driver *vpmm_shim_driver(void);
 /* The pool options every device's pool is made with (VPMM_* variables);
  * valid once vpmm_active() said true. */
 const struct vpmm_config *vpmm_process_config(void);
+/* VPMM_SYNC_FREE=device: synchronous frees synchronise the context. */
+bool vpmm_process_sync_device(void);
 
 /* The driver said CUDA_ERROR_DEINITIALIZED (the process is ending): frees
  * of pool memory succeed quietly from then on. */

@@ -97,6 +97,11 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 	[VPMM_W_CTX_DESTROY] = {"cuCtxDestroy_v2", "cuCtxDestroy", 4000, 0},
 	[VPMM_W_PRIMARY_RESET] = {"cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset",
 				  11000, 0},
+	[VPMM_W_STREAM_CREATE] = {"cuStreamCreate", "cuStreamCreate", 2000, 0},
+	[VPMM_W_STREAM_CREATE_PRIO] = {"cuStreamCreateWithPriority", "cuStreamCreateWithPriority",
+				       5050, 0},
+	[VPMM_W_GREEN_STREAM_CREATE] = {"cuGreenCtxStreamCreate", "cuGreenCtxStreamCreate",
+					12050, 0},
 };
 
 #define KNOWN_MAX 4
@@ -200,6 +205,12 @@ static void find_cuda(void)
 		const struct wrapped_def *d = &wrapped_defs[w];
 		add_known(w, lib_sym(d->sym));
 		add_known(w, proc(d->base, d->version, d->flags));
+		/* The stream creators take no stream: a program asking with
+		 * the per-thread flag (a runtime built for it) may get another
+		 * pointer for the same function. */
+		if (w >= VPMM_W_STREAM_CREATE && w <= VPMM_W_GREEN_STREAM_CREATE)
+			add_known(w, proc(d->base, d->version,
+					  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM));
 	}
 	drop_ambiguous();
 
@@ -231,6 +242,9 @@ static void find_cuda(void)
 	TARGET(vpmm_real.mem_create, VPMM_W_MEM_CREATE);
 	TARGET(vpmm_real.ctx_destroy, VPMM_W_CTX_DESTROY);
 	TARGET(vpmm_real.primary_reset, VPMM_W_PRIMARY_RESET);
+	TARGET(vpmm_real.stream_create, VPMM_W_STREAM_CREATE);
+	TARGET(vpmm_real.stream_create_prio, VPMM_W_STREAM_CREATE_PRIO);
+	TARGET(vpmm_real.green_stream_create, VPMM_W_GREEN_STREAM_CREATE);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));
@@ -245,6 +259,10 @@ static void find_cuda(void)
 	SET(vpmm_real.device_get, vpmm_real_entry("cuDeviceGet", NULL));
 	SET(vpmm_real.primary_retain, vpmm_real_entry("cuDevicePrimaryCtxRetain", NULL));
 	SET(vpmm_real.primary_get_state, vpmm_real_entry("cuDevicePrimaryCtxGetState", NULL));
+	SET(vpmm_real.event_create, vpmm_real_entry("cuEventCreate", NULL));
+	SET(vpmm_real.event_record, vpmm_real_entry("cuEventRecord", NULL));
+	SET(vpmm_real.event_destroy, vpmm_real_entry("cuEventDestroy_v2", NULL));
+	SET(vpmm_real.stream_wait_event, vpmm_real_entry("cuStreamWaitEvent", NULL));
 out:
 	tls_resolving = false;
 }

@@ -33,6 +33,9 @@ enum vpmm_wrapped {
 	VPMM_W_MEM_CREATE,
 	VPMM_W_CTX_DESTROY,
 	VPMM_W_PRIMARY_RESET,
+	VPMM_W_STREAM_CREATE,
+	VPMM_W_STREAM_CREATE_PRIO,
+	VPMM_W_GREEN_STREAM_CREATE,
 	VPMM_W_COUNT
 };
 
@@ -60,6 +63,9 @@ struct vpmm_real {
 			       const CUmemAllocationProp *, unsigned long long);
 	CUresult (*ctx_destroy)(CUcontext);
 	CUresult (*primary_reset)(CUdevice);
+	CUresult (*stream_create)(CUstream *, unsigned);
+	CUresult (*stream_create_prio)(CUstream *, unsigned, int);
+	CUresult (*green_stream_create)(CUstream *, CUgreenCtx, unsigned, int);
 	/* Helpers for the other rooms; any may be NULL on an old driver. */
 	CUresult (*ctx_get_current)(CUcontext *);
 	CUresult (*ctx_get_device)(CUdevice *);
@@ -73,6 +79,10 @@ struct vpmm_real {
 	CUresult (*device_get)(CUdevice *, int);
 	CUresult (*primary_retain)(CUcontext *, CUdevice);
 	CUresult (*primary_get_state)(CUdevice, unsigned int *, int *);
+	CUresult (*event_create)(CUevent *, unsigned);
+	CUresult (*event_record)(CUevent, CUstream);
+	CUresult (*event_destroy)(CUevent);
+	CUresult (*stream_wait_event)(CUstream, CUevent, unsigned);
 };
 
 extern struct vpmm_real vpmm_real VPMM_HIDDEN;

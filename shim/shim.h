@@ -101,7 +101,12 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(pool_malloc)              /* allocations the pool served */           \
 	X(pool_free)                /* frees the pool took */                   \
 	X(passthrough)              /* calls handed to the real function */     \
-	X(sync_free)                /* context synchronisations for a free */
+	X(sync_free)                /* context synchronisations for a free */ \
+	X(cuStreamCreate)                                                     \
+	X(cuStreamCreateWithPriority)                                         \
+	X(cuGreenCtxStreamCreate)                                             \
+	X(fence_free)               /* synchronous frees fenced, not synced */ \
+	X(fence_malloc)             /* synchronous mallocs on the legacy stream */
 
 enum vpmm_hook {
 #define X(n) VPMM_HOOK_##n,

@@ -18,11 +18,12 @@
  *    pool records its events on its streams, and the driver refuses an
  *    event of one context recorded on another's stream (vpmm_foreign_stream).
  * May call: devices.h (the pools, their contexts, the primary context),
- * process.h, resolve.h, the log.
+ * live_streams.h (streams met and destroyed), process.h, resolve.h, the log.
  */
 #include <stdatomic.h>
 
 #include "devices.h"
+#include "live_streams.h"
 #include "process.h"
 #include "resolve.h"
 #include "shim.h"
@@ -77,6 +78,7 @@ CUresult vpmm_enter(CUstream s, int *device, struct vpmm_ctx_scope *sc)
 		return CUDA_SUCCESS;
 	}
 	if (stream) {
+		vpmm_live_stream_seen(s);
 		r = vpmm_real.stream_get_ctx(s, &sctx);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -174,6 +176,7 @@ bool vpmm_foreign_stream(const struct vpmm_ctx_scope *sc, int dev)
 
 void vpmm_stream_destroying(CUstream s)
 {
+	vpmm_live_stream_destroying(s);
 	if (vpmm_tls_inside || !s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
 	    !vpmm_active())
 		return;

@@ -1,0 +1,419 @@
+/* live_streams.c — every stream the program made, and the fences that let
+ * a synchronous free keep cudaFree's promise without stopping the host.
+ *
+ * Owns: the table of live streams (context, device, blocking or not, the
+ * event a fence records on it), whether the table can be trusted to hold
+ * every stream, and the per-context event the malloc fence records on the
+ * legacy default stream.
+ *
+ * Decisions, and why:
+ *  - cudaFree promises that no work issued before it, on any stream of the
+ *    context, touches the memory once someone else owns it. Synchronising
+ *    the context keeps it but stops the host. The legacy default stream
+ *    does most of that on the device: work queued on it waits for the work
+ *    queued before on every blocking stream of its context (the per-thread
+ *    default streams included), and work queued later on a blocking stream
+ *    waits for it. Only non-blocking streams escape both directions. So a
+ *    synchronous free becomes a free on the legacy stream after it waited
+ *    for each non-blocking stream (an event recorded there, one per stream,
+ *    reused: a wait captures the record it sees, so re-recording later is
+ *    harmless), and a synchronous malloc a malloc on the legacy stream after
+ *    which each non-blocking stream waits for the legacy stream. Programs
+ *    without non-blocking streams (PyTorch without side streams) pay no
+ *    driver call for either, and reuse memory at once in stream order, as
+ *    through the pluggable allocator.
+ *  - That holds only while every non-blocking stream is known. The table is
+ *    trusted only if the shim was interposed before CUDA was initialised
+ *    (checked once at load); a stream a hook meets that the table never saw
+ *    made, or a green context's stream, withdraws the trust for good, and
+ *    synchronous frees synchronise again.
+ *  - A stream of another context on the pool's device can reach pool
+ *    memory without passing the legacy stream of the pool's context: such
+ *    a device synchronises (vpmm_fence_possible).
+ *  - A capturing stream gets no event (it would become a graph node): the
+ *    fence is refused and the caller synchronises, as before.
+ *  - A stream destroyed after a fence: the legacy stream's wait already
+ *    holds the record; its event is destroyed with it, which the driver
+ *    defers until the recorded work completed.
+ * May call: resolve.h, the log.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "live_streams.h"
+#include "resolve.h"
+#include "shim.h"
+
+#define BUCKETS 1024
+#define CTX_MAX 64
+
+struct live {
+	CUstream s;
+	CUcontext ctx;
+	int dev;
+	bool nonblocking;
+	CUevent ev;      /* the fence's record on it; NULL until needed */
+	unsigned nb_idx; /* index in nb[] when non-blocking */
+	struct live *next;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct live *bucket[BUCKETS];
+	/* The non-blocking streams, dense, every context's. */
+	struct live **nb;
+	unsigned n_nb, cap_nb;
+	/* The legacy stream's event of each context, for the malloc fence. */
+	struct {
+		CUcontext ctx;
+		CUevent ev;
+	} legacy[CTX_MAX];
+	/* The contexts with streams in the table, their devices and counts;
+	 * overflow: more contexts than that (each device then synchronises). */
+	struct {
+		CUcontext ctx;
+		int dev;
+		unsigned streams;
+	} ctxs[CTX_MAX];
+	bool ctx_overflow;
+} T = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Set once the table cannot be trusted to hold every stream. */
+static atomic_bool untrusted;
+
+static unsigned hash(CUstream s)
+{
+	uintptr_t v = (uintptr_t)s;
+	v ^= v >> 17;
+	v *= 0x9e3779b97f4a7c15ull;
+	return (unsigned)(v >> 40) % BUCKETS;
+}
+
+static struct live **find_locked(CUstream s)
+{
+	struct live **l = &T.bucket[hash(s)];
+	while (*l && (*l)->s != s)
+		l = &(*l)->next;
+	return l;
+}
+
+static void nb_remove_locked(struct live *e)
+{
+	struct live *last = T.nb[--T.n_nb];
+	T.nb[e->nb_idx] = last;
+	last->nb_idx = e->nb_idx;
+}
+
+static void ctx_count_locked(CUcontext ctx, int dev, int delta)
+{
+	unsigned k, none = CTX_MAX;
+	for (k = 0; k < CTX_MAX; k++) {
+		if (T.ctxs[k].streams && T.ctxs[k].ctx == ctx && T.ctxs[k].dev == dev)
+			break;
+		if (!T.ctxs[k].streams && none == CTX_MAX)
+			none = k;
+	}
+	if (k == CTX_MAX) {
+		if (delta < 0)
+			return;
+		if (none == CTX_MAX) {
+			T.ctx_overflow = true;
+			return;
+		}
+		k = none;
+		T.ctxs[k].ctx = ctx;
+		T.ctxs[k].dev = dev;
+	}
+	T.ctxs[k].streams += (unsigned)delta;
+}
+
+static void drop_locked(struct live **l)
+{
+	struct live *e = *l;
+	*l = e->next;
+	ctx_count_locked(e->ctx, e->dev, -1);
+	if (e->nonblocking)
+		nb_remove_locked(e);
+	if (e->ev && vpmm_real.event_destroy)
+		vpmm_real.event_destroy(e->ev);
+	free(e);
+}
+
+static void distrust(const char *why)
+{
+	if (!atomic_exchange(&untrusted, true))
+		vpmm_log(VPMM_LOG_INFO, "%s: synchronous frees synchronise the context from now on", why);
+}
+
+/* Whether CUDA ran before the shim could see its streams: the shim was
+ * loaded late (libcuda already initialised), or it is not the first to
+ * define the stream creators (not preloaded: calls bypass it). */
+__attribute__((constructor)) static void check_first(void)
+{
+	vpmm_resolve_dlsym();
+	void *mine = vpmm_fn_to_ptr(vpmm_wrappers[VPMM_W_STREAM_CREATE]);
+	if (vpmm_real_dlsym_fn(RTLD_DEFAULT, "cuStreamCreate") != mine) {
+		atomic_store(&untrusted, true);
+		return;
+	}
+	void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (!cu)
+		return; /* no CUDA yet: every stream is made through us */
+	CUresult (*cur)(CUcontext *) =
+		VPMM_PTR_TO_FN(CUresult(*)(CUcontext *), vpmm_real_dlsym_fn(cu, "cuCtxGetCurrent"));
+	CUcontext c = NULL;
+	if (cur && cur(&c) != CUDA_ERROR_NOT_INITIALIZED)
+		atomic_store(&untrusted, true);
+	dlclose(cu);
+}
+
+void vpmm_live_stream_created(CUstream s, unsigned flags)
+{
+	CUcontext ctx = NULL;
+	CUdevice dev = -1;
+	if (!s)
+		return;
+	vpmm_resolve();
+	if (!vpmm_real.ctx_get_current || vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS ||
+	    !vpmm_real.ctx_get_device || vpmm_real.ctx_get_device(&dev) != CUDA_SUCCESS) {
+		distrust("a stream of unknown context");
+		return;
+	}
+	struct live *e = calloc(1, sizeof *e);
+	pthread_mutex_lock(&T.lock);
+	struct live **l = find_locked(s);
+	if (*l) /* a handle the driver reused: the old stream died unseen */
+		drop_locked(l);
+	bool nb = flags & CU_STREAM_NON_BLOCKING;
+	if (e && nb && T.n_nb == T.cap_nb) {
+		unsigned cap = T.cap_nb ? 2 * T.cap_nb : 64;
+		struct live **n = realloc(T.nb, cap * sizeof *n);
+		if (n) {
+			T.nb = n;
+			T.cap_nb = cap;
+		} else {
+			free(e);
+			e = NULL;
+		}
+	}
+	if (e) {
+		*e = (struct live){.s = s, .ctx = ctx, .dev = (int)dev, .nonblocking = nb};
+		if (nb) {
+			e->nb_idx = T.n_nb;
+			T.nb[T.n_nb++] = e;
+		}
+		e->next = T.bucket[hash(s)];
+		T.bucket[hash(s)] = e;
+		ctx_count_locked(ctx, (int)dev, 1);
+	}
+	pthread_mutex_unlock(&T.lock);
+	if (!e)
+		distrust("no memory to track a stream");
+}
+
+void vpmm_live_streams_untrackable(const char *why)
+{
+	distrust(why);
+}
+
+void vpmm_live_stream_seen(CUstream s)
+{
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD ||
+	    atomic_load_explicit(&untrusted, memory_order_relaxed))
+		return;
+	pthread_mutex_lock(&T.lock);
+	bool known = *find_locked(s) != NULL;
+	pthread_mutex_unlock(&T.lock);
+	if (!known)
+		distrust("a stream made without the shim seeing it");
+}
+
+void vpmm_live_stream_destroying(CUstream s)
+{
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return;
+	pthread_mutex_lock(&T.lock);
+	struct live **l = find_locked(s);
+	bool known = *l != NULL;
+	if (known)
+		drop_locked(l);
+	pthread_mutex_unlock(&T.lock);
+	if (!known)
+		distrust("a stream made without the shim seeing it");
+}
+
+void vpmm_live_streams_ctx_end(CUcontext ctx)
+{
+	pthread_mutex_lock(&T.lock);
+	for (unsigned b = 0; b < BUCKETS; b++)
+		for (struct live **l = &T.bucket[b]; *l;) {
+			if ((*l)->ctx == ctx) {
+				/* its events die with the context */
+				(*l)->ev = NULL;
+				drop_locked(l);
+			} else {
+				l = &(*l)->next;
+			}
+		}
+	for (unsigned i = 0; i < CTX_MAX; i++)
+		if (T.legacy[i].ctx == ctx)
+			T.legacy[i].ctx = NULL, T.legacy[i].ev = NULL;
+	pthread_mutex_unlock(&T.lock);
+}
+
+void vpmm_live_streams_device_reset(int dev)
+{
+	CUcontext seen = NULL;
+	bool several = false;
+	pthread_mutex_lock(&T.lock);
+	for (unsigned b = 0; b < BUCKETS; b++)
+		for (struct live **l = &T.bucket[b]; *l;) {
+			if ((*l)->dev == dev) {
+				several |= seen && seen != (*l)->ctx;
+				seen = (*l)->ctx;
+				(*l)->ev = NULL;
+				drop_locked(l);
+			} else {
+				l = &(*l)->next;
+			}
+		}
+	pthread_mutex_unlock(&T.lock);
+	if (several)
+		distrust("a device reset ended streams of several contexts");
+}
+
+void vpmm_live_streams_forget(void)
+{
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	T.lock = fresh;
+	memset(T.bucket, 0, sizeof T.bucket);
+	memset(T.legacy, 0, sizeof T.legacy);
+	memset(T.ctxs, 0, sizeof T.ctxs);
+	T.ctx_overflow = false;
+	T.nb = NULL;
+	T.n_nb = T.cap_nb = 0;
+}
+
+/* ---- the fences ----------------------------------------------------------------- */
+
+static bool capturing(CUstream s)
+{
+	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+	return vpmm_real.stream_is_capturing(s, &cs) != CUDA_SUCCESS ||
+	       cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static bool have_event_calls(void)
+{
+	return vpmm_real.event_create && vpmm_real.event_record && vpmm_real.event_destroy &&
+	       vpmm_real.stream_wait_event && vpmm_real.stream_is_capturing;
+}
+
+bool vpmm_fence_possible(CUcontext ctx, int dev)
+{
+	if (atomic_load_explicit(&untrusted, memory_order_relaxed) || !ctx || !have_event_calls())
+		return false;
+	if (capturing(CU_STREAM_LEGACY))
+		return false;
+	bool ok = true;
+	unsigned n = 0;
+	pthread_mutex_lock(&T.lock);
+	for (unsigned i = 0; ok && i < T.n_nb; i++) {
+		struct live *e = T.nb[i];
+		if (e->ctx == ctx)
+			ok = ++n <= VPMM_FENCE_STREAMS_MAX && !capturing(e->s);
+		else if (e->dev == dev)
+			ok = false;
+	}
+	/* Blocking streams of another context on the device do not wait for
+	 * this context's legacy stream either. */
+	ok = ok && !T.ctx_overflow;
+	for (unsigned k = 0; ok && k < CTX_MAX; k++)
+		ok = !T.ctxs[k].streams || T.ctxs[k].dev != dev || T.ctxs[k].ctx == ctx;
+	pthread_mutex_unlock(&T.lock);
+	return ok;
+}
+
+CUresult vpmm_fence_free(CUcontext ctx)
+{
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&T.lock);
+	for (unsigned i = 0; r == CUDA_SUCCESS && i < T.n_nb; i++) {
+		struct live *e = T.nb[i];
+		if (e->ctx != ctx)
+			continue;
+		if (!e->ev)
+			r = vpmm_real.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
+		if (r == CUDA_SUCCESS)
+			r = vpmm_real.event_record(e->ev, e->s);
+		if (r == CUDA_SUCCESS)
+			r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, e->ev, 0);
+	}
+	pthread_mutex_unlock(&T.lock);
+	return r;
+}
+
+/* The legacy stream's event of `ctx`, made on first use; NULL: none. */
+static CUevent *legacy_event_locked(CUcontext ctx)
+{
+	unsigned k, none = CTX_MAX;
+	for (k = 0; k < CTX_MAX && T.legacy[k].ctx != ctx; k++)
+		if (!T.legacy[k].ctx && none == CTX_MAX)
+			none = k;
+	if (k < CTX_MAX)
+		return &T.legacy[k].ev;
+	if (none == CTX_MAX ||
+	    vpmm_real.event_create(&T.legacy[none].ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+		return NULL;
+	T.legacy[none].ctx = ctx;
+	return &T.legacy[none].ev;
+}
+
+void vpmm_fence_new_stream(CUstream s)
+{
+	CUcontext ctx = NULL;
+	CUevent *ev;
+	if (atomic_load_explicit(&untrusted, memory_order_relaxed) || !have_event_calls() ||
+	    vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+		return;
+	if (capturing(CU_STREAM_LEGACY)) {
+		distrust("a non-blocking stream made during a capture");
+		return;
+	}
+	pthread_mutex_lock(&T.lock);
+	ev = legacy_event_locked(ctx);
+	bool ok = ev && vpmm_real.event_record(*ev, CU_STREAM_LEGACY) == CUDA_SUCCESS &&
+		  vpmm_real.stream_wait_event(s, *ev, 0) == CUDA_SUCCESS;
+	pthread_mutex_unlock(&T.lock);
+	if (!ok)
+		distrust("a new non-blocking stream could not wait for the legacy stream");
+}
+
+CUresult vpmm_fence_malloc(CUcontext ctx)
+{
+	CUresult r = CUDA_SUCCESS;
+	CUevent *ev = NULL;
+	pthread_mutex_lock(&T.lock);
+	for (unsigned i = 0; r == CUDA_SUCCESS && i < T.n_nb; i++) {
+		struct live *e = T.nb[i];
+		if (e->ctx != ctx)
+			continue;
+		if (!ev) {
+			ev = legacy_event_locked(ctx);
+			if (!ev) {
+				r = CUDA_ERROR_OUT_OF_MEMORY;
+				break;
+			}
+			r = vpmm_real.event_record(*ev, CU_STREAM_LEGACY);
+			if (r != CUDA_SUCCESS)
+				break;
+		}
+		r = vpmm_real.stream_wait_event(e->s, *ev, 0);
+	}
+	pthread_mutex_unlock(&T.lock);
+	return r;
+}

@@ -1,0 +1,56 @@
+/* live_streams.h — every stream the program made, and the fences that let
+ * a synchronous free (cudaFree, cuMemFree) keep its promise without
+ * stopping the host (live_streams.c). Includes shim.h only.
+ */
+#ifndef VPMM_LIVE_STREAMS_H
+#define VPMM_LIVE_STREAMS_H
+
+#include "shim.h"
+
+/* Most non-blocking streams a context may have for a fence; with more, a
+ * synchronous free synchronises the context instead (the cost of a fence
+ * grows with them: two driver calls each). */
+#define VPMM_FENCE_STREAMS_MAX 64
+
+/* The program made stream `s` in the current context with `flags`
+ * (cuStreamCreate, cuStreamCreateWithPriority). */
+void vpmm_live_stream_created(CUstream s, unsigned flags);
+/* The program made a stream the fences cannot order (a green context's):
+ * from now on every synchronous free synchronises. */
+void vpmm_live_streams_untrackable(const char *why);
+/* A hook was handed stream `s` (not a default stream): one the tracker
+ * never saw made means streams are made behind its back, so from now on
+ * every synchronous free synchronises. */
+void vpmm_live_stream_seen(CUstream s);
+/* The program is destroying `s`. */
+void vpmm_live_stream_destroying(CUstream s);
+/* Context `ctx` ends: its streams with it. */
+void vpmm_live_streams_ctx_end(CUcontext ctx);
+/* The primary context of `dev` is reset: its streams end. Which context
+ * that is the shim may not know; the streams of every context of `dev` are
+ * forgotten, and if they were of more than one, the table is no longer
+ * trusted. */
+void vpmm_live_streams_device_reset(int dev);
+/* For fork.c: the child starts with none. */
+void vpmm_live_streams_forget(void);
+
+/* Whether the fences can stand for a synchronisation of `ctx` (the
+ * current context): every stream of it known, none of its non-blocking
+ * streams or the legacy stream capturing, at most VPMM_FENCE_STREAMS_MAX
+ * non-blocking ones, no stream of another context on device `dev`. */
+bool vpmm_fence_possible(CUcontext ctx, int dev);
+/* Before a free on the legacy default stream: the legacy stream waits for
+ * the work queued so far on every non-blocking stream of `ctx` (the current
+ * context); the blocking streams it waits for by itself. CUDA_SUCCESS, or
+ * the driver's error (the caller synchronises instead). */
+CUresult vpmm_fence_free(CUcontext ctx);
+/* A non-blocking stream `s` was just made in the current context: it
+ * waits for the legacy stream's work so far, since memory handed out
+ * before may still be pending there (a fence it missed). */
+void vpmm_fence_new_stream(CUstream s);
+/* After a malloc on the legacy default stream: every non-blocking stream
+ * of `ctx` (current) waits for the work queued so far on the legacy
+ * stream; the blocking streams wait for it by themselves. */
+CUresult vpmm_fence_malloc(CUcontext ctx);
+
+#endif
