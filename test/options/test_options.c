@@ -59,6 +59,7 @@ static const char *const project_vars[] = {
 	"VPMM_LIMIT", "VPMM_SMALL_MAX", "VPMM_DEFRAG", "VPMM_REMAP", "VPMM_EVENT_INTERVAL_US",
 	"VPMM_FRONT_ENTRIES", "VPMM_LOOP_GROWTH", "VPMM_DISABLE",
 	"VPMM_LOG", "VPMM_SOCKET", "VPMM_TRACE", "VPMM_RELEASE_THRESHOLD",
+	"VPMM_SYNC_FREE",
 };
 #define N_PROJECT_VARS (sizeof(project_vars) / sizeof(project_vars[0]))
 

@@ -520,9 +520,13 @@ static void context_destroyed(void)
 	CHECK_EQ(cuEventCreate(&ev, 0), 0);
 	CHECK_EQ(cuEventRecord(ev, s), 0); /* work still queued on s */
 	CHECK_EQ(cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+	long long fences = hook_calls("fence_free");
 	CHECK_EQ(cuMemFree(b), 0);
-	if (expect_pool()) /* the plain driver's cuMemFree: the fake does not sync */
+	const char *mode = getenv("VPMM_SYNC_FREE");
+	if (expect_pool() && mode && !strcmp(mode, "device")) /* the fake's cuMemFree does not sync */
 		CHECK_EQ(cuEventQuery(ev), 0);
+	else if (expect_pool()) /* fenced in the primary context: no failure */
+		CHECK_EQ(hook_calls("fence_free"), fences + 1);
 	CHECK_EQ(cuMemAlloc(&b, 8 * P), 0);
 	CHECK_EQ(cuMemFree(b), 0);
 	if (expect_pool())

@@ -48,7 +48,7 @@ static const char *const counted[] = {
 	"cuMemFreeAsync_ptsz", "cuMemGetInfo_v2", "cuMemGetAddressRange_v2",
 	"cuPointerGetAttribute", "cuPointerGetAttributes", "cuCtxSynchronize",
 	"cuStreamSynchronize", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
-	"cuGetProcAddress",
+	"cuGetProcAddress", "cuStreamWaitEvent", "cuEventRecord",
 	"no_context", /* driver work done with no current context */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])

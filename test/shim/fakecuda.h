@@ -88,6 +88,8 @@ API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
 /* ---- fakecuda_stream.c ---- */
 
 API CUresult cuStreamCreate(CUstream *s, unsigned int flags);
+API CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority);
+API CUresult fakecuda_stream_create_unseen(CUstream *s, unsigned int flags);
 API CUresult cuStreamDestroy_v2(CUstream s);
 API CUresult cuStreamSynchronize(CUstream s);
 API CUresult cuStreamSynchronize_ptsz(CUstream s);

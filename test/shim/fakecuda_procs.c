@@ -44,6 +44,7 @@ static const struct proc procs[] = {
 	P("cuCtxCreate", 3020, cuCtxCreate_v2),
 	P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
 	P("cuStreamCreate", 2000, cuStreamCreate),
+	P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
 	P("cuStreamDestroy", 4000, cuStreamDestroy_v2),
 	P("cuStreamSynchronize", 2000, cuStreamSynchronize),
 	PT("cuStreamSynchronize", 2000, cuStreamSynchronize_ptsz),

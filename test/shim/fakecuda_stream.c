@@ -37,11 +37,19 @@ static CUstream ptds(CUstream s)
 	return s ? s : CU_STREAM_PER_THREAD;
 }
 
-CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+/* CU_STREAM_LEGACY names the stream NULL names in the plain entry points. */
+static CUstream plain(CUstream s)
+{
+	return s == CU_STREAM_LEGACY ? NULL : s;
+}
+
+/* One body for every creator: a call from inside the fake to its own
+ * exported name would reach the shim's hook instead. */
+static CUresult stream_create(CUstream *s, unsigned int flags)
 {
 	struct stream_ctx *sc;
 	CUresult r = fake_ctx_state();
-	(void)flags;
+	(void)flags; /* blocking or not: the host driver has no implicit order */
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!s || !(sc = calloc(1, sizeof *sc)))
@@ -59,6 +67,24 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 	stream_ctxs = sc;
 	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	return stream_create(s, flags);
+}
+
+CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority)
+{
+	(void)priority;
+	return stream_create(s, flags);
+}
+
+/* Test control: a stream made without passing any hook, as a stream made
+ * before the shim was there would be. */
+CUresult fakecuda_stream_create_unseen(CUstream *s, unsigned int flags)
+{
+	return stream_create(s, flags);
 }
 
 /* The device finishes the stream's work (as fast as it does everything
@@ -84,7 +110,7 @@ CUresult cuStreamSynchronize(CUstream s)
 {
 	NEED_INIT();
 	fake_count("cuStreamSynchronize");
-	vpmm_host_stream_complete(fake_drv, s);
+	vpmm_host_stream_complete(fake_drv, plain(s));
 	return CUDA_SUCCESS;
 }
 
@@ -100,7 +126,7 @@ CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 	NEED_INIT();
 	if (!st)
 		return CUDA_ERROR_INVALID_VALUE;
-	r = fake_drv->stream_capturing(fake_drv, s, &cap);
+	r = fake_drv->stream_capturing(fake_drv, plain(s), &cap);
 	*st = cap ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
 	return r;
 }
@@ -139,9 +165,10 @@ CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *pctx)
 CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 {
 	CUresult r = fake_ctx_state();
+	fake_count("cuStreamWaitEvent");
 	fake_note_context();
 	(void)flags;
-	return r != CUDA_SUCCESS ? r : fake_drv->stream_wait(fake_drv, s, ev);
+	return r != CUDA_SUCCESS ? r : fake_drv->stream_wait(fake_drv, plain(s), ev);
 }
 
 CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
@@ -215,11 +242,12 @@ CUresult cuEventRecord(CUevent ev, CUstream s)
 	CUresult r = fake_ctx_state();
 	struct fake_ctx *ec = NULL;
 	fake_note_context();
+	fake_count("cuEventRecord");
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return fake_drv->event_record(fake_drv, ev, s);
+	return fake_drv->event_record(fake_drv, ev, plain(s));
 }
 
 CUresult cuEventRecord_ptsz(CUevent ev, CUstream s)

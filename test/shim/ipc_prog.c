@@ -216,7 +216,9 @@ static void share(void)
 	fprintf(o.in, "close\n");
 	expect_line(&o, "closed");
 	CHECK_EQ(child_exit(&o), 0);
-	/* The close arrived: the deferred free happened. */
+	/* The close arrived: the deferred free happened, once the work
+	 * queued before the free ran (the device catches up). */
+	CHECK_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
 	CHECK(live_becomes(live0));
 
 	/* The old handle is stale now. */
@@ -236,6 +238,7 @@ static void share(void)
 	CHECK_EQ(child_exit(&d), 0);
 	size_t live1 = pool_stats(0).live;
 	CHECK_EQ(cuMemFree(c), CUDA_SUCCESS);
+	CHECK_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
 	CHECK(live_becomes(live1 - SZ));
 	CHECK_EQ(cuMemFree(b), CUDA_SUCCESS);
 	printf("share ok\n");

@@ -119,6 +119,12 @@ static const char *const REAL[] = {"SHIMTEST_EXPECT=real", NULL};
 	}
 
 RT_SCENARIO(basic)
+Test(shim_rt, basic_sync_device, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_SYNC_FREE=device", NULL};
+	run(RT_PROG, "basic", true, env);
+	EXPECT_OK();
+}
 RT_SCENARIO(async)
 RT_SCENARIO(foreign)
 
@@ -229,6 +235,12 @@ DRV_SCENARIO(cross_stream)
 DRV_SCENARIO(cross_default_stream)
 DRV_SCENARIO(user_context)
 DRV_SCENARIO(context_destroyed)
+Test(shim_drv, context_destroyed_sync_device, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_SYNC_FREE=device", NULL};
+	run(DRV_PROG, "context_destroyed", true, env);
+	EXPECT_OK();
+}
 DRV_SCENARIO(primary_reset)
 DRV_SCENARIO(primary_released)
 /* Review 2: the default stream of a context the program made; a program of
@@ -276,6 +288,29 @@ Test(shim_drv, own_without_shim, .timeout = 30)
 }
 
 /* ---- sharing between processes, peers --------------------------------------------------- */
+
+/* Synchronous frees by fences (syncfree_prog.c), and as synchronisations
+ * with VPMM_SYNC_FREE=device; the programs check ordering and counts. */
+#define SYNCFREE_SCENARIO(name)                                               \
+	Test(shim_syncfree, name##_events, .timeout = 30)                     \
+	{                                                                     \
+		run(SYNCFREE_PROG, #name, true, NULL);                        \
+		EXPECT_OK();                                                  \
+		cr_expect(strstr(R.out, #name " ok"), "%s", R.out);           \
+	}                                                                     \
+	Test(shim_syncfree, name##_device, .timeout = 30)                     \
+	{                                                                     \
+		const char *const env[] = {"VPMM_SYNC_FREE=device", NULL};     \
+		run(SYNCFREE_PROG, #name, true, env);                         \
+		EXPECT_OK();                                                  \
+	}
+
+SYNCFREE_SCENARIO(late)
+SYNCFREE_SCENARIO(many)
+SYNCFREE_SCENARIO(gpa)
+SYNCFREE_SCENARIO(destroyed)
+SYNCFREE_SCENARIO(unseen)
+SYNCFREE_SCENARIO(capture)
 
 Test(shim_ipc, share_pool, .timeout = 60)
 {

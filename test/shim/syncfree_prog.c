@@ -1,0 +1,239 @@
+/* syncfree_prog.c — synchronous frees (cuMemFree) by fences instead of a
+ * synchronisation of the context (VPMM_SYNC_FREE=events, the default), on
+ * the fake libcuda it is linked with. "Work" is an event the program records
+ * on a stream; the device runs a stream when the program synchronises it
+ * (as far as its waits allow). Each scenario checks that the new owner's
+ * first work cannot run before the old owner's last work, and counts the
+ * context synchronisations. With VPMM_SYNC_FREE=device every free
+ * synchronises instead. `syncfree_prog SCENARIO`; see shimtest.h. */
+#include "shimtest.h"
+
+#define P ((size_t)64 << 10)
+
+CUresult fakecuda_stream_create_unseen(CUstream *s, unsigned int flags);
+
+static bool device_mode(void)
+{
+	const char *e = getenv("VPMM_SYNC_FREE");
+	return e && !strcmp(e, "device");
+}
+
+static void start(void)
+{
+	CUcontext c;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c), 0);
+	controls_init();
+}
+
+static CUevent work_on(CUstream s)
+{
+	CUevent ev;
+	CHECK_EQ(cuEventCreate(&ev, 0), 0);
+	CHECK_EQ(cuEventRecord(ev, s), 0);
+	return ev;
+}
+
+/* a: allocated, written late on `late` (work pending), freed; then the
+ * same size allocated again and written on `next`. The device runs `next`
+ * first: the new write must not complete before the late one. Returns
+ * whether the memory was reused. */
+static bool late_write(CUstream late, CUstream next)
+{
+	CUdeviceptr a, b;
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CUevent old = work_on(late);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	CUevent young = work_on(next);
+	CHECK_EQ(cuStreamSynchronize(next), 0);
+	if (cuEventQuery(young) == CUDA_SUCCESS)
+		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	/* the host waits: the device runs everything the new write waits for */
+	CHECK_EQ(cuEventSynchronize(young), 0);
+	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	CHECK_EQ(cuMemFree(b), 0);
+	cuEventDestroy(old);
+	cuEventDestroy(young);
+	return a == b;
+}
+
+/* The context synchronisations since `from`, as the shim and the fake
+ * count them. */
+static void expect_syncs(long long from_hook, long long from_fake, long long n)
+{
+	if (!expect_pool())
+		return;
+	CHECK_EQ(hook_calls("sync_free") - from_hook, n);
+	CHECK_EQ(fake_calls("cuCtxSynchronize") - from_fake, n);
+}
+
+static void late(void)
+{
+	CUstream nb, nb2;
+	start();
+	CHECK_EQ(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&nb2, CU_STREAM_NON_BLOCKING), 0);
+	for (int i = 0; i < 3; i++) {
+		bool reused = late_write(nb, nb2);
+		if (expect_pool())
+			CHECK(reused); /* at once, in the legacy stream's order */
+	}
+	if (device_mode()) {
+		expect_syncs(0, 0, 6);
+		CHECK_EQ(hook_calls("fence_free"), 0);
+	} else {
+		expect_syncs(0, 0, 0);
+		if (expect_pool())
+			CHECK_EQ(hook_calls("fence_free"), 6);
+	}
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("late ok\n");
+}
+
+/* At most VPMM_FENCE_STREAMS_MAX (64) non-blocking streams: with more, a
+ * free synchronises; blocking streams do not count. */
+static void many(void)
+{
+	enum { NB = 65, BL = 300 };
+	static CUstream nb[NB], bl[BL];
+	CUdeviceptr a;
+	start();
+	for (int i = 0; i < BL; i++)
+		CHECK_EQ(cuStreamCreate(&bl[i], 0), 0);
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+	long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
+	CHECK_EQ(cuMemAlloc(&a, P), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	expect_syncs(h, f, 1);
+	CHECK_EQ(cuStreamDestroy(nb[NB - 1]), 0);
+	h = hook_calls("sync_free");
+	f = fake_calls("cuCtxSynchronize");
+	long long waits = fake_calls("cuStreamWaitEvent");
+	bool reused = late_write(nb[0], nb[1]);
+	expect_syncs(h, f, device_mode() ? 2 : 0);
+	if (expect_pool() && !device_mode()) {
+		CHECK(reused);
+		/* each free: the legacy stream waits for each of 64; each
+		 * malloc: each of 64 waits for it */
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 4 * (NB - 1));
+	}
+	for (int i = 0; i < NB - 1; i++)
+		CHECK_EQ(cuStreamDestroy(nb[i]), 0);
+	for (int i = 0; i < BL; i++)
+		CHECK_EQ(cuStreamDestroy(bl[i]), 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("many ok\n");
+}
+
+/* Streams made through cuGetProcAddress, as the runtime makes them. */
+static void gpa(void)
+{
+	CUresult (*create)(CUstream *, unsigned) = NULL;
+	CUresult (*create_prio)(CUstream *, unsigned, int) = NULL;
+	CUdriverProcAddressQueryResult q;
+	CUstream s1, s2;
+	start();
+	CHECK_EQ(cuGetProcAddress_v2("cuStreamCreate", (void **)&create, 12000, 0, &q), 0);
+	CHECK_EQ(cuGetProcAddress_v2("cuStreamCreateWithPriority", (void **)&create_prio, 12000,
+				     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q),
+		 0);
+	CHECK(create && create_prio);
+	CHECK_EQ(create(&s1, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(create_prio(&s2, CU_STREAM_NON_BLOCKING, -1), 0);
+	late_write(s1, s2);
+	late_write(s2, s1);
+	if (!device_mode()) {
+		expect_syncs(0, 0, 0);
+		if (expect_pool()) {
+			CHECK_EQ(hook_calls("cuStreamCreate"), 1);
+			CHECK_EQ(hook_calls("cuStreamCreateWithPriority"), 1);
+		}
+	}
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("gpa ok\n");
+}
+
+/* The late stream is destroyed between the free and the reuse. */
+static void destroyed(void)
+{
+	CUstream late, next;
+	CUdeviceptr a, b;
+	start();
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CUevent old = work_on(late);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuStreamDestroy(late), 0);
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	CUevent young = work_on(next);
+	CHECK_EQ(cuStreamSynchronize(next), 0);
+	if (cuEventQuery(young) == CUDA_SUCCESS)
+		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	CHECK_EQ(cuEventSynchronize(young), 0);
+	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	CHECK_EQ(cuMemFree(b), 0);
+	/* the destroyed stream is out of the fences: still no sync */
+	late_write(next, next);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("destroyed ok\n");
+}
+
+/* A stream the shim never saw made: once a hook meets it, every
+ * synchronous free synchronises. */
+static void unseen(void)
+{
+	CUstream known, hidden;
+	CUdeviceptr a;
+	start();
+	CHECK_EQ(cuStreamCreate(&known, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(fakecuda_stream_create_unseen(&hidden, CU_STREAM_NON_BLOCKING), 0);
+	late_write(known, known);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(cuMemAllocAsync(&a, P, hidden), 0);
+	CHECK_EQ(cuMemFreeAsync(a, hidden), 0);
+	long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
+	late_write(hidden, known);
+	expect_syncs(h, f, 2); /* both frees */
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("unseen ok\n");
+}
+
+/* A capturing non-blocking stream gets no event: the free synchronises. */
+static void capture(void)
+{
+	CUstream cap, s;
+	start();
+	CHECK_EQ(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
+	st_fake_set_capturing(cap, 1);
+	late_write(s, s);
+	expect_syncs(0, 0, 2); /* both frees */
+	st_fake_set_capturing(cap, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("capture ok\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+	} scenarios[] = {
+		{"late", late},           {"many", many},     {"gpa", gpa},
+		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
+	};
+	for (size_t i = 0; argc > 1 && i < sizeof scenarios / sizeof scenarios[0]; i++)
+		if (!strcmp(argv[1], scenarios[i].name)) {
+			scenarios[i].fn();
+			return 0;
+		}
+	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+	return 2;
+}
