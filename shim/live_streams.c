@@ -17,11 +17,14 @@
  *    synchronous free becomes a free on the legacy stream after it waited
  *    for each non-blocking stream (an event recorded there, one per stream,
  *    reused: a wait captures the record it sees, so re-recording later is
- *    harmless), and a synchronous malloc a malloc on the legacy stream after
- *    which each non-blocking stream waits for the legacy stream. Programs
- *    without non-blocking streams (PyTorch without side streams) pay no
- *    driver call for either, and reuse memory at once in stream order, as
- *    through the pluggable allocator.
+ *    harmless) and recorded an event of its own (the blocking streams
+ *    order against the legacy stream only through its actions: without
+ *    one between the free and the malloc, two blocking streams would not
+ *    be ordered); a synchronous malloc is a malloc on the legacy stream
+ *    after which each non-blocking stream waits for it. Programs without
+ *    non-blocking streams (PyTorch without side streams) pay one event
+ *    record a free and nothing a malloc, and reuse memory at once in stream
+ *    order, as through the pluggable allocator.
  *  - That holds only while every non-blocking stream is known. The table is
  *    trusted only if the shim was interposed before CUDA was initialised
  *    (checked once at load); a stream a hook meets that the table never saw
@@ -338,6 +341,8 @@ bool vpmm_fence_possible(CUcontext ctx, int dev)
 	return ok;
 }
 
+static CUevent *legacy_event_locked(CUcontext ctx);
+
 CUresult vpmm_fence_free(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
@@ -352,6 +357,14 @@ CUresult vpmm_fence_free(CUcontext ctx)
 			r = vpmm_real.event_record(e->ev, e->s);
 		if (r == CUDA_SUCCESS)
 			r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, e->ev, 0);
+	}
+	/* One action on the legacy stream in any case: the blocking streams
+	 * order against it only through its actions. Work on two blocking
+	 * streams, one before the free and one after the malloc, with
+	 * nothing queued on the legacy stream between, would run unordered. */
+	if (r == CUDA_SUCCESS) {
+		CUevent *ev = legacy_event_locked(ctx);
+		r = ev ? vpmm_real.event_record(*ev, CU_STREAM_LEGACY) : CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	pthread_mutex_unlock(&T.lock);
 	return r;

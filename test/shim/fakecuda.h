@@ -107,6 +107,7 @@ API CUresult cuEventSynchronize(CUevent ev);
 API CUresult cuEventDestroy_v2(CUevent ev);
 API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 API void fakecuda_set_capturing(CUstream s, int on);
+API void fakecuda_set_implicit(int on);
 
 /* ---- fakecuda_mem.c ---- */
 

@@ -1,6 +1,9 @@
 /* fakecuda_stream.c — the fake's streams and events: each belongs to the
  * context current when it was made and dies with it; stream capture as a
- * flag a test sets (fakecuda_set_capturing) and the thread's capture mode.
+ * flag a test sets (fakecuda_set_capturing) and the thread's capture mode;
+ * on demand (fakecuda_set_implicit), the legacy default stream's implicit
+ * order: an action on it waits for every blocking stream's last action,
+ * and an action on a blocking stream waits for its last action.
  *
  * Owns: the streams' and events' contexts, the thread's capture mode. Calls
  * fakecuda_ctx.c, fakecuda.c and the host driver.
@@ -23,8 +26,16 @@ struct stream_ctx {
 	CUstream s;
 	struct fake_ctx *ctx;
 	unsigned gen;
+	bool blocking;
+	CUevent marker; /* recorded after each action (implicit order) */
 	struct stream_ctx *next;
 };
+
+static bool implicit_on;
+static void implicit_before(CUstream s);
+static void implicit_after(CUstream s);
+/* The legacy stream's and the per-thread stream's markers. */
+static CUevent legacy_marker, ptds_marker;
 
 static struct stream_ctx *stream_ctxs;
 static struct owned *events_owned;
@@ -49,7 +60,7 @@ static CUresult stream_create(CUstream *s, unsigned int flags)
 {
 	struct stream_ctx *sc;
 	CUresult r = fake_ctx_state();
-	(void)flags; /* blocking or not: the host driver has no implicit order */
+
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!s || !(sc = calloc(1, sizeof *sc)))
@@ -62,6 +73,7 @@ static CUresult stream_create(CUstream *s, unsigned int flags)
 	sc->s = *s;
 	sc->ctx = fake_current();
 	sc->gen = sc->ctx->gen;
+	sc->blocking = !(flags & CU_STREAM_NON_BLOCKING);
 	pthread_mutex_lock(&fake_lock);
 	sc->next = stream_ctxs;
 	stream_ctxs = sc;
@@ -168,7 +180,13 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 	fake_count("cuStreamWaitEvent");
 	fake_note_context();
 	(void)flags;
-	return r != CUDA_SUCCESS ? r : fake_drv->stream_wait(fake_drv, plain(s), ev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	s = plain(s);
+	implicit_before(s);
+	r = fake_drv->stream_wait(fake_drv, s, ev);
+	implicit_after(s);
+	return r;
 }
 
 CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent ev, unsigned int flags)
@@ -237,6 +255,64 @@ CUresult cuEventCreate(CUevent *ev, unsigned int flags)
 
 /* As on the real driver, an event is recorded only on a stream of its own
  * context, and a context's events die with it. */
+/* Implicit order (fakecuda_set_implicit): what an action on `s` waits for
+ * first. */
+#define MARKS_MAX 4096
+static void implicit_before(CUstream s)
+{
+	static CUevent marks[MARKS_MAX];
+	size_t n = 0;
+	if (!implicit_on)
+		return;
+	pthread_mutex_lock(&fake_lock);
+	if (!s) {
+		for (struct stream_ctx *sc = stream_ctxs; sc && n < MARKS_MAX; sc = sc->next)
+			if (sc->blocking && sc->marker)
+				marks[n++] = sc->marker;
+		if (ptds_marker)
+			marks[n++] = ptds_marker;
+		pthread_mutex_unlock(&fake_lock);
+		for (size_t i = 0; i < n; i++)
+			fake_drv->stream_wait(fake_drv, NULL, marks[i]);
+		return;
+	}
+	bool blocking = s == CU_STREAM_PER_THREAD;
+	for (struct stream_ctx *sc = stream_ctxs; sc; sc = sc->next)
+		if (sc->s == s)
+			blocking = sc->blocking;
+	CUevent l = legacy_marker;
+	pthread_mutex_unlock(&fake_lock);
+	if (blocking && l)
+		fake_drv->stream_wait(fake_drv, s, l);
+}
+
+/* ... and the mark it leaves. */
+static void implicit_after(CUstream s)
+{
+	CUevent *m = NULL;
+	if (!implicit_on)
+		return;
+	pthread_mutex_lock(&fake_lock);
+	if (!s)
+		m = &legacy_marker;
+	else if (s == CU_STREAM_PER_THREAD)
+		m = &ptds_marker;
+	for (struct stream_ctx *sc = stream_ctxs; s && !m && sc; sc = sc->next)
+		if (sc->s == s && sc->blocking)
+			m = &sc->marker;
+	if (m && !*m && fake_drv->event_create(fake_drv, m) != CUDA_SUCCESS)
+		*m = NULL;
+	CUevent ev = m ? *m : NULL;
+	pthread_mutex_unlock(&fake_lock);
+	if (ev)
+		fake_drv->event_record(fake_drv, ev, s);
+}
+
+void fakecuda_set_implicit(int on)
+{
+	implicit_on = on != 0;
+}
+
 CUresult cuEventRecord(CUevent ev, CUstream s)
 {
 	CUresult r = fake_ctx_state();
@@ -247,7 +323,11 @@ CUresult cuEventRecord(CUevent ev, CUstream s)
 		return r;
 	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return fake_drv->event_record(fake_drv, ev, plain(s));
+	s = plain(s);
+	implicit_before(s);
+	r = fake_drv->event_record(fake_drv, ev, s);
+	implicit_after(s);
+	return r;
 }
 
 CUresult cuEventRecord_ptsz(CUevent ev, CUstream s)

@@ -11,6 +11,7 @@
 #define P ((size_t)64 << 10)
 
 CUresult fakecuda_stream_create_unseen(CUstream *s, unsigned int flags);
+void fakecuda_set_implicit(int on);
 
 static bool device_mode(void)
 {
@@ -25,6 +26,7 @@ static void start(void)
 	CHECK_EQ(cuDevicePrimaryCtxRetain(&c, 0), 0);
 	CHECK_EQ(cuCtxSetCurrent(c), 0);
 	controls_init();
+	fakecuda_set_implicit(1); /* the legacy stream's implicit order */
 }
 
 static CUevent work_on(CUstream s)
@@ -184,6 +186,30 @@ static void destroyed(void)
 	printf("destroyed ok\n");
 }
 
+/* Blocking streams and the per-thread default stream: no fence of their
+ * own, only the legacy stream's implicit order (one event recorded on it
+ * by each free). */
+static void blocking(void)
+{
+	CUstream b1, b2;
+	start();
+	CHECK_EQ(cuStreamCreate(&b1, 0), 0);
+	CHECK_EQ(cuStreamCreate(&b2, 0), 0);
+	bool reused = late_write(b1, b2);
+	reused &= late_write(b2, b1);
+	reused &= late_write(CU_STREAM_PER_THREAD, b2);
+	reused &= late_write(b1, CU_STREAM_PER_THREAD);
+	if (!device_mode()) {
+		expect_syncs(0, 0, 0);
+		if (expect_pool()) {
+			CHECK(reused);
+			CHECK_EQ(fake_calls("cuStreamWaitEvent"), 0);
+		}
+	}
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("blocking ok\n");
+}
+
 /* A stream the shim never saw made: once a hook meets it, every
  * synchronous free synchronises. */
 static void unseen(void)
@@ -228,6 +254,7 @@ int main(int argc, char **argv)
 	} scenarios[] = {
 		{"late", late},           {"many", many},     {"gpa", gpa},
 		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
+		{"blocking", blocking},
 	};
 	for (size_t i = 0; argc > 1 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

@@ -311,6 +311,7 @@ SYNCFREE_SCENARIO(gpa)
 SYNCFREE_SCENARIO(destroyed)
 SYNCFREE_SCENARIO(unseen)
 SYNCFREE_SCENARIO(capture)
+SYNCFREE_SCENARIO(blocking)
 
 Test(shim_ipc, share_pool, .timeout = 60)
 {
