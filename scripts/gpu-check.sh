@@ -23,7 +23,8 @@
 # shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak;
 # "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
 # (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
-# STEP_MODES (the defaults and VPMM_GROWTH_SPLIT=1; see gpu-torch-step.sh),
+# STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
+# preload without caching, compared with pluggable; see gpu-torch-step.sh),
 # DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
 # process leaves free, 12G; bench/capacity.py); pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
@@ -130,10 +131,10 @@ fi
 
 if part step; then
 	t0=$SECONDS
-	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-1} MODES=${STEP_MODES:-pluggable pluggable:VPMM_GROWTH_SPLIT=1} \
+	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-1} MODES=${STEP_MODES:-pluggable pluggable:VPMM_GROWTH_SPLIT=1 shim} \
 		bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
-	note "PyTorch step, native and pluggable alternated: exit $? ($((SECONDS - t0)) s)"
-	grep -E '^(round|median)|per step' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+	note "PyTorch step, native, pluggable and the preload without caching alternated: exit $? ($((SECONDS - t0)) s)"
+	grep -E '^(round|median|preload)|per step' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
 if part capacity; then

@@ -7,7 +7,9 @@
 #
 #   1. test/gpu/shim_cuda.cu built with nvcc's defaults (static runtime) and
 #      with -cudart shared, run without and with the shim (data checked by
-#      kernels, pool stats required under the shim, call timings printed);
+#      kernels, pool stats required under the shim, call timings printed;
+#      cudaFree by fences, and once more by synchronisations:
+#      VPMM_SYNC_FREE=device);
 #   2. test/gpu/shim_cupy.py under the shim;
 #   3. test/gpu/shim_torch.py: PyTorch native, expandable_segments, no
 #      caching, no caching + shim, CUDAPluggableAllocator; the loss curves of
@@ -89,6 +91,9 @@ step cuda-static-plain "$W/shim_cuda_static"
 step cuda-static-shim env LD_PRELOAD="$LIB" EXPECT_POOL=1 "$W/shim_cuda_static"
 step cuda-shared-plain "$W/shim_cuda_shared"
 step cuda-shared-shim env LD_PRELOAD="$LIB" EXPECT_POOL=1 "$W/shim_cuda_shared"
+# the synchronous frees by synchronisation, as before the fences
+step cuda-static-shim-sync env LD_PRELOAD="$LIB" EXPECT_POOL=1 VPMM_SYNC_FREE=device \
+	"$W/shim_cuda_static"
 # ---- 7: contexts ------------------------------------------------------------------------
 # device_reset is a known failure, left out unless CTX_KNOWN_FAILURES=1: the
 # CUDA 13 runtime's cudaDeviceReset reaches the driver through its private

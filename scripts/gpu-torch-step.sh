@@ -22,6 +22,12 @@
 # native's in the same rounds ("calls a step", free of the hosts' spread);
 # pluggable-native that allocator unclocked, what the interface adds to
 # native's step. Runs over libvpmm print the pool's counters per step.
+# shim is PyTorch without caching (PYTORCH_NO_CUDA_MEMORY_CACHING=1) under
+# the preload, every tensor a cudaMalloc and a cudaFree: with pluggable in
+# MODES too, each shim mode is also compared with it (the ratio of the
+# medians, the rounds' range, both peaks; target: within 5 %, the same
+# peak), e.g. MODES='pluggable shim shim:VPMM_SYNC_FREE=device' for the
+# synchronous frees by fences against the synchronisation.
 #
 # Environment: ROUNDS (4), STEPS (200), MODES (pluggable), CPUS, OUT
 # (build-gpu-torch-step), CUDA_HOME; STEP_LAYERS (6) and STEP_BATCH (16)
@@ -73,6 +79,7 @@ run_mode() {
 	shift 2
 	# MODE:VAR=VALUE runs MODE with VAR=VALUE in its environment
 	[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
+	[ "$mode" = shim ] && envs+=(LD_PRELOAD="$W/libvpmm.so" PYTORCH_NO_CUDA_MEMORY_CACHING=1)
 	"$@" env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
 		TIMED_LIB="$W/libtorch_timed.so" NATIVE_LIB="$W/libtorch_native.so" \
 		python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
@@ -137,6 +144,21 @@ for m in modes:
     per = [runs[m][r]["step_ms"] / runs["native"][r]["step_ms"] for r in range(rounds)]
     print("median step: native %.2f ms, %s %.2f ms: ratio %.3f (rounds %.3f-%.3f); target <= 1.02"
           % (nat, m, med, med / nat, min(per), max(per)))
+# the preload without caching against the pluggable allocator, same rounds
+if "pluggable" in modes:
+    plug = statistics.median(x["step_ms"] for x in runs["pluggable"])
+    plug_peak = max(x.get("pool_mapped_peak") or 0 for x in runs["pluggable"])
+    for m in modes:
+        if m.split(":")[0] != "shim":
+            continue
+        med = statistics.median(x["step_ms"] for x in runs[m])
+        per = [runs[m][r]["step_ms"] / runs["pluggable"][r]["step_ms"] for r in range(rounds)]
+        peak = max(x.get("pool_mapped_peak") or 0 for x in runs[m])
+        print("preload without caching against pluggable: %s %.2f ms, pluggable %.2f ms: "
+              "ratio %.3f (rounds %.3f-%.3f); target <= 1.05; pool peak %s MiB against %s MiB "
+              "(ratio %.3f); target 1.00"
+              % (m, med, plug, med / plug, min(per), max(per), mib(peak), mib(plug_peak),
+                 peak / plug_peak if plug_peak else float("nan")))
 # the calls' own time, clocked the same way in the same rounds: what each
 # allocator adds to the step over native's, free of the hosts' spread
 if "native-timed" in modes:

@@ -10,6 +10,17 @@
 //   syncfree  a slow kernel on a non-blocking stream writes a buffer late;
 //             cudaFree of it, then cudaMalloc of the same size (reuse) and a
 //             new pattern: the late write must not land on the new owner;
+//   syncfree_blocking / _many / _gpa / _destroyed  the same with the late
+//             and the new writer on two blocking streams and the per-thread
+//             default stream (ordered by the legacy stream alone); on 64
+//             and on 70 non-blocking streams (fenced; past the shim's limit,
+//             synchronised); on streams made through
+//             cudaGetDriverEntryPointByVersion("cuStreamCreate"...); with
+//             the late stream destroyed between the free and the reuse.
+//             Under the shim (EXPECT_POOL=1) each also checks how the frees
+//             went: by fences (the default) or by synchronisations
+//             (VPMM_SYNC_FREE=device, or past the limit), from the shim's
+//             counters;
 //   streams   cudaMallocAsync/cudaFreeAsync on four streams, reuse within and
 //             across streams while slow kernels run;
 //   timing    medians of cudaMalloc+cudaFree and cudaMallocAsync+FreeAsync.
@@ -18,6 +29,7 @@
 // Pool stats come from libvpmm.so's vpmm_shim_stats_json when it is loaded;
 // EXPECT_POOL=1 makes "no pool" or "no defragmentation" a failure.
 // `--quick` shortens everything (for compute-sanitizer).
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <stdint.h>
@@ -192,6 +204,138 @@ static void syncfree_phase(void)
 	CK(cudaStreamDestroy(nb));
 }
 
+// The shim's counters (vpmm_shim_hook_calls) when it is loaded, else 0.
+static unsigned long long (*hook_calls_fn)(const char *);
+static unsigned long long hook(const char *name)
+{
+	return hook_calls_fn ? hook_calls_fn(name) : 0;
+}
+static bool expect_pool, sync_device;
+
+// A late write on `late`, cudaFree, cudaMalloc of the same size, a new
+// pattern on `next`: checked once both ran. destroy_late: `late` is
+// destroyed between the free and the reuse.
+static bool late_then_new(cudaStream_t late, cudaStream_t next, unsigned long long ns,
+			  bool destroy_late = false)
+{
+	size_t bytes = 16 * MiB;
+	void *a, *b;
+	CK(cudaMalloc(&a, bytes));
+	slow_fill<<<132, 256, 0, late>>>((uint32_t *)a, bytes / 4, 0xdead, ns);
+	CK(cudaGetLastError());
+	CK(cudaFree(a));
+	if (destroy_late)
+		CK(cudaStreamDestroy(late));
+	CK(cudaMalloc(&b, bytes));
+	fill_on(b, bytes, 0xbeef, next);
+	CK(cudaDeviceSynchronize());
+	REQUIRE(check_on(b, bytes, 0xbeef) == 0);
+	CK(cudaFree(b));
+	return a == b;
+}
+
+// How the frees since (f0, s0) went: by fences or by synchronisations.
+static void expect_frees(const char *phase, unsigned long long f0, unsigned long long s0,
+			 bool fenced)
+{
+	unsigned long long f = hook("fence_free") - f0, s = hook("sync_free") - s0;
+	printf("%s: %llu frees fenced, %llu synchronised\n", phase, f, s);
+	if (!expect_pool)
+		return;
+	if (fenced && !sync_device) {
+		REQUIRE(f > 0);
+		REQUIRE(s == 0);
+	} else {
+		REQUIRE(s > 0);
+	}
+}
+
+static void syncfree_blocking_phase(void)
+{
+	cudaStream_t b1, b2;
+	unsigned long long ns = quick ? 20000000ull : 200000000ull;
+	unsigned long long f0 = hook("fence_free"), s0 = hook("sync_free");
+	int reused = 0;
+	CK(cudaStreamCreate(&b1));
+	CK(cudaStreamCreate(&b2));
+	reused += late_then_new(b1, b2, ns);
+	reused += late_then_new(b2, b1, ns);
+	reused += late_then_new(cudaStreamPerThread, b2, ns);
+	reused += late_then_new(b1, cudaStreamPerThread, ns);
+	CK(cudaStreamDestroy(b1));
+	CK(cudaStreamDestroy(b2));
+	printf("syncfree_blocking: ok, %d of 4 reused\n", reused);
+	expect_frees("syncfree_blocking", f0, s0, true);
+}
+
+static void syncfree_many_phase(void)
+{
+	const int N = 70;
+	cudaStream_t s[N];
+	unsigned long long ns = quick ? 5000000ull : 50000000ull;
+	for (int i = 0; i < N; i++)
+		CK(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking));
+	// 70 non-blocking streams: past the shim's limit (64), synchronised
+	unsigned long long f0 = hook("fence_free"), s0 = hook("sync_free");
+	for (int i = 0; i < N; i += 7)
+		late_then_new(s[i], s[(i + 1) % N], ns);
+	expect_frees("syncfree_many (70 streams)", f0, s0, false);
+	for (int i = 64; i < N; i++)
+		CK(cudaStreamDestroy(s[i]));
+	// 64: fenced, every one of them waited for and waiting
+	f0 = hook("fence_free");
+	s0 = hook("sync_free");
+	for (int i = 0; i < 64; i += 7)
+		late_then_new(s[i], s[63 - i], ns);
+	expect_frees("syncfree_many (64 streams)", f0, s0, true);
+	for (int i = 0; i < 64; i++)
+		CK(cudaStreamDestroy(s[i]));
+	printf("syncfree_many: ok\n");
+}
+
+static void syncfree_gpa_phase(void)
+{
+	typedef CUresult (*create_t)(CUstream *, unsigned);
+	typedef CUresult (*create_prio_t)(CUstream *, unsigned, int);
+	create_t create = nullptr;
+	create_prio_t create_prio = nullptr;
+	cudaDriverEntryPointQueryResult q;
+	CUstream s1, s2;
+	unsigned long long ns = quick ? 20000000ull : 200000000ull;
+	CK(cudaGetDriverEntryPointByVersion("cuStreamCreate", (void **)&create, 12000,
+					    cudaEnableDefault, &q));
+	CK(cudaGetDriverEntryPointByVersion("cuStreamCreateWithPriority", (void **)&create_prio,
+					    12000, cudaEnableDefault, &q));
+	REQUIRE(create && create_prio);
+	unsigned long long c0 = hook("cuStreamCreate") + hook("cuStreamCreateWithPriority");
+	REQUIRE(create(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	REQUIRE(create_prio(&s2, CU_STREAM_NON_BLOCKING, -1) == CUDA_SUCCESS);
+	if (expect_pool) // the shim saw both made
+		REQUIRE(hook("cuStreamCreate") + hook("cuStreamCreateWithPriority") == c0 + 2);
+	unsigned long long f0 = hook("fence_free"), s0 = hook("sync_free");
+	late_then_new((cudaStream_t)s1, (cudaStream_t)s2, ns);
+	late_then_new((cudaStream_t)s2, (cudaStream_t)s1, ns);
+	expect_frees("syncfree_gpa", f0, s0, true);
+	CK(cudaStreamDestroy((cudaStream_t)s1));
+	CK(cudaStreamDestroy((cudaStream_t)s2));
+	printf("syncfree_gpa: ok\n");
+}
+
+static void syncfree_destroyed_phase(void)
+{
+	cudaStream_t late, next;
+	unsigned long long ns = quick ? 20000000ull : 200000000ull;
+	unsigned long long f0 = hook("fence_free"), s0 = hook("sync_free");
+	CK(cudaStreamCreateWithFlags(&next, cudaStreamNonBlocking));
+	for (int i = 0; i < 3; i++) {
+		CK(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
+		late_then_new(late, next, ns, true);
+	}
+	CK(cudaStreamDestroy(next));
+	expect_frees("syncfree_destroyed", f0, s0, true);
+	printf("syncfree_destroyed: ok\n");
+}
+
 static void streams_phase(void)
 {
 	const int NS = 4;
@@ -279,10 +423,12 @@ static void timing_phase(void)
 
 int main(int argc, char **argv)
 {
-	bool expect_pool = getenv("EXPECT_POOL") && !strcmp(getenv("EXPECT_POOL"), "1");
+	expect_pool = getenv("EXPECT_POOL") && !strcmp(getenv("EXPECT_POOL"), "1");
+	sync_device = getenv("VPMM_SYNC_FREE") && !strcmp(getenv("VPMM_SYNC_FREE"), "device");
 	quick = argc > 1 && !strcmp(argv[1], "--quick");
 	CK(cudaFree(0));
 	*(void **)&stats_json = dlsym(RTLD_DEFAULT, "vpmm_shim_stats_json");
+	*(void **)&hook_calls_fn = dlsym(RTLD_DEFAULT, "vpmm_shim_hook_calls");
 	CK(cudaMalloc(&d_bad, sizeof *d_bad));
 	// first, on a fresh pool, so that no large free region exists yet
 	defrag_phase();
@@ -294,7 +440,15 @@ int main(int argc, char **argv)
 	}
 	sync_phase();
 	print_stats("after sync");
-	syncfree_phase();
+	{
+		unsigned long long f0 = hook("fence_free"), s0 = hook("sync_free");
+		syncfree_phase();
+		expect_frees("syncfree", f0, s0, true);
+	}
+	syncfree_blocking_phase();
+	syncfree_many_phase();
+	syncfree_gpa_phase();
+	syncfree_destroyed_phase();
 	streams_phase();
 	print_stats("after streams");
 	if (!quick)
