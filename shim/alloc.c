@@ -19,8 +19,8 @@
  *    says why that covers every stream). Where the shim cannot know every
  *    stream that may touch the memory (streams made behind its back,
  *    another context or a peer on the device, a capture, more than
- *    VPMM_FENCE_STREAMS_MAX non-blocking streams, another thread's context
- *    current), and with VPMM_SYNC_FREE=device: the free synchronises the
+ *    VPMM_FENCE_STREAMS_MAX non-blocking streams, a malloc from another
+ *    context than the pool's), and with VPMM_SYNC_FREE=device: the free synchronises the
  *    pool's context, then frees on VPMM_NO_STREAM (settled at once), and
  *    the malloc takes settled memory only.
  *  - Per-thread default streams: CU_STREAM_PER_THREAD is one handle for as
@@ -37,8 +37,8 @@
  *    pool's context is gone (nothing of it can still run), frees of pool
  *    memory succeed quietly.
  * May call: streams.h (the call's context and stream), devices.h (the
- * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared memory), runtime.h
- * (vpmm_runtime_init), trace.h, resolve.h, the log.
+ * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
+ * memory), runtime.h (vpmm_runtime_init), trace.h, resolve.h, the log.
  */
 #include <errno.h>
 #include <inttypes.h>
