@@ -22,6 +22,7 @@
 #include "pool.h"
 #include "reclaim.h"
 #include "region.h"
+#include "reset.h"
 #include "small.h"
 #include "stream.h"
 #include "take.h"
@@ -107,6 +108,11 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	if (!rc && cfg->background &&
 	    DRV(p, VPMM_OP_CTX_CURRENT, ctx_current, &p->ctx) != CUDA_SUCCESS)
 		rc = -EIO;
+	if (!rc) { /* the context's id now: a change later is its end */
+		pthread_mutex_lock(&p->lock);
+		vpi_ctx_check_locked(p);
+		pthread_mutex_unlock(&p->lock);
+	}
 	if (!rc && cfg->background) {
 		/* Every signal blocked: the program's signals are for its own
 		 * threads (one that sigwait()s for SIGTERM, say), and this
@@ -208,6 +214,7 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		return 0;
 
 	pthread_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	if (stream == VPMM_NO_STREAM)
 		p->sync_takes = true;
 	else if (!(caller = vpi_stream_get_locked(p, stream))) {
@@ -260,6 +267,8 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	if (p->cfg.front_entries && vpi_front_free(p, ptr, stream) == 0)
 		return 0;
 	pthread_mutex_lock(&p->lock);
+	if (stream != VPMM_NO_STREAM) /* it may record on its stream */
+		vpi_ctx_check_locked(p);
 	r = vpi_find_region(p, ptr);
 	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small))
 		goto out;
@@ -319,6 +328,7 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 	if (!p || h == VPMM_NO_STREAM)
 		return -EINVAL;
 	pthread_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p); /* an ended context's stream is forgotten */
 	struct stream *s = NULL, **link = NULL;
 	if (p->stream_hash_size)
 		for (link = &p->stream_hash[vpi_stream_slot(p, h)]; *link; link = &(*link)->hash_next)
@@ -371,6 +381,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	if (!p)
 		return -EINVAL;
 	pthread_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	for (struct stream *s = p->streams; s; s = s->next)
 		vpi_poll_stream(p, s);
 	vpi_small_drain_locked(p);
@@ -426,7 +437,9 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 			vpi_small_stream_gone_locked(p, s);
 		}
 	vpi_stream_reap_locked(p, p->ndead);
-	if (rebind && rebind != p->ctx) {
+	/* The next id seen is the context's (made again) or the next one's. */
+	p->ctx_id = 0;
+	if (rebind != p->ctx) {
 		p->ctx = rebind;
 		pthread_cond_signal(&p->reclaim_cond);
 	}
@@ -441,6 +454,7 @@ int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 	if (!__atomic_load_n(&p->nstreams, __ATOMIC_ACQUIRE))
 		return 0;
 	pthread_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	uint64_t settled = p->settled_count;
 	if (before_sync) {
 		/* Parked frees join their stream's pending ones, so that the
@@ -464,6 +478,7 @@ long long vpmm_pool_trim(vpmm_pool *p, size_t keep)
 	if (!p)
 		return -EINVAL;
 	pthread_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	size_t got = vpi_trim_locked(p, keep);
 	pthread_mutex_unlock(&p->lock);
 	return (long long)got;

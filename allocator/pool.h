@@ -30,6 +30,11 @@ struct vpmm_pool {
 	pthread_t reclaimer;
 	bool reclaimer_running, stopping;
 	CUcontext ctx; /* current where the pool was created; the reclaimer's */
+	/* ctx's id when last looked at (reset.c); 0: not known. A change
+	 * means the context ended under the pool. */
+	unsigned long long ctx_id;
+	bool no_ctx_id;        /* the driver has no ids: no check */
+	unsigned ctx_resets;   /* ends of the context learned by its id */
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
 	size_t page;  /* the unit of physical memory: slabs are whole pages */

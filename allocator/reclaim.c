@@ -16,6 +16,7 @@
 #include "pool.h"
 #include "reclaim.h"
 #include "region.h"
+#include "reset.h"
 #include "small.h"
 #include "stream.h"
 
@@ -308,6 +309,8 @@ void *vpi_reclaimer_main(void *arg)
 			bound = p->ctx;
 			p->drv->ctx_bind(p->drv, bound);
 		}
+		/* A context that ended unannounced: its events are not queried. */
+		vpi_ctx_check_locked(p);
 		if (p->zombie_head && vpi_reserve_regions(p, 2) == 0)
 			vpi_reclaim_zombies(p, false, &gave_way);
 		if (vpi_small_deferred(p))

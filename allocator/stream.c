@@ -302,6 +302,42 @@ bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
+void vpi_events_lost_locked(vpmm_pool *p)
+{
+	/* Every driver event died with the context: none is destroyed (its
+	 * handle is gone), none goes back to the cache, and a holder (a
+	 * zombie, a deferred block) sees it complete and frees the struct
+	 * when it lets go (vpi_event_unref). */
+	for (struct event *ev = p->events; ev; ev = ev->all_next)
+		if (!ev->gone) {
+			ev->gone = true;
+			ev->done = true;
+			ev->ev = NULL;
+			p->nevents--;
+		}
+	while (p->event_cache) {
+		struct event *ev = p->event_cache;
+		p->event_cache = ev->next;
+		vpi_event_forget(p, ev);
+		free(ev);
+	}
+	p->ncached = p->cache_low = 0;
+	/* Every stream's work is gone with it: what it freed settles, and its
+	 * open epoch closes without a record (the next one opens). */
+	for (struct stream *s = p->streams; s; s = s->next) {
+		while (s->ev_head) {
+			struct event *ev = s->ev_head;
+			s->ev_head = ev->next;
+			ev->stream = NULL;
+			vpi_event_unref(p, ev);
+		}
+		s->ev_tail = NULL;
+		uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+		s->done = open;
+		settle_stream(p, s);
+	}
+}
+
 /* Puts the dead stream s at the end of the records waiting to be freed. */
 static void dead_append(vpmm_pool *p, struct stream *s)
 {

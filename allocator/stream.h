@@ -107,6 +107,10 @@ void vpi_poll_stream(vpmm_pool *p, struct stream *s);
  * seen, then let what completed settle. */
 void vpi_poll_others(vpmm_pool *p, struct stream *caller);
 bool vpi_event_done_locked(vpmm_pool *p, struct event *ev);
+/* The context the events and streams live in ended without a word to the
+ * pool (a reset it learned of afterwards): every event is dropped without
+ * a driver call, and every stream's frees so far settle. */
+void vpi_events_lost_locked(vpmm_pool *p);
 /* Wait on the CPU for ev; true once it completed. */
 bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev);
 

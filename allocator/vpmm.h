@@ -135,8 +135,11 @@ int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
 /* The context the pool's events were made in is about to end (the program
  * destroys or resets it; call it current, after its work completed and
  * vpmm_pool_poll settled what that work held): the recycled events are
- * destroyed while the driver still knows them. `rebind`, if not NULL, is
- * the context the pool lives in from now on (its background thread's). */
+ * destroyed while the driver still knows them. `rebind` is the context the
+ * pool lives in from now on (its background thread's): the same one after
+ * a reset (the handle stays), NULL while it has none (until the shim gives
+ * it the next context that allocates). A reset nothing announced the pool
+ * learns of by the context's id (cuCtxGetId) on its own. */
 void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */

@@ -339,8 +339,7 @@ void vpmm_context_ending(CUcontext ctx, int device)
 		 * state cuDevicePrimaryCtxGetState reports: no_primary_made).
 		 * Else the pool waits for the next context that allocates
 		 * (vpmm_adopt_context). */
-		if (device < 0)
-			next = active_primary(i);
+		next = device < 0 ? active_primary(i) : ctx; /* a reset keeps the handle */
 		vpmm_pool_drop_events(p, next);
 		if (pushed)
 			vpmm_real.ctx_pop(&popped);
