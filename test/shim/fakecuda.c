@@ -15,6 +15,10 @@
  *    handle) for VMM memory, as the real driver does;
  *  - plain allocations (cuMemAlloc_v2, cuMemAllocAsync) are host memory that
  *    the fake tracks, so foreign pointers are rejected with INVALID_VALUE.
+ *  - cuCtxGetId: a context made again (a reset primary context, retained
+ *    anew) keeps its handle and gets a new id, CONTEXT_IS_DESTROYED in
+ *    between; cuGetExportTable hands out a private table whose reset is
+ *    the CUDA 13 runtime's cudaDeviceReset path, which no hook sees;
  * Test controls (exported, names no hook wraps): fakecuda_calls(),
  * fakecuda_fail(), fakecuda_set_capturing(), fakecuda_mem_info(),
  * fakecuda_accessible().
@@ -50,6 +54,7 @@ static const char *const counted[] = {
 	"cuStreamSynchronize", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
 	"cuGetProcAddress",
 	"no_context", /* driver work done with no current context */
+	"dead_handle", /* a stream or event of an ended context named */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])
 static unsigned long counts[NCOUNTED];
@@ -61,6 +66,11 @@ void fake_count(const char *name)
 			__atomic_add_fetch(&counts[i], 1, __ATOMIC_RELAXED);
 			return;
 		}
+}
+
+void fake_dead_use(void)
+{
+	fake_count("dead_handle");
 }
 
 unsigned long fakecuda_calls(const char *name)

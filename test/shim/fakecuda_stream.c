@@ -27,6 +27,8 @@ struct stream_ctx {
 };
 
 static struct stream_ctx *stream_ctxs;
+static bool event_alive(CUevent ev, struct fake_ctx **ctx);
+static struct fake_ctx *stream_ctx_of(CUstream s);
 static struct owned *events_owned;
 static __thread CUstreamCaptureMode capture_mode;
 
@@ -141,6 +143,9 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 	CUresult r = fake_ctx_state();
 	fake_note_context();
 	(void)flags;
+	if (r == CUDA_SUCCESS && (!event_alive(ev, NULL) ||
+				  ((uintptr_t)s > (uintptr_t)CU_STREAM_PER_THREAD && !stream_ctx_of(s))))
+		r = CUDA_ERROR_INVALID_HANDLE;
 	return r != CUDA_SUCCESS ? r : fake_drv->stream_wait(fake_drv, s, ev);
 }
 
@@ -159,6 +164,8 @@ static bool event_alive(CUevent ev, struct fake_ctx **ctx)
 			alive = !o->ctx->destroyed && o->ctx->gen == o->gen;
 			if (ctx)
 				*ctx = o->ctx;
+			if (!alive)
+				fake_dead_use();
 			break;
 		}
 	pthread_mutex_unlock(&fake_lock);
@@ -177,6 +184,8 @@ static struct fake_ctx *stream_ctx_of(CUstream s)
 		if (sc->s == s) {
 			if (!sc->ctx->destroyed && sc->ctx->gen == sc->gen)
 				c = sc->ctx;
+			else
+				fake_dead_use();
 			break;
 		}
 	pthread_mutex_unlock(&fake_lock);
@@ -253,6 +262,8 @@ CUresult cuEventDestroy_v2(CUevent ev)
 	for (struct owned **o = &events_owned; *o; o = &(*o)->next)
 		if ((*o)->handle == (void *)ev) {
 			struct owned *dead = *o;
+			if (dead->ctx->destroyed || dead->ctx->gen != dead->gen)
+				fake_dead_use();
 			*o = dead->next;
 			free(dead);
 			break;

@@ -190,6 +190,21 @@ Test(shim_rt, a_runtime_unloaded_and_another_loaded, .timeout = 30)
 	EXPECT_OK();
 }
 
+/* cudaDeviceReset through the driver's private table, unseen by the hooks:
+ * the pool learns of it by the context's id. */
+Test(shim_rt, device_reset_pool, .timeout = 30)
+{
+	run(RT_PROG, "device_reset", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_rt, device_reset_without_shim, .timeout = 30)
+{
+	run(RT_PROG, "device_reset", false, REAL);
+	EXPECT_OK();
+}
+
 /* Frees after the runtime tore its context down at exit: accepted quietly. */
 Test(shim_rt, exit_teardown, .timeout = 30)
 {
