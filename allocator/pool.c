@@ -446,6 +446,16 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 	pthread_mutex_unlock(&p->lock);
 }
 
+void vpmm_pool_context_ended(vpmm_pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	vpi_ctx_ended_locked(p);
+	p->ctx_id = 0; /* the next context's (or the one made again) */
+	pthread_mutex_unlock(&p->lock);
+}
+
 int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 {
 	if (!p)

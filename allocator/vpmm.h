@@ -141,6 +141,12 @@ int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
  * it the next context that allocates). A reset nothing announced the pool
  * learns of by the context's id (cuCtxGetId) on its own. */
 void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind);
+/* The context the pool's events and streams lived in has ended (after the
+ * program's cuCtxDestroy or reset returned): whatever vpmm_pool_poll could
+ * not settle before it (a synchronisation that failed on a sticky error) is
+ * settled now, and the events still held are dropped without a driver call.
+ * Live memory stays live. */
+void vpmm_pool_context_ended(vpmm_pool *pool);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */
 long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);

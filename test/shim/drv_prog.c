@@ -590,6 +590,50 @@ static void primary_reset(void)
 		CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* The primary context reset while a sticky error (a kernel's fault) makes
+ * every synchronisation fail: the shim's hook cannot settle the frees
+ * pending on the context's stream before the real call, so the pool must
+ * let go of them after it, and never query those streams' events again
+ * (the fake counts each as dead_handle: a crash inside libcuda). */
+static void primary_reset_sticky(void)
+{
+	CUcontext c0, again;
+	CUstream s, s2;
+	CUdeviceptr a, b, x;
+	void (*sticky)(int);
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	controls_init();
+	*(void **)&sticky = dlsym(dlopen("libcuda.so.1", RTLD_NOW), "fakecuda_sticky");
+	CHECK(sticky != NULL);
+	churn(s, 4, false);
+	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0);
+	CHECK_EQ(cuMemAllocAsync(&b, 3 * P, s), 0);
+	CHECK_EQ(cuMemFreeAsync(a, s), 0);
+	CHECK_EQ(cuMemFreeAsync(b, s), 0); /* pending on s at the reset */
+	sticky(CUDA_ERROR_ILLEGAL_ADDRESS);
+	CHECK_EQ(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+	CHECK_EQ(cuDevicePrimaryCtxReset(0), 0); /* the remedy for a sticky error */
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&again, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(again), 0);
+	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s2), 0);
+		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(x, s2), 0);
+	}
+	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
+	CHECK_EQ(cuMemFree(x), 0);
+	CHECK_EQ(fake_calls("dead_handle"), 0);
+	if (expect_pool()) {
+		struct vpmm_stats st = pool_stats(0);
+		CHECK_EQ(st.failures, 0);
+		CHECK_EQ(st.live, 0);
+	}
+}
+
 /* A stream of device 1 destroyed while device 0 is current (cuStreamDestroy
  * takes any stream): its last event must be recorded in its own context,
  * else the frees pending on it never settle. */
@@ -753,6 +797,7 @@ int main(int argc, char **argv)
 		{"user_context", user_context},
 		{"context_destroyed", context_destroyed},
 		{"primary_reset", primary_reset},
+		{"primary_reset_sticky", primary_reset_sticky},
 		{"primary_released", primary_released},
 		{"user_context_default", user_context_default},
 		{"no_primary_made", no_primary_made},

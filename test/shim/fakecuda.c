@@ -21,7 +21,8 @@
  *    the CUDA 13 runtime's cudaDeviceReset path, which no hook sees;
  * Test controls (exported, names no hook wraps): fakecuda_calls(),
  * fakecuda_fail(), fakecuda_set_capturing(), fakecuda_mem_info(),
- * fakecuda_accessible().
+ * fakecuda_accessible(), fakecuda_sticky() (every synchronisation fails
+ * until the context ends, as after a kernel's fault).
  *
  * Environment: FAKECUDA_CAPACITY (bytes, default 256M), FAKECUDA_GRANULARITY
  * (default 64K), FAKECUDA_DEVICES (default 2).

@@ -14,6 +14,14 @@
 
 static __thread struct fake_ctx *stack[8];
 static unsigned long long last_id; /* under fake_lock */
+/* A sticky error (a kernel's fault): every synchronisation answers it
+ * until the context ends (fakecuda_sticky). */
+static CUresult sticky;
+
+void fakecuda_sticky(int result)
+{
+	sticky = (CUresult)result;
+}
 static __thread int depth; /* stack[depth - 1] is current */
 
 /* ---- setup ----------------------------------------------------------------------- */
@@ -163,6 +171,7 @@ static CUresult primary_reset(CUdevice dev)
 	pthread_mutex_lock(&fake_lock);
 	fake_ctxs[dev].destroyed = true;
 	fake_ctxs[dev].gen++;
+	sticky = CUDA_SUCCESS;
 	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
 }
@@ -309,6 +318,8 @@ static CUresult sync_ctx(struct fake_ctx *c)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (c->destroyed)
 		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	if (sticky)
+		return sticky;
 	vpmm_host_complete_all(fake_drv);
 	return CUDA_SUCCESS;
 }

@@ -245,6 +245,7 @@ DRV_SCENARIO(cross_default_stream)
 DRV_SCENARIO(user_context)
 DRV_SCENARIO(context_destroyed)
 DRV_SCENARIO(primary_reset)
+DRV_SCENARIO(primary_reset_sticky)
 DRV_SCENARIO(primary_released)
 /* Review 2: the default stream of a context the program made; a program of
  * its own contexts keeps its primary context inactive. */
