@@ -446,6 +446,17 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 	pthread_mutex_unlock(&p->lock);
 }
 
+void vpmm_pool_pause(vpmm_pool *p, bool paused)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->paused = paused;
+	if (!paused)
+		pthread_cond_signal(&p->reclaim_cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
 void vpmm_pool_context_ended(vpmm_pool *p)
 {
 	if (!p)

@@ -35,6 +35,9 @@ struct vpmm_pool {
 	unsigned long long ctx_id;
 	bool no_ctx_id;        /* the driver has no ids: no check */
 	unsigned ctx_resets;   /* ends of the context learned by its id */
+	/* The program is destroying the pool's context (vpmm_pool_pause):
+	 * the background thread makes no driver call until it is over. */
+	bool paused;
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
 	size_t page;  /* the unit of physical memory: slabs are whole pages */

@@ -309,10 +309,16 @@ void *vpi_reclaimer_main(void *arg)
 			bound = p->ctx;
 			p->drv->ctx_bind(p->drv, bound);
 		}
+		if (p->paused) { /* the program is ending the pool's context */
+			pthread_cond_wait(&p->reclaim_cond, &p->lock);
+			continue;
+		}
 		/* A context that ended unannounced: its events are not queried. */
 		vpi_ctx_check_locked(p);
 		if (p->zombie_head && vpi_reserve_regions(p, 2) == 0)
 			vpi_reclaim_zombies(p, false, &gave_way);
+		if (p->paused) /* came while the unmaps had the lock dropped */
+			continue;
 		if (vpi_small_deferred(p))
 			vpi_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;

@@ -141,6 +141,11 @@ int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
  * it the next context that allocates). A reset nothing announced the pool
  * learns of by the context's id (cuCtxGetId) on its own. */
 void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind);
+/* While `paused`, the pool's background thread makes no driver call (it
+ * waits, between two of its passes): the program is destroying the context
+ * the pool's events live in, and an event queried meanwhile may die in the
+ * query. */
+void vpmm_pool_pause(vpmm_pool *pool, bool paused);
 /* The context the pool's events and streams lived in has ended (after the
  * program's cuCtxDestroy or reset returned): whatever vpmm_pool_poll could
  * not settle before it (a synchronisation that failed on a sticky error) is

@@ -328,6 +328,10 @@ void vpmm_context_ending(CUcontext ctx, int device)
 		bool pushed = false;
 		if (!p || atomic_load(&st.dev[i].ctx) != ctx)
 			continue;
+		/* The background thread stays out of the driver until the
+		 * real call returned: an event it queried meanwhile could die
+		 * inside the query. */
+		vpmm_pool_pause(p, true);
 		atomic_store(&st.dev[i].ending, true);
 		if (vpmm_real.ctx_get_current(&cur) != CUDA_SUCCESS || cur != ctx) {
 			if (vpmm_real.ctx_push(ctx) != CUDA_SUCCESS)
@@ -355,7 +359,7 @@ void vpmm_context_ending(CUcontext ctx, int device)
 /* After the program's cuCtxDestroy or primary reset returned `r`: each pool
  * whose context ended lets go of what vpmm_context_ending could not settle
  * (its synchronisation failed: a sticky error, whose remedy is this very
- * reset). Before, the events still on
+ * reset), and its background thread goes on. Before, the events still on
  * the context's streams stayed, and the next allocation queried one of
  * them, destroyed (primary_reset_sticky). A call that failed ended
  * nothing. */
@@ -368,6 +372,7 @@ void vpmm_context_ended(CUresult r)
 			continue;
 		if (r == CUDA_SUCCESS)
 			vpmm_pool_context_ended(p);
+		vpmm_pool_pause(p, false);
 	}
 }
 

@@ -156,3 +156,37 @@ Test(reset, the_background_thread_checks_first)
 	cr_assert_eq(pt_stats(&t).zombies, 0, "the zombie of the ended context stayed");
 	pt_close(&t);
 }
+
+/* While the program destroys the pool's context (the shim's hook pauses the
+ * pool until the real call returned), the background thread makes no
+ * driver call: a zombie's event it queried then could die inside the
+ * query. It goes on once resumed. */
+Test(reset, a_paused_thread_stays_out_of_the_driver)
+{
+	struct pt t;
+	open_reset(&t, 0, true);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	make_zombie(&t, b);
+	struct timespec pause = {0, 1000 * 1000};
+	unsigned long q0 = vpmm_host_calls(t.drv, VPMM_OP_EVENT_QUERY);
+	for (int i = 0; i < 200 && vpmm_host_calls(t.drv, VPMM_OP_EVENT_QUERY) == q0; i++)
+		nanosleep(&pause, NULL);
+	cr_assert_gt(vpmm_host_calls(t.drv, VPMM_OP_EVENT_QUERY), q0,
+		     "the thread does not poll the zombie's event: nothing to pause");
+	vpmm_pool_pause(t.pool, true);
+	unsigned long calls = 0;
+	for (int op = 0; op < VPMM_OP_COUNT; op++)
+		calls += vpmm_host_calls(t.drv, (enum vpmm_op)op);
+	for (int i = 0; i < 30; i++)
+		nanosleep(&pause, NULL);
+	unsigned long after = 0;
+	for (int op = 0; op < VPMM_OP_COUNT; op++)
+		after += vpmm_host_calls(t.drv, (enum vpmm_op)op);
+	cr_assert_eq(after, calls, "%lu driver calls while paused", after - calls);
+	vpmm_host_complete_all(t.drv);
+	vpmm_pool_pause(t.pool, false);
+	for (int i = 0; i < 2000 && pt_stats(&t).zombies; i++)
+		nanosleep(&pause, NULL);
+	cr_assert_eq(pt_stats(&t).zombies, 0, "the thread did not go on");
+	pt_close(&t);
+}
