@@ -484,8 +484,10 @@ int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 			vpi_front_flush_stream_locked(p, s);
 		vpi_poll_others(p, NULL);
 	} else {
-		for (struct stream *s = p->streams; s; s = s->next)
+		for (struct stream *s = p->streams; s; s = s->next) {
 			vpi_poll_stream(p, s);
+			vpi_stream_synced_locked(p, s);
+		}
 		vpi_small_drain_locked(p);
 	}
 	vpi_stream_reap_locked(p, p->ndead);

@@ -338,6 +338,18 @@ void vpi_events_lost_locked(vpmm_pool *p)
 	}
 }
 
+void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s)
+{
+	if (!s->dead || s->ev_head || !s->fifo_head)
+		return;
+	/* Its last record failed (vpmm_pool_stream_gone): no event covers
+	 * its open epoch, and none ever will. The context's synchronisation
+	 * completed that work too: the epoch closes without a record. */
+	uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+	s->done = open;
+	settle_stream(p, s);
+}
+
 /* Puts the dead stream s at the end of the records waiting to be freed. */
 static void dead_append(vpmm_pool *p, struct stream *s)
 {

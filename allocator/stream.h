@@ -111,6 +111,9 @@ bool vpi_event_done_locked(vpmm_pool *p, struct event *ev);
  * pool (a reset it learned of afterwards): every event is dropped without
  * a driver call, and every stream's frees so far settle. */
 void vpi_events_lost_locked(vpmm_pool *p);
+/* The context was synchronised and s's events polled: if s is dead with
+ * frees no event covers (its last record failed), they settle. */
+void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s);
 /* Wait on the CPU for ev; true once it completed. */
 bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev);
 

@@ -127,10 +127,11 @@ int vpmm_pool_reclaim(vpmm_pool *pool);
 int vpmm_pool_stream_gone(vpmm_pool *pool, CUstream stream);
 /* Around a synchronisation of the device (cudaFree's): called with
  * before_sync before it, every stream's pending and cached frees get an
- * event (their open epochs close); called without after it, every event
- * that completed settles its frees, so that memory freed on any stream is
- * reusable by all and merges with its free neighbours. Returns how many
- * free regions settled, or a negative errno. */
+ * event (their open epochs close); called without once it succeeded, every
+ * event that completed settles its frees, so that memory freed on any
+ * stream is reusable by all and merges with its free neighbours, and so do
+ * the frees of a destroyed stream whose last event could not be recorded.
+ * Returns how many free regions settled, or a negative errno. */
 int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
 /* The context the pool's events were made in is about to end (the program
  * destroys or resets it; call it current, after its work completed and
