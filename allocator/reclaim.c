@@ -109,7 +109,7 @@ int vpi_reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 
 	/* A zombie stops at its first failed unmap: what is unmapped stays a
 	 * prefix, which becomes a hole; the rest remains a zombie. */
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	bool deferred = false;
 	for (k = 0; k < njobs; k++) {
 		if (k && job[k - 1].z == job[k].z && job[k - 1].r != CUDA_SUCCESS) {
@@ -126,7 +126,7 @@ int vpi_reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 		job[k].r = p->drv->unmap(p->drv, job[k].va, job[k].size);
 		job[k].tried = true;
 	}
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	p->st.reclaims_deferred += deferred;
 	if (defer)
 		*gave_way = deferred;
@@ -246,10 +246,10 @@ size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
 		free(job);
 		return 0;
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	for (size_t i = 0; i < n; i++)
 		job[i].r_unmap = p->drv->unmap(p->drv, job[i].m->va, job[i].m->handle->size);
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	got = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct region *r = job[i].r;
@@ -302,7 +302,7 @@ void *vpi_reclaimer_main(void *arg)
 	/* Driver calls need the pool's context current on this thread too. */
 	CUcontext bound = p->ctx;
 	p->drv->ctx_bind(p->drv, bound);
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	while (!p->stopping) {
 		bool gave_way = false;
 		if (p->ctx != bound) { /* vpmm_pool_drop_events moved the pool */
@@ -360,6 +360,6 @@ void *vpi_reclaimer_main(void *arg)
 			pthread_cond_wait(&p->reclaim_cond, &p->lock);
 		}
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return NULL;
 }

@@ -368,9 +368,9 @@ static void dead_append(vpmm_pool *p, struct stream *s)
 void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link)
 {
 	s->dead = true;
-	pthread_mutex_lock(&s->front.lock);
+	vpi_mutex_lock(&s->front.lock);
 	vpi_loop_fini(&s->front.loop);
-	pthread_mutex_unlock(&s->front.lock);
+	vpi_mutex_unlock(&s->front.lock);
 	*link = s->hash_next;
 	s->hash_next = NULL;
 	p->nhashed--;

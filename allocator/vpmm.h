@@ -116,6 +116,11 @@ int vpmm_pool_malloc(vpmm_pool *pool, size_t size, CUstream stream,
 /* Free an allocation; its memory is reusable at once on `stream` and on other
  * streams once the stream's work issued before this call completed. */
 int vpmm_pool_free(vpmm_pool *pool, CUdeviceptr ptr, CUstream stream);
+/* malloc, free, find, stream_gone, reclaim, poll and trim answer -EDEADLK,
+ * and do nothing, on a thread that holds one of the pool's locks: a signal
+ * handler that interrupted the pool, which would otherwise wait for itself
+ * for ever. */
+
 /* Phase 0 on demand: unmap the zombies whose events completed (they become
  * holes). Returns how many ranges were reclaimed, or a negative errno. */
 int vpmm_pool_reclaim(vpmm_pool *pool);
