@@ -43,7 +43,6 @@ bool vpi_ctx_check_locked(vpmm_pool *p)
 void vpi_ctx_ended_locked(vpmm_pool *p)
 {
 	p->ctx_resets++;
-	p->last_result = CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	/* Events first: from here on no stream has one to record or query,
 	 * and every stream's frees so far are settled. */
 	vpi_events_lost_locked(p);

@@ -243,6 +243,14 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 					  : vpmm_enter(ps, &dev, &sc);
 		if (r != CUDA_SUCCESS)
 			return false; /* a bad stream: the real call says so */
+		/* A pool that lost its context takes the stream's, as a malloc
+		 * would: the stream becomes one of the pool's, with events of
+		 * its context. Taken later by another context's malloc, the
+		 * pool forgot this stream without a last event (its frees
+		 * stayed pending for good) and recorded the events made here
+		 * on the other context's streams (free_without_context). */
+		if (!vpmm_device_ctx(owner))
+			vpmm_adopt_context(owner, sc.stream_ctx);
 		if (vpmm_capturing(ps) == 1)
 			goto refuse;
 		r = CUDA_SUCCESS;

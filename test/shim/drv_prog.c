@@ -711,6 +711,44 @@ static void user_context_default(void)
 /* A program of its own contexts only: destroying its context must not make
  * the device's primary context for it (cuDevicePrimaryCtxGetState says
  * whether one is active; the runtime and PyTorch ask it). */
+/* Pool memory freed on a stream while the pool has no context (its own was
+ * destroyed, the primary one is inactive): the stream's context becomes the
+ * pool's. Before, the pool took the stream and recorded its events there,
+ * then went on in the next context that allocated; the events made for the
+ * first came back from the cache and were recorded on the second's
+ * streams, refused every time. */
+static void free_without_context(void)
+{
+	CUcontext c1, c2, c3;
+	CUstream s2, s3;
+	CUdeviceptr p, q, x;
+	CHECK_EQ(cuInit(0), 0);
+	CHECK_EQ(cuCtxCreate_v2(&c1, 0, 0), 0);
+	controls_init();
+	CHECK_EQ(cuMemAlloc(&p, 2 * P), 0); /* the pool, in c1 */
+	CHECK_EQ(cuMemAlloc(&q, 3 * P), 0);
+	CHECK_EQ(cuCtxDestroy(c1), 0); /* the pool has no context now */
+	CHECK_EQ(cuCtxCreate_v2(&c2, 0, 0), 0);
+	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
+	CHECK_EQ(cuMemFreeAsync(p, s2), 0);
+	CHECK_EQ(cuMemFreeAsync(q, s2), 0);
+	CHECK_EQ(cuStreamSynchronize(s2), 0);
+	CHECK_EQ(cuCtxCreate_v2(&c3, 0, 0), 0);
+	CHECK_EQ(cuStreamCreate(&s3, 0), 0);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s3), 0);
+		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(x, s3), 0);
+		CHECK_EQ(cuStreamSynchronize(s3), 0);
+		CHECK_EQ(cuMemAlloc(&x, 2 * P), 0);
+		CHECK_EQ(cuMemFree(x), 0);
+	}
+	CHECK_EQ(fake_calls("record_refused"), 0);
+	CHECK_EQ(fake_calls("dead_handle"), 0);
+	if (expect_pool())
+		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 static void no_primary_made(void)
 {
 	CUcontext uc, uc2, popped;
@@ -801,6 +839,7 @@ int main(int argc, char **argv)
 		{"primary_released", primary_released},
 		{"user_context_default", user_context_default},
 		{"no_primary_made", no_primary_made},
+		{"free_without_context", free_without_context},
 		{"user_context_waits", user_context_waits},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)

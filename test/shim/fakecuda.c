@@ -56,6 +56,7 @@ static const char *const counted[] = {
 	"cuGetProcAddress",
 	"no_context", /* driver work done with no current context */
 	"dead_handle", /* a stream or event of an ended context named */
+	"record_refused", /* an event recorded on another context's stream */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])
 static unsigned long counts[NCOUNTED];

@@ -226,8 +226,10 @@ CUresult cuEventRecord(CUevent ev, CUstream s)
 	fake_note_context();
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec)
+	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec) {
+		fake_count("record_refused");
 		return CUDA_ERROR_INVALID_HANDLE;
+	}
 	return fake_drv->event_record(fake_drv, ev, s);
 }
 

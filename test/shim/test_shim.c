@@ -251,6 +251,8 @@ DRV_SCENARIO(primary_released)
  * its own contexts keeps its primary context inactive. */
 DRV_SCENARIO(user_context_default)
 DRV_SCENARIO(no_primary_made)
+/* Pool memory freed on a stream while the pool has no context. */
+DRV_SCENARIO(free_without_context)
 
 /* An allocation served from another context that waits for the pool's own
  * stream: VPMM_LIMIT leaves it nothing else. */
