@@ -4,7 +4,8 @@
  * awaited record completes, as on the device.
  *
  * Owns: struct host_record, host_event, host_stream (driver_host_int.h) and
- * their lifetimes. Calls driver_host_base.c only. Misuse of events and
+ * their lifetimes, those of an ended context included (kept, refused and
+ * counted: vpmm_host_ctx_reset). Calls driver_host_base.c only. Misuse of events and
  * streams is answered with CUDA_ERROR_INVALID_HANDLE.
  */
 #include "driver_host_int.h"

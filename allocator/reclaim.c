@@ -3,8 +3,9 @@
  * threshold, and the background thread that does both off the callers'
  * threads.
  *
- * Calls region.c, handle.c, stream.c, front.c (a trim flushes the caches)
- * and small.c (deferred blocks). Lock held, dropped around the driver's
+ * Calls region.c, handle.c, stream.c, front.c (a trim flushes the caches),
+ * small.c (deferred blocks) and reset.c (each pass of the thread first
+ * checks that the pool's context did not end). Lock held, dropped around the driver's
  * unmaps.
  */
 #include <pthread.h>

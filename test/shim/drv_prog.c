@@ -13,6 +13,9 @@ typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
 #define P ((size_t)64 << 10)
 
 void *scope_lookup_next(void); /* libshimscope.so */
+/* drv_ends.c: contexts that end where the pool cannot settle first */
+void primary_reset_sticky(void);
+void free_without_context(void);
 #define PTSZ CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 
 static void *get(gpa_t gpa, const char *name, int version, cuuint64_t flags)
@@ -590,50 +593,6 @@ static void primary_reset(void)
 		CHECK_EQ(pool_stats(0).failures, 0);
 }
 
-/* The primary context reset while a sticky error (a kernel's fault) makes
- * every synchronisation fail: the shim's hook cannot settle the frees
- * pending on the context's stream before the real call, so the pool must
- * let go of them after it, and never query those streams' events again
- * (the fake counts each as dead_handle: a crash inside libcuda). */
-static void primary_reset_sticky(void)
-{
-	CUcontext c0, again;
-	CUstream s, s2;
-	CUdeviceptr a, b, x;
-	void (*sticky)(int);
-	CHECK_EQ(cuInit(0), 0);
-	CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
-	CHECK_EQ(cuCtxSetCurrent(c0), 0);
-	CHECK_EQ(cuStreamCreate(&s, 0), 0);
-	controls_init();
-	*(void **)&sticky = dlsym(dlopen("libcuda.so.1", RTLD_NOW), "fakecuda_sticky");
-	CHECK(sticky != NULL);
-	churn(s, 4, false);
-	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0);
-	CHECK_EQ(cuMemAllocAsync(&b, 3 * P, s), 0);
-	CHECK_EQ(cuMemFreeAsync(a, s), 0);
-	CHECK_EQ(cuMemFreeAsync(b, s), 0); /* pending on s at the reset */
-	sticky(CUDA_ERROR_ILLEGAL_ADDRESS);
-	CHECK_EQ(cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
-	CHECK_EQ(cuDevicePrimaryCtxReset(0), 0); /* the remedy for a sticky error */
-	CHECK_EQ(cuDevicePrimaryCtxRetain(&again, 0), 0);
-	CHECK_EQ(cuCtxSetCurrent(again), 0);
-	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s2), 0);
-		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
-		CHECK_EQ(cuMemFreeAsync(x, s2), 0);
-	}
-	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
-	CHECK_EQ(cuMemFree(x), 0);
-	CHECK_EQ(fake_calls("dead_handle"), 0);
-	if (expect_pool()) {
-		struct vpmm_stats st = pool_stats(0);
-		CHECK_EQ(st.failures, 0);
-		CHECK_EQ(st.live, 0);
-	}
-}
-
 /* A stream of device 1 destroyed while device 0 is current (cuStreamDestroy
  * takes any stream): its last event must be recorded in its own context,
  * else the frees pending on it never settle. */
@@ -711,44 +670,6 @@ static void user_context_default(void)
 /* A program of its own contexts only: destroying its context must not make
  * the device's primary context for it (cuDevicePrimaryCtxGetState says
  * whether one is active; the runtime and PyTorch ask it). */
-/* Pool memory freed on a stream while the pool has no context (its own was
- * destroyed, the primary one is inactive): the stream's context becomes the
- * pool's. Before, the pool took the stream and recorded its events there,
- * then went on in the next context that allocated; the events made for the
- * first came back from the cache and were recorded on the second's
- * streams, refused every time. */
-static void free_without_context(void)
-{
-	CUcontext c1, c2, c3;
-	CUstream s2, s3;
-	CUdeviceptr p, q, x;
-	CHECK_EQ(cuInit(0), 0);
-	CHECK_EQ(cuCtxCreate_v2(&c1, 0, 0), 0);
-	controls_init();
-	CHECK_EQ(cuMemAlloc(&p, 2 * P), 0); /* the pool, in c1 */
-	CHECK_EQ(cuMemAlloc(&q, 3 * P), 0);
-	CHECK_EQ(cuCtxDestroy(c1), 0); /* the pool has no context now */
-	CHECK_EQ(cuCtxCreate_v2(&c2, 0, 0), 0);
-	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
-	CHECK_EQ(cuMemFreeAsync(p, s2), 0);
-	CHECK_EQ(cuMemFreeAsync(q, s2), 0);
-	CHECK_EQ(cuStreamSynchronize(s2), 0);
-	CHECK_EQ(cuCtxCreate_v2(&c3, 0, 0), 0);
-	CHECK_EQ(cuStreamCreate(&s3, 0), 0);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s3), 0);
-		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
-		CHECK_EQ(cuMemFreeAsync(x, s3), 0);
-		CHECK_EQ(cuStreamSynchronize(s3), 0);
-		CHECK_EQ(cuMemAlloc(&x, 2 * P), 0);
-		CHECK_EQ(cuMemFree(x), 0);
-	}
-	CHECK_EQ(fake_calls("record_refused"), 0);
-	CHECK_EQ(fake_calls("dead_handle"), 0);
-	if (expect_pool())
-		CHECK_EQ(pool_stats(0).failures, 0);
-}
-
 static void no_primary_made(void)
 {
 	CUcontext uc, uc2, popped;
