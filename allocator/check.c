@@ -369,7 +369,7 @@ static const enum vpmm_region_kind kinds[R_BUSY] = {
 size_t vpmm_pool_regions(vpmm_pool *p, struct vpmm_region_info *out, size_t cap)
 {
 	size_t n = 0;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	for (struct vpi_tnode *t = vpi_tree_first(&p->regions); t;
 	     t = vpi_tree_next(t), n++) {
 		const struct region *r = REG(t, by_va);
@@ -384,7 +384,7 @@ size_t vpmm_pool_regions(vpmm_pool *p, struct vpmm_region_info *out, size_t cap)
 			.chunk = r->chunk,
 		};
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return n;
 }
 
@@ -420,7 +420,7 @@ size_t vpmm_pool_layout(vpmm_pool *p, char *buf, size_t n, size_t unit)
 	char num[32];
 	if (n)
 		buf[0] = '\0';
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	for (struct vpi_tnode *t = vpi_tree_first(&p->regions); t; t = vpi_tree_next(t)) {
 		const struct region *r = REG(t, by_va);
 		size_text(num, sizeof(num), r->size, unit);
@@ -431,14 +431,14 @@ size_t vpmm_pool_layout(vpmm_pool *p, char *buf, size_t n, size_t unit)
 			len += (size_t)w;
 		prev_chunk = (int)r->chunk;
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return len;
 }
 
 size_t vpmm_pool_check(vpmm_pool *p, FILE *log)
 {
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	size_t bad = check_locked(p, log);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return bad;
 }

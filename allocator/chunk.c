@@ -24,9 +24,9 @@ int vpi_chunk_add(vpmm_pool *p, size_t min, unsigned *index)
 
 	if (p->nchunks == VPMM_MAX_CHUNKS)
 		return -ENOMEM;
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	r = p->drv->va_reserve(p->drv, size, &va);
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	p->st.driver_calls++;
 	p->driver_calls[VPMM_OP_VA_RESERVE]++;
 	if (r != CUDA_SUCCESS) {

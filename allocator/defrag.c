@@ -604,7 +604,7 @@ static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
 	CUresult r = CUDA_SUCCESS;
 
 	__atomic_fetch_add(&p->mappers, 1, __ATOMIC_RELAXED);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	/* Create the shortfall; map harvested handles first, new ones after. */
 	for (k = d->nmove; k < d->nfr; k++) {
 		r = p->drv->mem_create(p->drv, p->cfg.device, d->fr[k].handle->size,
@@ -633,7 +633,7 @@ static CUresult defrag_map(vpmm_pool *p, struct defrag *d)
 				p->drv->mem_release(p->drv, d->fr[k].handle->cu);
 	}
 	__atomic_fetch_sub(&p->mappers, 1, __ATOMIC_RELAXED);
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	if (p->reclaim_deferrals) /* the background thread waits for us */
 		pthread_cond_signal(&p->reclaim_cond);
 	p->inflight -= d->shortfall;

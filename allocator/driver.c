@@ -26,6 +26,7 @@ const char *vpmm_op_name(enum vpmm_op op)
 	case VPMM_OP_IMPORT_FD: return "import_fd";
 	case VPMM_OP_CTX_CURRENT: return "ctx_current";
 	case VPMM_OP_CTX_BIND: return "ctx_bind";
+	case VPMM_OP_CTX_ID: return "ctx_id";
 	case VPMM_OP_COUNT: break;
 	}
 	return "unknown";

@@ -46,6 +46,7 @@ enum vpmm_op {
 	VPMM_OP_IMPORT_FD,
 	VPMM_OP_CTX_CURRENT,
 	VPMM_OP_CTX_BIND,
+	VPMM_OP_CTX_ID,
 	VPMM_OP_COUNT
 };
 
@@ -98,6 +99,13 @@ struct vpmm_driver {
 	 * context the pool was created in. */
 	CUresult (*ctx_current)(vpmm_driver *d, CUcontext *out);
 	CUresult (*ctx_bind)(vpmm_driver *d, CUcontext ctx);
+	/* The unique id of `ctx` (NULL: the calling thread's current one).
+	 * A context destroyed and made again under the same handle (a reset
+	 * primary context) gets a new id, and answers
+	 * CUDA_ERROR_CONTEXT_IS_DESTROYED in between: how the pool learns of a
+	 * reset nothing told it of. CUDA_ERROR_NOT_SUPPORTED where the driver
+	 * has no ids. */
+	CUresult (*ctx_id)(vpmm_driver *d, CUcontext ctx, unsigned long long *id);
 
 	/* Frees the driver object. The cuda driver leaves what it handed out to
 	 * the owner; the host driver also unmaps and closes what it still tracks,

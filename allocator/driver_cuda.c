@@ -49,6 +49,8 @@ struct cuda_fns {
 	CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
 	CUresult (*CtxGetCurrent)(CUcontext *);
 	CUresult (*CtxSetCurrent)(CUcontext);
+	/* Optional (CUDA 12.0 and later): NULL where the driver lacks it. */
+	CUresult (*CtxGetId)(CUcontext, unsigned long long *);
 };
 
 /* The exported names, spelled out: cuda.h #defines several of the plain
@@ -85,6 +87,9 @@ static const struct {
 	SYM(CtxSetCurrent, "cuCtxSetCurrent"),
 #undef SYM
 };
+/* Entry points a driver may lack: the one feature needing each is off then. */
+static const size_t cuda_optional[] = {offsetof(struct cuda_fns, CtxGetId)};
+static const char *const cuda_optional_names[] = {"cuCtxGetId"};
 
 _Static_assert(sizeof(void *) == sizeof(CUresult (*)(void)),
 	       "entry points are stored through object pointers");
@@ -346,6 +351,21 @@ static CUresult cuda_ctx_bind(vpmm_driver *d, CUcontext ctx)
 	return cuda_of(d)->fn.CtxSetCurrent(ctx);
 }
 
+static CUresult cuda_ctx_id(vpmm_driver *d, CUcontext ctx, unsigned long long *id)
+{
+	struct cuda_driver *c = cuda_of(d);
+	if (!c->fn.CtxGetId)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (!ctx) {
+		CUresult r = c->fn.CtxGetCurrent(&ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (!ctx)
+			return CUDA_ERROR_INVALID_CONTEXT;
+	}
+	return c->fn.CtxGetId(ctx, id);
+}
+
 static CUresult cuda_export_fd(vpmm_driver *d, CUmemGenericAllocationHandle h,
 			       int *fd)
 {
@@ -419,6 +439,10 @@ CUresult vpmm_driver_cuda_create(vpmm_cuda_resolver resolver, void *arg,
 		 * copy is what dlsym's users do (the sizes are asserted). */
 		memcpy((char *)&c->fn + cuda_syms[i].offset, &p, sizeof p);
 	}
+	for (size_t i = 0; i < sizeof cuda_optional / sizeof cuda_optional[0]; i++) {
+		void *p = resolver(cuda_optional_names[i], arg);
+		memcpy((char *)&c->fn + cuda_optional[i], &p, sizeof p);
+	}
 	atomic_init(&c->no_shareable, false);
 	c->base = (vpmm_driver){
 		.name = "cuda",
@@ -442,6 +466,7 @@ CUresult vpmm_driver_cuda_create(vpmm_cuda_resolver resolver, void *arg,
 		.import_fd = cuda_import_fd,
 		.ctx_current = cuda_ctx_current,
 		.ctx_bind = cuda_ctx_bind,
+		.ctx_id = cuda_ctx_id,
 		.destroy = cuda_destroy,
 	};
 	*out = &c->base;

@@ -19,7 +19,8 @@
 #define HOST_UNBACKED_BASE ((uintptr_t)1 << 44)
 
 /* One context per host driver, standing for the device's: any thread may
- * bind it. */
+ * bind it. A reset (vpmm_host_ctx_reset) keeps its handle and gives it a
+ * new id, as the primary context's reset does. */
 static CUresult host_ctx_current(vpmm_driver *d, CUcontext *out)
 {
 	struct host_driver *h = host_of(d);
@@ -28,6 +29,21 @@ static CUresult host_ctx_current(vpmm_driver *d, CUcontext *out)
 		r_ = CUDA_ERROR_INVALID_VALUE;
 	else
 		*out = (CUcontext)h;
+out:
+	pthread_mutex_unlock(&h->lock);
+	return r_;
+}
+
+static CUresult host_ctx_id(vpmm_driver *d, CUcontext ctx, unsigned long long *id)
+{
+	struct host_driver *h = host_of(d);
+	ENTER(h, VPMM_OP_CTX_ID);
+	if (!id || (ctx && ctx != (CUcontext)h))
+		r_ = CUDA_ERROR_INVALID_VALUE;
+	else if (h->ctx_destroyed)
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	else
+		*id = h->ctx_id;
 out:
 	pthread_mutex_unlock(&h->lock);
 	return r_;
@@ -97,10 +113,12 @@ CUresult vpmm_driver_host_create(const struct vpmm_host_options *opt,
 	h->unbacked = o.unbacked;
 	h->next_va = HOST_UNBACKED_BASE;
 	h->next_id = 1;
+	h->ctx_id = 1;
 	h->base = (vpmm_driver){
 		.name = "host",
 		.ctx_current = host_ctx_current,
 		.ctx_bind = host_ctx_bind,
+		.ctx_id = host_ctx_id,
 		.destroy = host_destroy,
 	};
 	vpi_host_mem_ops(&h->base);

@@ -88,6 +88,19 @@ unsigned long vpmm_host_calls(vpmm_driver *d, enum vpmm_op op);
  * since it was mapped; a negative device in set_access is device 0). */
 bool vpmm_host_accessible(vpmm_driver *d, CUdeviceptr va, int device);
 
+/* The context ends as a reset of the primary context ends it, without the
+ * pool being told: every stream and event made so far dies with the work
+ * queued on it (their handles are refused from now on, each use counted),
+ * the default streams start empty, memory stays mapped. With `remade` the
+ * context is made again at once under a new id (ctx_id); without, ctx_id
+ * and every event and stream operation answer
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED until vpmm_host_ctx_remake. */
+void vpmm_host_ctx_reset(vpmm_driver *d, bool remade);
+void vpmm_host_ctx_remake(vpmm_driver *d);
+/* Calls that named a stream or event of an ended context: on a GPU, a use
+ * of a destroyed object (a crash inside libcuda). */
+unsigned long vpmm_host_dead_calls(vpmm_driver *d);
+
 /* What is alive in the driver: for leak checks after a pool is destroyed. */
 struct vpmm_host_live {
 	size_t handles;      /* created, not yet released (or still mapped) */

@@ -220,6 +220,39 @@ bool vpmm_host_accessible(vpmm_driver *d, CUdeviceptr dva, int device)
 	return ok;
 }
 
+void vpmm_host_ctx_reset(vpmm_driver *d, bool remade)
+{
+	struct host_driver *h = vpi_host_checked(d);
+	if (!h)
+		return;
+	pthread_mutex_lock(&h->lock);
+	vpi_host_stream_reset(h);
+	h->ctx_id++;
+	h->ctx_destroyed = !remade;
+	pthread_mutex_unlock(&h->lock);
+}
+
+void vpmm_host_ctx_remake(vpmm_driver *d)
+{
+	struct host_driver *h = vpi_host_checked(d);
+	if (!h)
+		return;
+	pthread_mutex_lock(&h->lock);
+	h->ctx_destroyed = false;
+	pthread_mutex_unlock(&h->lock);
+}
+
+unsigned long vpmm_host_dead_calls(vpmm_driver *d)
+{
+	struct host_driver *h = vpi_host_checked(d);
+	if (!h)
+		return 0;
+	pthread_mutex_lock(&h->lock);
+	unsigned long n = h->dead_calls;
+	pthread_mutex_unlock(&h->lock);
+	return n;
+}
+
 void vpmm_host_live(vpmm_driver *d, struct vpmm_host_live *out)
 {
 	struct host_driver *h = vpi_host_checked(d);

@@ -106,6 +106,15 @@ struct host_driver {
 	 * a sync on one of its events), then the stream is freed. */
 	struct host_stream *draining;
 	struct host_stream *special[HOST_SPECIAL_STREAMS];
+	/* The context: its id, and whether it is destroyed and not yet made
+	 * again (vpmm_host_ctx_reset). Streams and events of an ended context
+	 * stay here, their handles refused and every use counted, so that no
+	 * address of theirs is handed out again. */
+	unsigned long long ctx_id;
+	bool ctx_destroyed;
+	void **dead; /* struct host_stream * and struct host_event *, sorted */
+	size_t ndead, capdead;
+	unsigned long dead_calls;
 
 	/* Called at the start of every operation, before the lock (so that
 	 * it may use the controls below): the device's own timing
@@ -178,6 +187,12 @@ CUresult vpi_host_stream_find(struct host_driver *h, CUstream s,
 /* Runs `s` up to its first blocked wait, adding the entries passed to
  * *moved; returns how many events completed. Lock held. */
 unsigned vpi_host_stream_run(struct host_stream *s, size_t *moved);
+/* Whether `handle` is a stream or event of an ended context; if so, the
+ * use is counted (vpmm_host_dead_calls). Lock held. */
+bool vpi_host_dead_use(struct host_driver *h, const void *handle);
+/* The context ends: its streams and events die with their work, the
+ * default streams start empty. Lock held. */
+void vpi_host_stream_reset(struct host_driver *h);
 /* Frees the destroyed streams whose queues ran empty. Lock held. */
 void vpi_host_stream_drained(struct host_driver *h);
 /* Frees every stream and event (destroy). */

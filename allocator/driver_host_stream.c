@@ -4,7 +4,8 @@
  * awaited record completes, as on the device.
  *
  * Owns: struct host_record, host_event, host_stream (driver_host_int.h) and
- * their lifetimes. Calls driver_host_base.c only. Misuse of events and
+ * their lifetimes, those of an ended context included (kept, refused and
+ * counted: vpmm_host_ctx_reset). Calls driver_host_base.c only. Misuse of events and
  * streams is answered with CUDA_ERROR_INVALID_HANDLE.
  */
 #include "driver_host_int.h"
@@ -18,10 +19,32 @@ static void rec_put(struct host_record *rec)
 		free(rec);
 }
 
+bool vpi_host_dead_use(struct host_driver *h, const void *handle)
+{
+	if (!handle || !vpi_host_ptr_find(h->dead, h->ndead, handle, NULL))
+		return false;
+	h->dead_calls++;
+	return true;
+}
+
 static struct host_event *event_find(struct host_driver *h, CUevent ev)
 {
-	return vpi_host_ptr_find(h->events, h->nevents, ev, NULL) ? (struct host_event *)ev
-							: NULL;
+	if (vpi_host_ptr_find(h->events, h->nevents, ev, NULL))
+		return (struct host_event *)ev;
+	vpi_host_dead_use(h, ev);
+	return NULL;
+}
+
+/* Whether the context is destroyed and not made again: event and stream
+ * work is refused (each handle of an ended context named still counts). */
+static bool ctx_gone(struct host_driver *h, const void *ev, CUstream s)
+{
+	if (!h->ctx_destroyed)
+		return false;
+	vpi_host_dead_use(h, ev);
+	if ((uintptr_t)s >= HOST_SPECIAL_STREAMS)
+		vpi_host_dead_use(h, s);
+	return true;
 }
 
 /* The stream object behind `s`; the special streams are made on first use. */
@@ -38,8 +61,10 @@ CUresult vpi_host_stream_find(struct host_driver *h, CUstream s,
 		*out = h->special[v];
 		return CUDA_SUCCESS;
 	}
-	if (!vpi_host_ptr_find(h->streams, h->nstreams, s, NULL))
+	if (!vpi_host_ptr_find(h->streams, h->nstreams, s, NULL)) {
+		vpi_host_dead_use(h, s);
 		return CUDA_ERROR_INVALID_HANDLE;
+	}
 	*out = (struct host_stream *)s;
 	return CUDA_SUCCESS;
 }
@@ -146,6 +171,10 @@ static CUresult host_event_create(vpmm_driver *d, CUevent *out)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_CREATE);
+	if (ctx_gone(h, NULL, NULL)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	struct host_event *ev;
 	if (!out) {
 		r_ = CUDA_ERROR_INVALID_VALUE;
@@ -167,6 +196,10 @@ static CUresult host_event_record(vpmm_driver *d, CUevent e, CUstream st)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_RECORD);
+	if (ctx_gone(h, e, st)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	struct host_event *ev = event_find(h, e);
 	struct host_stream *s;
 	struct host_record *rec;
@@ -198,6 +231,10 @@ static CUresult host_event_query(vpmm_driver *d, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_QUERY);
+	if (ctx_gone(h, e, NULL)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	struct host_event *ev = event_find(h, e);
 	if (!ev)
 		r_ = CUDA_ERROR_INVALID_HANDLE;
@@ -212,6 +249,10 @@ static CUresult host_event_sync(vpmm_driver *d, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_SYNC);
+	if (ctx_gone(h, e, NULL)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	struct host_event *ev = event_find(h, e);
 	if (!ev)
 		r_ = CUDA_ERROR_INVALID_HANDLE;
@@ -226,8 +267,13 @@ static CUresult host_event_destroy(vpmm_driver *d, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_DESTROY);
+	if (ctx_gone(h, e, NULL)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	size_t pos;
 	if (!vpi_host_ptr_find(h->events, h->nevents, e, &pos)) {
+		vpi_host_dead_use(h, e);
 		r_ = CUDA_ERROR_INVALID_HANDLE;
 		goto out;
 	}
@@ -249,6 +295,10 @@ static CUresult host_stream_wait(vpmm_driver *d, CUstream st, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_STREAM_WAIT);
+	if (ctx_gone(h, e, st)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	struct host_event *ev = event_find(h, e);
 	struct host_stream *s;
 	if (!ev) {
@@ -278,6 +328,10 @@ static CUresult host_stream_capturing(vpmm_driver *d, CUstream st,
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_STREAM_CAPTURING);
+	if (ctx_gone(h, NULL, st)) {
+		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+		goto out;
+	}
 	struct host_stream *s;
 	if (!capturing) {
 		r_ = CUDA_ERROR_INVALID_VALUE;
@@ -299,6 +353,55 @@ void vpi_host_stream_ops(vpmm_driver *base)
 	base->event_destroy = host_event_destroy;
 	base->stream_wait = host_stream_wait;
 	base->stream_capturing = host_stream_capturing;
+}
+
+/* The work queued on s is dropped, undone. */
+static void stream_drop_queue(struct host_stream *s)
+{
+	for (size_t i = s->head; i < s->len; i++)
+		rec_put(s->q[i].rec);
+	s->head = s->len = 0;
+}
+
+/* A handle of the ended context: refused and counted from now on, its
+ * memory kept so that no new object gets its address. */
+static void bury(struct host_driver *h, void *obj)
+{
+	if (!vpi_host_ptr_insert(&h->dead, &h->ndead, &h->capdead, obj))
+		free(obj); /* no room to remember it: an unknown handle then */
+}
+
+void vpi_host_stream_reset(struct host_driver *h)
+{
+	for (size_t i = 0; i < h->nstreams; i++) {
+		struct host_stream *s = h->streams[i];
+		stream_drop_queue(s);
+		free(s->q);
+		s->q = NULL;
+		s->cap = 0;
+		bury(h, s);
+	}
+	h->nstreams = 0;
+	while (h->draining) {
+		struct host_stream *s = h->draining;
+		h->draining = s->next_draining;
+		stream_free(s);
+	}
+	for (size_t i = 0; i < HOST_SPECIAL_STREAMS; i++)
+		if (h->special[i]) {
+			stream_drop_queue(h->special[i]);
+			h->special[i]->capturing = false;
+		}
+	for (size_t i = 0; i < h->nevents; i++) {
+		struct host_event *ev = h->events[i];
+		if (ev->rec) {
+			ev->rec->event = NULL;
+			rec_put(ev->rec);
+			ev->rec = NULL;
+		}
+		bury(h, ev);
+	}
+	h->nevents = 0;
 }
 
 void vpi_host_stream_drained(struct host_driver *h)
@@ -330,6 +433,9 @@ void vpi_host_stream_fini(struct host_driver *h)
 		rec_put(ev->rec);
 		free(ev);
 	}
+	for (size_t i = 0; i < h->ndead; i++)
+		free(h->dead[i]); /* queues and records dropped at the reset */
 	free(h->events);
 	free(h->streams);
+	free(h->dead);
 }

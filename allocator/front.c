@@ -60,9 +60,11 @@ static struct stream *front_stream(vpmm_pool *p, CUstream h)
 	uint64_t sgen = __atomic_load_n(&p->stream_gen, __ATOMIC_ACQUIRE);
 	if (tls_stream.gen == p->gen && tls_stream.handle == h && tls_stream.stream_gen == sgen)
 		return tls_stream.s;
-	pthread_mutex_lock(&p->lock);
-	struct stream *s = vpi_stream_get_locked(p, h);
-	pthread_mutex_unlock(&p->lock);
+	/* Unchecked: the context may have been reset under the pool, and
+	 * the reap a new record makes would query dead events (reset.c). */
+	vpi_mutex_lock(&p->lock);
+	struct stream *s = vpi_stream_get_unchecked_locked(p, h);
+	vpi_mutex_unlock(&p->lock);
 	if (s) {
 		tls_stream.gen = p->gen;
 		tls_stream.stream_gen = sgen;
@@ -116,7 +118,7 @@ int vpi_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	struct front *f = front_of(p, stream, &s);
 	if (!f)
 		return -EAGAIN;
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	for (uint16_t *link = &f->head[bucket(want)]; *link; link = &f->e[*link - 1].next) {
 		struct fentry e = f->e[*link - 1];
 		if (e.size != want)
@@ -124,7 +126,7 @@ int vpi_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		unlink_entry(f, link);
 		f->hits++;
 		vpi_loop_note(&f->loop, size, e.ptr);
-		pthread_mutex_unlock(&f->lock);
+		vpi_mutex_unlock(&f->lock);
 		if (e.r->small)
 			vpi_small_unpark(p, e.r->small, e.r, e.ptr);
 		else
@@ -132,7 +134,7 @@ int vpi_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		*out = e.ptr;
 		return 0;
 	}
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	return -EAGAIN;
 }
 
@@ -180,7 +182,7 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		 * makes the epoch's event cover the work before this free. */
 		uint64_t epoch = s ? __atomic_load_n(&s->epoch, __ATOMIC_SEQ_CST) : 0;
 		uint16_t at;
-		pthread_mutex_lock(&f->lock);
+		vpi_mutex_lock(&f->lock);
 		if (f->n < p->cfg.front_entries && f->bytes + size <= p->cfg.front_bytes &&
 		    (at = take_slot(f))) {
 			uint16_t *head = &f->head[bucket(size)];
@@ -190,10 +192,10 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 			f->n++;
 			f->bytes += size;
 			f->parks++;
-			pthread_mutex_unlock(&f->lock);
+			vpi_mutex_unlock(&f->lock);
 			return 0;
 		}
-		pthread_mutex_unlock(&f->lock);
+		vpi_mutex_unlock(&f->lock);
 	}
 	if (small)
 		vpi_small_unpark(p, small, r, ptr);
@@ -213,7 +215,7 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 {
 	size_t n = 0;
 	struct fentry *e;
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	VPMM_FRONT_FOR_EACH(f, e) {
 		n++;
 		/* Entries are claimed live memory (vpi_front_check_locked). */
@@ -232,7 +234,7 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 	f->bytes = 0;
 	f->unused = 0;
 	f->touched = 0;
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	return n;
 }
 
@@ -246,7 +248,7 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 	size_t n = 0;
 	if (!p->cfg.front_entries)
 		return 0;
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS && f->n; b++) {
 		uint16_t *link = &f->head[b];
 		while (*link) {
@@ -260,7 +262,7 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 			n++;
 		}
 	}
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	return n;
 }
 
@@ -273,10 +275,10 @@ bool vpi_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region 
 {
 	struct front *f = vpi_front_of(p, s);
 	bool found = false;
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	for (uint16_t slot = f->head[bucket(r->size)]; slot && !found; slot = f->e[slot - 1].next)
 		found = f->e[slot - 1].r == r;
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	return found;
 }
 
@@ -314,11 +316,11 @@ void vpi_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,
 	*hits = p->gone_hits; /* what freed streams' caches served */
 	*parks = p->gone_parks;
 	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
-		pthread_mutex_lock(&f->lock);
+		vpi_mutex_lock(&f->lock);
 		*parked_bytes += f->bytes;
 		*hits += f->hits;
 		*parks += f->parks;
-		pthread_mutex_unlock(&f->lock);
+		vpi_mutex_unlock(&f->lock);
 	}
 }
 
@@ -344,7 +346,7 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 	size_t bad = 0, bytes = 0;
 	unsigned n = 0, steps = 0, unused = 0;
 	uint64_t seen[VPMM_FRONT_MAX / 64] = {0}; /* slots in a chain */
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS; b++) {
 		for (uint16_t slot = f->head[b]; slot; slot = f->e[slot - 1].next) {
 			if (slot > f->touched || ++steps > VPMM_FRONT_MAX) {
@@ -387,7 +389,7 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 			fprintf(log, "vpmm check: front %u slots used, %u parked, %u unused\n",
 				f->touched, n, unused);
 	}
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	return bad;
 }
 

@@ -22,9 +22,18 @@
 #include "pool.h"
 #include "reclaim.h"
 #include "region.h"
+#include "reset.h"
 #include "small.h"
 #include "stream.h"
 #include "take.h"
+
+/* A public call on a thread that holds one of the pool's locks: a signal
+ * handler that interrupted the pool (vpi.h). It would wait for itself. */
+#define REFUSE_REENTRY()                                                      \
+	do {                                                                  \
+		if (__builtin_expect(vpi_tls_locks != 0, 0))                  \
+			return -EDEADLK;                                      \
+	} while (0)
 
 int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		     vpmm_pool **out)
@@ -93,7 +102,7 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	struct region *first;
 	CUdeviceptr at;
 	unsigned chunk;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	rc = vpi_reserve_regions(p, 4);
 	if (!rc)
 		rc = vpi_small_init(p);
@@ -103,10 +112,15 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 		bool grow = false; /* vpmm_config_check() bounded the product */
 		rc = vpi_defrag(p, NULL, cfg->initial_pages * p->page, &grow, false, &first, &at);
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	if (!rc && cfg->background &&
 	    DRV(p, VPMM_OP_CTX_CURRENT, ctx_current, &p->ctx) != CUDA_SUCCESS)
 		rc = -EIO;
+	if (!rc) { /* the context's id now: a change later is its end */
+		vpi_mutex_lock(&p->lock);
+		vpi_ctx_check_locked(p);
+		vpi_mutex_unlock(&p->lock);
+	}
 	if (!rc && cfg->background) {
 		/* Every signal blocked: the program's signals are for its own
 		 * threads (one that sigwait()s for SIGTERM, say), and this
@@ -143,10 +157,10 @@ void vpmm_pool_destroy(vpmm_pool *p)
 		return;
 	struct vpi_tnode *n;
 	if (p->reclaimer_running) {
-		pthread_mutex_lock(&p->lock);
+		vpi_mutex_lock(&p->lock);
 		p->stopping = true;
 		pthread_cond_signal(&p->reclaim_cond);
-		pthread_mutex_unlock(&p->lock);
+		vpi_mutex_unlock(&p->lock);
 		pthread_join(p->reclaimer, NULL);
 	}
 	vpi_small_fini(p);
@@ -202,12 +216,14 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 
 	if (!p || !out || !size)
 		return -EINVAL;
+	REFUSE_REENTRY();
 	if (size > SIZE_MAX - 2 * p->page)
 		return -ENOMEM;
 	if (p->cfg.front_entries && vpi_front_malloc(p, size, stream, out) == 0)
 		return 0;
 
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	if (stream == VPMM_NO_STREAM)
 		p->sync_takes = true;
 	else if (!(caller = vpi_stream_get_locked(p, stream))) {
@@ -220,12 +236,12 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	CUdeviceptr hint[VPMM_LOOP_HINTS];
 	unsigned nhint = 0;
 	bool small = size <= vpi_small_max(p);
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	vpi_loop_init(&f->loop); /* without memory, no loop is seen */
 	uint64_t seq = vpi_loop_note(&f->loop, size, 0);
 	if (!small)
 		nhint = vpi_loop_hints(&f->loop, hint);
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	if (small) {
 		rc = vpi_small_malloc_locked(p, caller, size, out);
 	} else {
@@ -237,15 +253,15 @@ int vpmm_pool_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 		}
 	}
 	if (!rc) {
-		pthread_mutex_lock(&f->lock);
+		vpi_mutex_lock(&f->lock);
 		vpi_loop_placed(&f->loop, seq, *out);
-		pthread_mutex_unlock(&f->lock);
+		vpi_mutex_unlock(&f->lock);
 		p->st.mallocs++;
 	}
 out:
 	if (rc)
 		p->st.failures++;
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return rc;
 }
 
@@ -257,9 +273,12 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 
 	if (!p)
 		return rc;
+	REFUSE_REENTRY();
 	if (p->cfg.front_entries && vpi_front_free(p, ptr, stream) == 0)
 		return 0;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
+	if (stream != VPMM_NO_STREAM) /* it may record on its stream */
+		vpi_ctx_check_locked(p);
 	r = vpi_find_region(p, ptr);
 	if (!r || r->kind != R_LIVE || (r->va != ptr && !r->small))
 		goto out;
@@ -281,7 +300,7 @@ int vpmm_pool_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	if (!rc)
 		p->st.frees++;
 out:
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return rc;
 }
 
@@ -290,7 +309,8 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 	int rc = -EINVAL;
 	if (!p)
 		return rc;
-	pthread_mutex_lock(&p->lock);
+	REFUSE_REENTRY();
+	vpi_mutex_lock(&p->lock);
 	struct region *r = vpi_find_region(p, ptr);
 	if (r && r->kind == R_LIVE && ptr < r->va + r->size &&
 	    (r->small || !vpi_claimed(r))) {
@@ -304,7 +324,7 @@ int vpmm_pool_find(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *siz
 			rc = 0;
 		}
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return rc;
 }
 
@@ -318,7 +338,9 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 	int rc = 0;
 	if (!p || h == VPMM_NO_STREAM)
 		return -EINVAL;
-	pthread_mutex_lock(&p->lock);
+	REFUSE_REENTRY();
+	vpi_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p); /* an ended context's stream is forgotten */
 	struct stream *s = NULL, **link = NULL;
 	if (p->stream_hash_size)
 		for (link = &p->stream_hash[vpi_stream_slot(p, h)]; *link; link = &(*link)->hash_next)
@@ -349,7 +371,7 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 	}
 	vpi_stream_reap_locked(p, REAP_ON_GONE);
 	vpi_event_cache_trim_locked(p);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return rc;
 }
 
@@ -370,13 +392,15 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 {
 	if (!p)
 		return -EINVAL;
-	pthread_mutex_lock(&p->lock);
+	REFUSE_REENTRY();
+	vpi_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	for (struct stream *s = p->streams; s; s = s->next)
 		vpi_poll_stream(p, s);
 	vpi_small_drain_locked(p);
 	int n = vpi_reserve_regions(p, 2) ? -ENOMEM : vpi_reclaim_zombies(p, false, NULL);
 	vpi_stream_reap_locked(p, p->ndead);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return n;
 }
 
@@ -384,7 +408,7 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 {
 	if (!p)
 		return;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	while (p->event_cache) {
 		struct event *ev = p->event_cache;
 		p->event_cache = ev->next;
@@ -426,21 +450,46 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 			vpi_small_stream_gone_locked(p, s);
 		}
 	vpi_stream_reap_locked(p, p->ndead);
-	if (rebind && rebind != p->ctx) {
+	/* The next id seen is the context's (made again) or the next one's. */
+	p->ctx_id = 0;
+	if (rebind != p->ctx) {
 		p->ctx = rebind;
 		pthread_cond_signal(&p->reclaim_cond);
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
+}
+
+void vpmm_pool_pause(vpmm_pool *p, bool paused)
+{
+	if (!p)
+		return;
+	vpi_mutex_lock(&p->lock);
+	p->paused = paused;
+	if (!paused)
+		pthread_cond_signal(&p->reclaim_cond);
+	vpi_mutex_unlock(&p->lock);
+}
+
+void vpmm_pool_context_ended(vpmm_pool *p)
+{
+	if (!p)
+		return;
+	vpi_mutex_lock(&p->lock);
+	vpi_ctx_ended_locked(p);
+	p->ctx_id = 0; /* the next context's (or the one made again) */
+	vpi_mutex_unlock(&p->lock);
 }
 
 int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 {
 	if (!p)
 		return -EINVAL;
+	REFUSE_REENTRY();
 	/* A pool only synchronous callers used has nothing to settle. */
 	if (!__atomic_load_n(&p->nstreams, __ATOMIC_ACQUIRE))
 		return 0;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	uint64_t settled = p->settled_count;
 	if (before_sync) {
 		/* Parked frees join their stream's pending ones, so that the
@@ -449,13 +498,15 @@ int vpmm_pool_poll(vpmm_pool *p, bool before_sync)
 			vpi_front_flush_stream_locked(p, s);
 		vpi_poll_others(p, NULL);
 	} else {
-		for (struct stream *s = p->streams; s; s = s->next)
+		for (struct stream *s = p->streams; s; s = s->next) {
 			vpi_poll_stream(p, s);
+			vpi_stream_synced_locked(p, s);
+		}
 		vpi_small_drain_locked(p);
 	}
 	vpi_stream_reap_locked(p, p->ndead);
 	int n = (int)(p->settled_count - settled);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return n;
 }
 
@@ -463,9 +514,11 @@ long long vpmm_pool_trim(vpmm_pool *p, size_t keep)
 {
 	if (!p)
 		return -EINVAL;
-	pthread_mutex_lock(&p->lock);
+	REFUSE_REENTRY();
+	vpi_mutex_lock(&p->lock);
+	vpi_ctx_check_locked(p);
 	size_t got = vpi_trim_locked(p, keep);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return (long long)got;
 }
 
@@ -476,17 +529,17 @@ size_t vpmm_pool_page_size(const vpmm_pool *p)
 
 CUresult vpmm_pool_last_result(vpmm_pool *p)
 {
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	CUresult r = p->last_result;
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return r;
 }
 
 void vpmm_pool_stats(vpmm_pool *p, struct vpmm_stats *out)
 {
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	vpi_stats_locked(p, out);
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 }
 
 void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out)

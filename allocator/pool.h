@@ -30,6 +30,14 @@ struct vpmm_pool {
 	pthread_t reclaimer;
 	bool reclaimer_running, stopping;
 	CUcontext ctx; /* current where the pool was created; the reclaimer's */
+	/* ctx's id when last looked at (reset.c); 0: not known. A change
+	 * means the context ended under the pool. */
+	unsigned long long ctx_id;
+	bool no_ctx_id;        /* the driver has no ids: no check */
+	unsigned ctx_resets;   /* ends of the context learned by its id */
+	/* The program is destroying the pool's context (vpmm_pool_pause):
+	 * the background thread makes no driver call until it is over. */
+	bool paused;
 	struct vpmm_config cfg;
 	vpmm_driver *drv;
 	size_t page;  /* the unit of physical memory: slabs are whole pages */
@@ -58,6 +66,9 @@ struct vpmm_pool {
 	size_t nhashed;
 	struct stream *dead, *dead_tail;
 	size_t ndead;
+	/* Dead streams the lock-free paths owe a reap: they make stream
+	 * records without reaping (vpi_stream_get_unchecked_locked). */
+	size_t reaps_owed;
 	unsigned nstreams;        /* streams ever seen: the next one's id */
 	/* A VPMM_NO_STREAM malloc came through the lock: synchronous callers
 	 * take only settled memory. Never cleared. Without it and a second

@@ -3,8 +3,9 @@
  * threshold, and the background thread that does both off the callers'
  * threads.
  *
- * Calls region.c, handle.c, stream.c, front.c (a trim flushes the caches)
- * and small.c (deferred blocks). Lock held, dropped around the driver's
+ * Calls region.c, handle.c, stream.c, front.c (a trim flushes the caches),
+ * small.c (deferred blocks) and reset.c (each pass of the thread first
+ * checks that the pool's context did not end). Lock held, dropped around the driver's
  * unmaps.
  */
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include "pool.h"
 #include "reclaim.h"
 #include "region.h"
+#include "reset.h"
 #include "small.h"
 #include "stream.h"
 
@@ -108,7 +110,7 @@ int vpi_reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 
 	/* A zombie stops at its first failed unmap: what is unmapped stays a
 	 * prefix, which becomes a hole; the rest remains a zombie. */
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	bool deferred = false;
 	for (k = 0; k < njobs; k++) {
 		if (k && job[k - 1].z == job[k].z && job[k - 1].r != CUDA_SUCCESS) {
@@ -125,7 +127,7 @@ int vpi_reclaim_zombies(vpmm_pool *p, bool wait, bool *gave_way)
 		job[k].r = p->drv->unmap(p->drv, job[k].va, job[k].size);
 		job[k].tried = true;
 	}
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	p->st.reclaims_deferred += deferred;
 	if (defer)
 		*gave_way = deferred;
@@ -245,10 +247,10 @@ size_t vpi_trim_locked(vpmm_pool *p, size_t keep)
 		free(job);
 		return 0;
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	for (size_t i = 0; i < n; i++)
 		job[i].r_unmap = p->drv->unmap(p->drv, job[i].m->va, job[i].m->handle->size);
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	got = 0;
 	for (size_t i = 0; i < n; i++) {
 		struct region *r = job[i].r;
@@ -301,15 +303,23 @@ void *vpi_reclaimer_main(void *arg)
 	/* Driver calls need the pool's context current on this thread too. */
 	CUcontext bound = p->ctx;
 	p->drv->ctx_bind(p->drv, bound);
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	while (!p->stopping) {
 		bool gave_way = false;
 		if (p->ctx != bound) { /* vpmm_pool_drop_events moved the pool */
 			bound = p->ctx;
 			p->drv->ctx_bind(p->drv, bound);
 		}
+		if (p->paused) { /* the program is ending the pool's context */
+			pthread_cond_wait(&p->reclaim_cond, &p->lock);
+			continue;
+		}
+		/* A context that ended unannounced: its events are not queried. */
+		vpi_ctx_check_locked(p);
 		if (p->zombie_head && vpi_reserve_regions(p, 2) == 0)
 			vpi_reclaim_zombies(p, false, &gave_way);
+		if (p->paused) /* came while the unmaps had the lock dropped */
+			continue;
 		if (vpi_small_deferred(p))
 			vpi_small_drain_locked(p);
 		uint64_t parked = 0, hits, parks;
@@ -351,6 +361,6 @@ void *vpi_reclaimer_main(void *arg)
 			pthread_cond_wait(&p->reclaim_cond, &p->lock);
 		}
 	}
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return NULL;
 }

@@ -65,7 +65,7 @@ int vpmm_pool_grant(vpmm_pool *p, int device)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	uint64_t waited = 0;
 	int rc = 0;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	for (;;) {
 		/* Looked at again after every wait: another grant may have
 		 * added this device, or taken the last slot, meanwhile. */
@@ -82,10 +82,10 @@ int vpmm_pool_grant(vpmm_pool *p, int device)
 			rc = -EAGAIN;
 			goto out;
 		}
-		pthread_mutex_unlock(&p->lock);
+		vpi_mutex_unlock(&p->lock);
 		nanosleep(&nap, NULL);
 		clock_gettime(CLOCK_MONOTONIC, &now);
-		pthread_mutex_lock(&p->lock);
+		vpi_mutex_lock(&p->lock);
 		waited = (uint64_t)(now.tv_sec - t0.tv_sec) * 1000000000ull +
 			 (uint64_t)(now.tv_nsec - t0.tv_nsec);
 	}
@@ -99,7 +99,7 @@ int vpmm_pool_grant(vpmm_pool *p, int device)
 		rc = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 	}
 out:
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return rc;
 }
 
@@ -107,11 +107,11 @@ size_t vpmm_pool_access(vpmm_pool *p, int *out, size_t cap)
 {
 	if (!p)
 		return 0;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	size_t n = p->naccess;
 	for (size_t i = 0; i < n && i < cap; i++)
 		out[i] = p->access[i];
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return n;
 }
 
@@ -121,7 +121,7 @@ int vpmm_pool_pieces(vpmm_pool *p, CUdeviceptr ptr, size_t first,
 	if (!p || !ext)
 		return -EINVAL;
 	int rc = -EINVAL;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	struct region probe = {.va = ptr};
 	struct region *r = REG(vpi_tree_floor(&p->regions, &probe.by_va), by_va);
 	if (!r || r->kind != R_LIVE || ptr >= r->va + r->size ||
@@ -148,6 +148,6 @@ int vpmm_pool_pieces(vpmm_pool *p, CUdeviceptr ptr, size_t first,
 	}
 	rc = (int)(ext->npieces > first ? (ext->npieces - first < cap ? ext->npieces - first : cap) : 0);
 out:
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	return rc;
 }

@@ -72,7 +72,7 @@ static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_
 	*total = 0;
 	for (;;) {
 		struct fentry *e;
-		pthread_mutex_lock(&f->lock);
+		vpi_mutex_lock(&f->lock);
 		VPMM_FRONT_FOR_EACH(f, e) {
 			if (e->r->small)
 				continue; /* a block inside a live slab */
@@ -81,7 +81,7 @@ static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_
 							    !owner };
 			(*total)++;
 		}
-		pthread_mutex_unlock(&f->lock);
+		vpi_mutex_unlock(&f->lock);
 		if (!next)
 			break;
 		owner = next;
@@ -145,11 +145,11 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 {
 	size_t need[3];
 	memset(out, 0, sizeof(*out));
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	need[0] = p->nchunks;
 	need[1] = p->regions.count;
 	need[2] = (p->nhashed + 1) * p->cfg.front_entries; /* at most parked */
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 
 	/* The pool may change between the two holds: leave room for growth and
 	 * retry with the sizes seen if it outgrew even that. */
@@ -167,9 +167,9 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 		}
 		out->chunks = chunks;
 		out->regions = regions;
-		pthread_mutex_lock(&p->lock);
+		vpi_mutex_lock(&p->lock);
 		bool ok = copy_locked(p, out, pk, cap, need);
-		pthread_mutex_unlock(&p->lock);
+		vpi_mutex_unlock(&p->lock);
 		free(pk);
 		if (ok)
 			return 0;
@@ -183,10 +183,10 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 void vpmm_pool_summary(vpmm_pool *p, struct vpmm_config *cfg, struct vpmm_stats *stats)
 {
 	struct vpmm_config c;
-	pthread_mutex_lock(&p->lock);
+	vpi_mutex_lock(&p->lock);
 	c = p->cfg;
 	c.page_size = p->page;
-	pthread_mutex_unlock(&p->lock);
+	vpi_mutex_unlock(&p->lock);
 	*cfg = c;
 	vpmm_pool_stats(p, stats); /* its own hold: the config does not change */
 }

@@ -48,9 +48,7 @@ static int stream_hash_grow(vpmm_pool *p)
  * that destroyed streams' records go where no destroy follows. */
 #define REAP_ON_NEW 4
 
-/* The stream record of `h`, created on first sight; NULL if the host is out
- * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
-struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
+static struct stream *stream_find_locked(vpmm_pool *p, CUstream h)
 {
 	struct stream *s = p->last_stream;
 	if (s && s->handle == h)
@@ -59,8 +57,24 @@ struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
 		for (s = p->stream_hash[vpi_stream_slot(p, h)]; s; s = s->hash_next)
 			if (s->handle == h)
 				return p->last_stream = s;
-	if (p->ndead)
-		vpi_stream_reap_locked(p, REAP_ON_NEW);
+	return NULL;
+}
+
+static struct stream *stream_get_locked(vpmm_pool *p, CUstream h, bool may_reap)
+{
+	struct stream *s = stream_find_locked(p, h);
+	if (s && !(may_reap && p->reaps_owed))
+		return s;
+	if (!may_reap) {
+		p->reaps_owed += REAP_ON_NEW;
+	} else {
+		size_t n = (s ? 0 : REAP_ON_NEW) + p->reaps_owed;
+		p->reaps_owed = 0;
+		if (p->ndead)
+			vpi_stream_reap_locked(p, n);
+		if (s)
+			return s;
+	}
 	if (p->nhashed + 1 > p->stream_hash_size / 2 && stream_hash_grow(p))
 		return NULL;
 	s = calloc(1, sizeof(*s));
@@ -86,6 +100,16 @@ struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
 	p->stream_hash[i] = s;
 	p->nhashed++;
 	return p->last_stream = s;
+}
+
+struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h)
+{
+	return stream_get_locked(p, h, true);
+}
+
+struct stream *vpi_stream_get_unchecked_locked(vpmm_pool *p, CUstream h)
+{
+	return stream_get_locked(p, h, false);
 }
 
 /* Unlinks ev from p->events (it is being destroyed). */
@@ -302,6 +326,54 @@ bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
+void vpi_events_lost_locked(vpmm_pool *p)
+{
+	/* Every driver event died with the context: none is destroyed (its
+	 * handle is gone), none goes back to the cache, and a holder (a
+	 * zombie, a deferred block) sees it complete and frees the struct
+	 * when it lets go (vpi_event_unref). */
+	for (struct event *ev = p->events; ev; ev = ev->all_next)
+		if (!ev->gone) {
+			ev->gone = true;
+			ev->done = true;
+			ev->ev = NULL;
+			p->nevents--;
+		}
+	while (p->event_cache) {
+		struct event *ev = p->event_cache;
+		p->event_cache = ev->next;
+		vpi_event_forget(p, ev);
+		free(ev);
+	}
+	p->ncached = p->cache_low = 0;
+	/* Every stream's work is gone with it: what it freed settles, and its
+	 * open epoch closes without a record (the next one opens). */
+	for (struct stream *s = p->streams; s; s = s->next) {
+		while (s->ev_head) {
+			struct event *ev = s->ev_head;
+			s->ev_head = ev->next;
+			ev->stream = NULL;
+			vpi_event_unref(p, ev);
+		}
+		s->ev_tail = NULL;
+		uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+		s->done = open;
+		settle_stream(p, s);
+	}
+}
+
+void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s)
+{
+	if (!s->dead || s->ev_head || !s->fifo_head)
+		return;
+	/* Its last record failed (vpmm_pool_stream_gone): no event covers
+	 * its open epoch, and none ever will. The context's synchronisation
+	 * completed that work too: the epoch closes without a record. */
+	uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+	s->done = open;
+	settle_stream(p, s);
+}
+
 /* Puts the dead stream s at the end of the records waiting to be freed. */
 static void dead_append(vpmm_pool *p, struct stream *s)
 {
@@ -320,9 +392,9 @@ static void dead_append(vpmm_pool *p, struct stream *s)
 void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link)
 {
 	s->dead = true;
-	pthread_mutex_lock(&s->front.lock);
+	vpi_mutex_lock(&s->front.lock);
 	vpi_loop_fini(&s->front.loop);
-	pthread_mutex_unlock(&s->front.lock);
+	vpi_mutex_unlock(&s->front.lock);
 	*link = s->hash_next;
 	s->hash_next = NULL;
 	p->nhashed--;

@@ -67,6 +67,11 @@ struct stream {
 /* The stream record of `h`, created on first sight; NULL if the host is out
  * of memory. VPMM_NO_STREAM has no record (callers pass NULL). */
 struct stream *vpi_stream_get_locked(vpmm_pool *p, CUstream h);
+/* The same for the lock-free paths, which have not checked that the
+ * context still stands (reset.c): no reap (it queries dead streams'
+ * events); what a new record would have reaped is owed to the next
+ * vpi_stream_get_locked. */
+struct stream *vpi_stream_get_unchecked_locked(vpmm_pool *p, CUstream h);
 /* The slot of h in p->stream_hash. */
 unsigned vpi_stream_slot(const vpmm_pool *p, CUstream h);
 /* The stream `s`, at *link in its hash chain, is gone: no malloc will name
@@ -107,6 +112,13 @@ void vpi_poll_stream(vpmm_pool *p, struct stream *s);
  * seen, then let what completed settle. */
 void vpi_poll_others(vpmm_pool *p, struct stream *caller);
 bool vpi_event_done_locked(vpmm_pool *p, struct event *ev);
+/* The context the events and streams live in ended without a word to the
+ * pool (a reset it learned of afterwards): every event is dropped without
+ * a driver call, and every stream's frees so far settle. */
+void vpi_events_lost_locked(vpmm_pool *p);
+/* The context was synchronised and s's events polled: if s is dead with
+ * frees no event covers (its last record failed), they settle. */
+void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s);
 /* Wait on the CPU for ev; true once it completed. */
 bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev);
 

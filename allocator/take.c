@@ -68,9 +68,9 @@ static void settle_all_waiting(vpmm_pool *p)
 static bool loop_repeats(vpmm_pool *p, struct stream *caller, size_t need)
 {
 	struct front *f = vpi_front_of(p, caller);
-	pthread_mutex_lock(&f->lock);
+	vpi_mutex_lock(&f->lock);
 	bool periodic = vpi_loop_repeats(&f->loop, need, p->grain);
-	pthread_mutex_unlock(&f->lock);
+	vpi_mutex_unlock(&f->lock);
 	if (!periodic || !p->cfg.loop_growth || p->st.live + need > p->st.live_peak)
 		return false;
 	return !p->cfg.limit || p->st.mapped + p->inflight + need <= p->cfg.limit;

@@ -9,6 +9,7 @@
 #define VPMM_VPI_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -27,6 +28,28 @@ extern void (*vpi_test_hook)(const char *point);
 #else
 #define VPMM_TEST_POINT(point) ((void)0)
 #endif
+
+/* Locks of the pool's (the pool lock, a front cache's) this thread holds or
+ * waits for. A call of the pool's while it holds one can only come from a
+ * signal handler that interrupted it, and would wait for itself for ever:
+ * the public calls refuse it (vpmm_pool_malloc, -EDEADLK). Counted before
+ * the lock is taken and after it is let go, so that no moment of holding
+ * goes uncounted. */
+extern __thread unsigned vpi_tls_locks;
+
+static inline void vpi_mutex_lock(pthread_mutex_t *m)
+{
+	vpi_tls_locks++;
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	pthread_mutex_lock(m);
+}
+
+static inline void vpi_mutex_unlock(pthread_mutex_t *m)
+{
+	pthread_mutex_unlock(m);
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	vpi_tls_locks--;
+}
 
 /* The top `bits` bits of x times 2^64 / phi: one index into a table of
  * 2^bits for keys that differ in any bits (streams, sizes). 0 < bits < 64. */

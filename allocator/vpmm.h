@@ -116,6 +116,11 @@ int vpmm_pool_malloc(vpmm_pool *pool, size_t size, CUstream stream,
 /* Free an allocation; its memory is reusable at once on `stream` and on other
  * streams once the stream's work issued before this call completed. */
 int vpmm_pool_free(vpmm_pool *pool, CUdeviceptr ptr, CUstream stream);
+/* malloc, free, find, stream_gone, reclaim, poll and trim answer -EDEADLK,
+ * and do nothing, on a thread that holds one of the pool's locks: a signal
+ * handler that interrupted the pool, which would otherwise wait for itself
+ * for ever. */
+
 /* Phase 0 on demand: unmap the zombies whose events completed (they become
  * holes). Returns how many ranges were reclaimed, or a negative errno. */
 int vpmm_pool_reclaim(vpmm_pool *pool);
@@ -127,17 +132,32 @@ int vpmm_pool_reclaim(vpmm_pool *pool);
 int vpmm_pool_stream_gone(vpmm_pool *pool, CUstream stream);
 /* Around a synchronisation of the device (cudaFree's): called with
  * before_sync before it, every stream's pending and cached frees get an
- * event (their open epochs close); called without after it, every event
- * that completed settles its frees, so that memory freed on any stream is
- * reusable by all and merges with its free neighbours. Returns how many
- * free regions settled, or a negative errno. */
+ * event (their open epochs close); called without once it succeeded, every
+ * event that completed settles its frees, so that memory freed on any
+ * stream is reusable by all and merges with its free neighbours, and so do
+ * the frees of a destroyed stream whose last event could not be recorded.
+ * Returns how many free regions settled, or a negative errno. */
 int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
 /* The context the pool's events were made in is about to end (the program
  * destroys or resets it; call it current, after its work completed and
  * vpmm_pool_poll settled what that work held): the recycled events are
- * destroyed while the driver still knows them. `rebind`, if not NULL, is
- * the context the pool lives in from now on (its background thread's). */
+ * destroyed while the driver still knows them. `rebind` is the context the
+ * pool lives in from now on (its background thread's): the same one after
+ * a reset (the handle stays), NULL while it has none (until the shim gives
+ * it the next context that allocates). A reset nothing announced the pool
+ * learns of by the context's id (cuCtxGetId) on its own. */
 void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind);
+/* While `paused`, the pool's background thread makes no driver call (it
+ * waits, between two of its passes): the program is destroying the context
+ * the pool's events live in, and an event queried meanwhile may die in the
+ * query. */
+void vpmm_pool_pause(vpmm_pool *pool, bool paused);
+/* The context the pool's events and streams lived in has ended (after the
+ * program's cuCtxDestroy or reset returned): whatever vpmm_pool_poll could
+ * not settle before it (a synchronisation that failed on a sticky error) is
+ * settled now, and the events still held are dropped without a driver call.
+ * Live memory stays live. */
+void vpmm_pool_context_ended(vpmm_pool *pool);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */
 long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);

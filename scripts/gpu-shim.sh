@@ -21,8 +21,9 @@
 #      must match the plain run's (XLA maps its buffers itself, so this
 #      checks that JAX runs unchanged, not that the pool serves it);
 #   7. test/gpu/contexts.cu: contexts the program makes, destroys, resets
-#      and releases, each scenario without and with the shim (device_reset,
-#      a known failure, with CTX_KNOWN_FAILURES=1).
+#      and releases, each scenario without and with the shim; device_reset
+#      (cudaDeviceReset, which the CUDA 13 runtime does where no hook sees
+#      it) with the static and the shared runtime.
 # Exit status: 0 when every step passed.
 #
 # Environment: SHIM_STEPS (torch steps, default 300), SHIM_JAX_STEPS (JAX
@@ -77,7 +78,8 @@ build() {
 	vpmm_build_lib "$W/libvpmm.so" &&
 		nvcc -O2 -arch="$ARCH" -o "$W/shim_cuda_static" "$ROOT/test/gpu/shim_cuda.cu" &&
 		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/shim_cuda_shared" "$ROOT/test/gpu/shim_cuda.cu" &&
-		nvcc -O2 -arch="$ARCH" -o "$W/contexts" "$ROOT/test/gpu/contexts.cu" -lcuda
+		nvcc -O2 -arch="$ARCH" -o "$W/contexts" "$ROOT/test/gpu/contexts.cu" -lcuda &&
+		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/contexts_shared" "$ROOT/test/gpu/contexts.cu" -lcuda
 }
 step build build
 LIB=$W/libvpmm.so
@@ -95,17 +97,15 @@ step cuda-shared-shim env LD_PRELOAD="$LIB" EXPECT_POOL=1 "$W/shim_cuda_shared"
 step cuda-static-shim-sync env LD_PRELOAD="$LIB" EXPECT_POOL=1 VPMM_SYNC_FREE=device \
 	"$W/shim_cuda_static"
 # ---- 7: contexts ------------------------------------------------------------------------
-# device_reset is a known failure, left out unless CTX_KNOWN_FAILURES=1: the
-# CUDA 13 runtime's cudaDeviceReset reaches the driver through its private
-# table, so the shim never hears of it, and the pool's next event record on
-# a stream the reset destroyed crashes inside libcuda (docs/design.md,
-# "Contexts that end").
-ctx_scenarios="user_context user_default primary_release ctx_destroy"
-[ "${CTX_KNOWN_FAILURES:-0}" = 1 ] && ctx_scenarios="$ctx_scenarios device_reset"
+ctx_scenarios="user_context user_default primary_release ctx_destroy device_reset"
 for sc in $ctx_scenarios; do
 	step "ctx-$sc-plain" "$W/contexts" "$sc"
 	step "ctx-$sc-shim" env LD_PRELOAD="$LIB" EXPECT_POOL=1 "$W/contexts" "$sc"
 done
+# The reset again with the shared runtime: its private table, too, must
+# stay out of the pool's way.
+step ctx-device_reset-shared-plain "$W/contexts_shared" device_reset
+step ctx-device_reset-shared-shim env LD_PRELOAD="$LIB" EXPECT_POOL=1 "$W/contexts_shared" device_reset
 memcheck() {
 	LD_PRELOAD="$LIB" EXPECT_POOL=1 compute-sanitizer --tool memcheck \
 		--error-exitcode 9 "$W/shim_cuda_static" --quick

@@ -33,6 +33,9 @@
  *    owns them). Freeing pool memory on a capturing stream is refused with
  *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the free would happen at graph
  *    launch, and the pool cannot order reuse after a launch it never sees.
+ *  - A signal handler that allocates or frees while its thread is inside the
+ *    pool gets CUDA_ERROR_NOT_PERMITTED and one error line: the pool's
+ *    locks are not async-signal-safe, and waiting would wait for ever.
  *  - Teardown: once the driver answers CUDA_ERROR_DEINITIALIZED, or the
  *    pool's context is gone (nothing of it can still run), frees of pool
  *    memory succeed quietly.
@@ -66,6 +69,12 @@ static CUresult pool_result(vpmm_pool *p, int e)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	case -EINVAL:
 		return CUDA_ERROR_INVALID_VALUE;
+	case -EDEADLK: /* a signal handler that interrupted the pool */
+		vpmm_log(VPMM_LOG_ERROR,
+			 "an allocation call from a signal handler that interrupted the pool on the "
+			 "same thread is refused (CUDA_ERROR_NOT_PERMITTED): the pool's locks are "
+			 "not async-signal-safe");
+		return CUDA_ERROR_NOT_PERMITTED;
 	case -EIO:
 		r = vpmm_pool_last_result(p);
 		return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
@@ -299,6 +308,14 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 					  : vpmm_enter(ps, &dev, &sc);
 		if (r != CUDA_SUCCESS)
 			return false; /* a bad stream: the real call says so */
+		/* A pool that lost its context takes the stream's, as a malloc
+		 * would: the stream becomes one of the pool's, with events of
+		 * its context. Taken later by another context's malloc, the
+		 * pool forgot this stream without a last event (its frees
+		 * stayed pending for good) and recorded the events made here
+		 * on the other context's streams (free_without_context). */
+		if (!vpmm_device_ctx(owner))
+			vpmm_adopt_context(owner, sc.stream_ctx);
 		if (vpmm_capturing(ps) == 1)
 			goto refuse;
 		r = CUDA_SUCCESS;

@@ -25,6 +25,9 @@ struct dev_pool {
 	_Atomic bool failed; /* creation failed: this device passes through */
 	_Atomic(CUcontext) ctx; /* the context the pool was created in */
 	_Atomic(CUcontext) primary; /* retained once, for callers with none */
+	/* Its context is being ended by the program's call, from
+	 * vpmm_context_ending to vpmm_context_ended. */
+	_Atomic bool ending;
 };
 
 static struct {
@@ -339,6 +342,11 @@ void vpmm_context_ending(CUcontext ctx, int device)
 		bool pushed = false;
 		if (!p || atomic_load(&st.dev[i].ctx) != ctx)
 			continue;
+		/* The background thread stays out of the driver until the
+		 * real call returned: an event it queried meanwhile could die
+		 * inside the query. */
+		vpmm_pool_pause(p, true);
+		atomic_store(&st.dev[i].ending, true);
 		if (vpmm_real.ctx_get_current(&cur) != CUDA_SUCCESS || cur != ctx) {
 			if (vpmm_real.ctx_push(ctx) != CUDA_SUCCESS)
 				continue; /* already gone: nothing of it to settle */
@@ -353,13 +361,32 @@ void vpmm_context_ending(CUcontext ctx, int device)
 		 * state cuDevicePrimaryCtxGetState reports: no_primary_made).
 		 * Else the pool waits for the next context that allocates
 		 * (vpmm_adopt_context). */
-		if (device < 0)
-			next = active_primary(i);
+		next = device < 0 ? active_primary(i) : ctx; /* a reset keeps the handle */
 		vpmm_pool_drop_events(p, next);
 		if (pushed)
 			vpmm_real.ctx_pop(&popped);
 		if (device < 0)
 			atomic_store(&st.dev[i].ctx, next);
+	}
+}
+
+/* After the program's cuCtxDestroy or primary reset returned `r`: each pool
+ * whose context ended lets go of what vpmm_context_ending could not settle
+ * (its synchronisation failed: a sticky error, whose remedy is this very
+ * reset), and its background thread goes on. Before, the events still on
+ * the context's streams stayed, and the next allocation queried one of
+ * them, destroyed (primary_reset_sticky). A call that failed ended
+ * nothing. */
+void vpmm_context_ended(CUresult r)
+{
+	int n = vpmm_device_count();
+	for (int i = 0; i < n; i++) {
+		vpmm_pool *p = existing_pool(i);
+		if (!p || !atomic_exchange(&st.dev[i].ending, false))
+			continue;
+		if (r == CUDA_SUCCESS)
+			vpmm_pool_context_ended(p);
+		vpmm_pool_pause(p, false);
 	}
 }
 

@@ -47,6 +47,8 @@ void vpmm_peer_enabled(CUcontext peer);
  * pools living in it settle what the context's work held and drop the
  * events the driver is about to destroy. */
 void vpmm_context_ending(CUcontext ctx, int device);
+/* After the program's call that ended it returned `r`. */
+void vpmm_context_ended(CUresult r);
 /* The program made a handle of its own (cuMemCreate succeeded): memory the
  * pool does not serve. Said once per process. */
 void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size);

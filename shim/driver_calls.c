@@ -247,15 +247,20 @@ CUresult vpmm_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 }
 
 /* A context's streams and events die with it, the pool's memory does not
- * (cuMemCreate memory outlives contexts): the pools living in it must hear
- * of it before the real call (cudaDeviceReset reaches the reset through
- * cuGetProcAddress). */
+ * (cuMemCreate memory outlives contexts): the pools living in it hear of it
+ * before the real call and after it. (The CUDA 13 runtime's
+ * cudaDeviceReset reaches the reset through its private table instead: the
+ * pool learns of that one by the context's id, allocator/reset.c.) */
 CUresult vpmm_cuCtxDestroy_v2(CUcontext ctx)
 {
 	vpmm_count(VPMM_HOOK_cuCtxDestroy_v2);
 	vpmm_context_ending(ctx, -1);
 	vpmm_live_streams_ctx_end(ctx);
-	REAL(ctx_destroy, ctx);
+	vpmm_resolve();
+	vpmm_count(VPMM_HOOK_passthrough);
+	CUresult r = vpmm_real.ctx_destroy ? vpmm_real.ctx_destroy(ctx) : CUDA_ERROR_NOT_INITIALIZED;
+	vpmm_context_ended(r);
+	return r;
 }
 
 CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -263,7 +268,11 @@ CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	vpmm_count(VPMM_HOOK_cuDevicePrimaryCtxReset_v2);
 	vpmm_context_ending(NULL, (int)dev);
 	vpmm_live_streams_device_reset((int)dev);
-	REAL(primary_reset, dev);
+	vpmm_resolve();
+	vpmm_count(VPMM_HOOK_passthrough);
+	CUresult r = vpmm_real.primary_reset ? vpmm_real.primary_reset(dev) : CUDA_ERROR_NOT_INITIALIZED;
+	vpmm_context_ended(r);
+	return r;
 }
 
 /* Every stream the program makes is noted (live_streams.h): the fences of

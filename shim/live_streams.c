@@ -38,6 +38,11 @@
  *  - A stream destroyed after a fence: the legacy stream's wait already
  *    holds the record; its event is destroyed with it, which the driver
  *    defers until the recorded work completed.
+ *  - A context reset that no hook sees (cudaDeviceReset goes through the
+ *    runtime's private table) keeps the context's handle but changes its
+ *    id (cuCtxGetId), and ends its streams and events. The id is compared
+ *    whenever a stream is made or a fence is asked for; a new one drops the
+ *    context's entries without destroying their dead events.
  * May call: resolve.h, the log.
  */
 #include <dlfcn.h>
@@ -83,6 +88,11 @@ static struct {
 		unsigned streams;
 	} ctxs[CTX_MAX];
 	bool ctx_overflow;
+	/* The id (cuCtxGetId) each context had when last seen. */
+	struct {
+		CUcontext ctx;
+		unsigned long long id;
+	} ids[CTX_MAX];
 } T = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Set once the table cannot be trusted to hold every stream. */
@@ -146,6 +156,8 @@ static void drop_locked(struct live **l)
 	free(e);
 }
 
+static void check_id_locked(CUcontext ctx);
+
 static void distrust(const char *why)
 {
 	if (!atomic_exchange(&untrusted, true))
@@ -188,6 +200,7 @@ void vpmm_live_stream_created(CUstream s, unsigned flags)
 	}
 	struct live *e = calloc(1, sizeof *e);
 	pthread_mutex_lock(&T.lock);
+	check_id_locked(ctx);
 	struct live **l = find_locked(s);
 	if (*l) /* a handle the driver reused: the old stream died unseen */
 		drop_locked(l);
@@ -249,13 +262,12 @@ void vpmm_live_stream_destroying(CUstream s)
 		distrust("a stream made without the shim seeing it");
 }
 
-void vpmm_live_streams_ctx_end(CUcontext ctx)
+/* Forgets `ctx`'s streams and legacy event; their events died with it. */
+static void ctx_end_locked(CUcontext ctx)
 {
-	pthread_mutex_lock(&T.lock);
 	for (unsigned b = 0; b < BUCKETS; b++)
 		for (struct live **l = &T.bucket[b]; *l;) {
 			if ((*l)->ctx == ctx) {
-				/* its events die with the context */
 				(*l)->ev = NULL;
 				drop_locked(l);
 			} else {
@@ -265,6 +277,37 @@ void vpmm_live_streams_ctx_end(CUcontext ctx)
 	for (unsigned i = 0; i < CTX_MAX; i++)
 		if (T.legacy[i].ctx == ctx)
 			T.legacy[i].ctx = NULL, T.legacy[i].ev = NULL;
+}
+
+/* Compares ctx's id with the one it had when last seen: a new id means
+ * the context was reset unannounced, and what the table holds of it is
+ * dead. */
+static void check_id_locked(CUcontext ctx)
+{
+	unsigned long long id;
+	unsigned k, none = CTX_MAX;
+	if (!ctx || !vpmm_real.ctx_get_id || vpmm_real.ctx_get_id(ctx, &id) != CUDA_SUCCESS)
+		return;
+	for (k = 0; k < CTX_MAX && T.ids[k].ctx != ctx; k++)
+		if (!T.ids[k].ctx && none == CTX_MAX)
+			none = k;
+	if (k < CTX_MAX) {
+		if (T.ids[k].id != id)
+			ctx_end_locked(ctx);
+		T.ids[k].id = id;
+	} else if (none < CTX_MAX) {
+		T.ids[none].ctx = ctx;
+		T.ids[none].id = id;
+	}
+}
+
+void vpmm_live_streams_ctx_end(CUcontext ctx)
+{
+	pthread_mutex_lock(&T.lock);
+	ctx_end_locked(ctx);
+	for (unsigned k = 0; k < CTX_MAX; k++)
+		if (T.ids[k].ctx == ctx)
+			T.ids[k].ctx = NULL;
 	pthread_mutex_unlock(&T.lock);
 }
 
@@ -296,6 +339,7 @@ void vpmm_live_streams_forget(void)
 	memset(T.bucket, 0, sizeof T.bucket);
 	memset(T.legacy, 0, sizeof T.legacy);
 	memset(T.ctxs, 0, sizeof T.ctxs);
+	memset(T.ids, 0, sizeof T.ids);
 	T.ctx_overflow = false;
 	T.nb = NULL;
 	T.n_nb = T.cap_nb = 0;
@@ -325,6 +369,7 @@ bool vpmm_fence_possible(CUcontext ctx, int dev)
 	bool ok = true;
 	unsigned n = 0;
 	pthread_mutex_lock(&T.lock);
+	check_id_locked(ctx);
 	for (unsigned i = 0; ok && i < T.n_nb; i++) {
 		struct live *e = T.nb[i];
 		if (e->ctx == ctx)
@@ -398,6 +443,7 @@ void vpmm_fence_new_stream(CUstream s)
 		return;
 	}
 	pthread_mutex_lock(&T.lock);
+	check_id_locked(ctx);
 	ev = legacy_event_locked(ctx);
 	bool ok = ev && vpmm_real.event_record(*ev, CU_STREAM_LEGACY) == CUDA_SUCCESS &&
 		  vpmm_real.stream_wait_event(s, *ev, 0) == CUDA_SUCCESS;

@@ -263,6 +263,7 @@ static void find_cuda(void)
 	SET(vpmm_real.event_record, vpmm_real_entry("cuEventRecord", NULL));
 	SET(vpmm_real.event_destroy, vpmm_real_entry("cuEventDestroy_v2", NULL));
 	SET(vpmm_real.stream_wait_event, vpmm_real_entry("cuStreamWaitEvent", NULL));
+	SET(vpmm_real.ctx_get_id, vpmm_real_entry("cuCtxGetId", NULL));
 out:
 	tls_resolving = false;
 }

@@ -83,6 +83,7 @@ struct vpmm_real {
 	CUresult (*event_record)(CUevent, CUstream);
 	CUresult (*event_destroy)(CUevent);
 	CUresult (*stream_wait_event)(CUstream, CUevent, unsigned);
+	CUresult (*ctx_get_id)(CUcontext, unsigned long long *);
 };
 
 extern struct vpmm_real vpmm_real VPMM_HIDDEN;

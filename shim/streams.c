@@ -209,7 +209,7 @@ void vpmm_stream_destroying(CUstream s)
 		if (e)
 			vpmm_log(VPMM_LOG_WARN,
 				 "device %d: a destroyed stream's last event failed (CUresult %d): "
-				 "what it freed since its last event stays out of use",
+				 "what it freed since its last event waits for the next synchronisation",
 				 i, (int)vpmm_pool_last_result(p));
 	}
 	if (spushed)

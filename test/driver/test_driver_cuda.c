@@ -225,6 +225,14 @@ static CUresult f_CtxSetCurrent(CUcontext ctx)
 	return CUDA_SUCCESS;
 }
 
+static CUresult f_CtxGetId(CUcontext ctx, unsigned long long *id)
+{
+	fk.last = "cuCtxGetId";
+	fk.ctx = ctx;
+	*id = 7;
+	return CUDA_SUCCESS;
+}
+
 typedef void (*fake_fn)(void); /* the generic function pointer type */
 #define FAKE(name, fn) { name, (fake_fn)fn }
 static const struct {
@@ -254,8 +262,10 @@ static const struct {
 	FAKE("cuThreadExchangeStreamCaptureMode", f_ThreadExchangeStreamCaptureMode),
 	FAKE("cuCtxGetCurrent", f_CtxGetCurrent),
 	FAKE("cuCtxSetCurrent", f_CtxSetCurrent),
+	FAKE("cuCtxGetId", f_CtxGetId), /* optional: last */
 };
 #define NFAKES (sizeof fakes / sizeof fakes[0])
+#define NREQUIRED (NFAKES - 1)
 
 static void *resolver(const char *name, void *arg)
 {
@@ -292,7 +302,7 @@ static void assert_relaxed(const char *fn)
 
 Test(driver, cuda_missing_symbol_fails)
 {
-	for (size_t i = 0; i < NFAKES; i++) {
+	for (size_t i = 0; i < NREQUIRED; i++) {
 		vpmm_driver *d = NULL;
 		fk.missing = fakes[i].name;
 		cr_assert_eq(vpmm_driver_cuda_create(resolver, &fk, &d), CUDA_ERROR_NOT_FOUND,
@@ -422,7 +432,25 @@ Test(driver, cuda_calls_reach_the_entry_points)
 	OK(d->ctx_bind(d, ctx));
 	cr_assert_str_eq(fk.last, "cuCtxSetCurrent");
 	cr_assert_eq(fk.ctx, ctx);
+	unsigned long long id = 0;
+	fk.ctx = NULL;
+	OK(d->ctx_id(d, NULL, &id)); /* NULL: the current context's */
+	cr_assert_str_eq(fk.last, "cuCtxGetId");
+	cr_assert_eq(fk.ctx, (CUcontext)(uintptr_t)0xc7);
+	cr_assert_eq(id, 7);
 	d->destroy(d);
+}
+
+/* A driver older than cuCtxGetId works; only the reset check is off. */
+Test(driver, cuda_without_context_ids)
+{
+	vpmm_driver *d = NULL;
+	fk.missing = "cuCtxGetId";
+	OK(vpmm_driver_cuda_create(resolver, &fk, &d));
+	unsigned long long id = 0;
+	cr_assert_eq(d->ctx_id(d, NULL, &id), CUDA_ERROR_NOT_SUPPORTED);
+	d->destroy(d);
+	fk.missing = NULL;
 }
 
 Test(driver, cuda_falls_back_to_plain_handles)

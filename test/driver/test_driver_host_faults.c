@@ -135,6 +135,9 @@ Test(driver, fault_injection_each_op_has_no_effect)
 	FAULT(VPMM_OP_CTX_CURRENT, d->ctx_current(d, &ctx));
 	cr_assert_null(ctx);
 	FAULT(VPMM_OP_CTX_BIND, d->ctx_bind(d, NULL));
+	unsigned long long id = 77;
+	FAULT(VPMM_OP_CTX_ID, d->ctx_id(d, NULL, &id));
+	cr_assert_eq(id, 77);
 #undef FAULT
 
 	for (int op = 0; op < VPMM_OP_COUNT; op++)

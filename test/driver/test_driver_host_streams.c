@@ -213,3 +213,54 @@ Test(driver, special_and_unknown_streams)
 	cr_assert_not(cap);
 	d->destroy(d);
 }
+
+/* A reset of the context, as the primary context's: the handle stays, the
+ * id changes (CUDA_ERROR_CONTEXT_IS_DESTROYED until it is made again), the
+ * streams and events of before die with their work, and every later use of
+ * one is refused and counted; memory stays mapped. */
+Test(driver, context_reset_kills_streams_and_events)
+{
+	vpmm_driver *d = mk(G, 0, false);
+	unsigned long long id = 0;
+	OK(d->ctx_id(d, NULL, &id));
+	cr_assert_eq(id, 1);
+	CUstream a = vpmm_host_stream_create(d);
+	CUevent e, f;
+	OK(d->event_create(d, &e));
+	OK(d->event_record(d, e, a));
+	OK(d->event_record(d, e, 0)); /* a default stream's work too */
+	CUmemGenericAllocationHandle h = create(d, G);
+	CUdeviceptr va = reserve(d, G);
+	map_rw(d, va, G, h);
+
+	vpmm_host_ctx_reset(d, false);
+	FAILS(d->ctx_id(d, NULL, &id), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	FAILS(d->event_create(d, &f), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	cr_assert_eq(vpmm_host_dead_calls(d), 0);
+	FAILS(d->event_query(d, e), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	cr_assert_eq(vpmm_host_dead_calls(d), 1);
+	vpmm_host_ctx_remake(d);
+	OK(d->ctx_id(d, NULL, &id));
+	cr_assert_eq(id, 2);
+	FAILS(d->event_record(d, e, a), CUDA_ERROR_INVALID_HANDLE);
+	FAILS(d->event_destroy(d, e), CUDA_ERROR_INVALID_HANDLE);
+	cr_assert_eq(vpmm_host_dead_calls(d), 3); /* e twice (and a not reached) */
+	cr_assert_eq(live(d).events, 0);
+	*(volatile int *)va = 5; /* still mapped, still accessible */
+
+	CUstream b = vpmm_host_stream_create(d);
+	cr_assert_neq(b, a, "a dead stream's address came back");
+	OK(d->event_create(d, &f));
+	cr_assert_neq(f, e, "a dead event's address came back");
+	OK(d->event_record(d, f, b));
+	FAILS(d->event_query(d, f), CUDA_ERROR_NOT_READY);
+	OK(d->event_record(d, f, 0)); /* the default stream starts empty */
+	cr_assert_eq(vpmm_host_stream_complete(d, 0), 1);
+	OK(d->event_query(d, f));
+	OK(d->event_destroy(d, f));
+	cr_assert_eq(vpmm_host_dead_calls(d), 3);
+	OK(d->unmap(d, va, G));
+	OK(d->mem_release(d, h));
+	OK(d->va_free(d, va, G));
+	d->destroy(d);
+}

@@ -10,8 +10,10 @@
 //                  buffer that is then freed there; the primary context's
 //                  default stream allocates the same size and writes its
 //                  own pattern: the late write must not land on it;
-//   device_reset   cudaDeviceReset with pool memory live, then allocations
-//                  of every kind again;
+//   device_reset   cudaDeviceReset three times, with frees pending and
+//                  work in flight on four streams and pool memory live,
+//                  allocations of every kind between (run with the static
+//                  and the shared runtime);
 //   primary_release the program's last cuDevicePrimaryCtxRelease, then a new
 //                  retain and stream-ordered allocations again;
 //   ctx_destroy    a program of its own contexts: the pool made in one,
@@ -150,29 +152,48 @@ static void user_default(void)
 	CU(cuMemFree(first));
 }
 
+// cudaDeviceReset while frees are pending on several streams, work still
+// in flight on them, and memory live: the CUDA 13 runtime resets the primary
+// context through its private table, which no hook of the shim sees, so the
+// pool must learn of it by the context's id before it records on a stream
+// or queries an event of the ended context (a crash inside libcuda before).
+// Three resets between rounds of stream-ordered and synchronous allocations
+// on four streams; the streams die with each reset and are made again.
 static void device_reset(void)
 {
-	void *a, *b;
-	cudaStream_t s;
-	CK(cudaMalloc(&a, 64 * MiB));
-	CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-	CK(cudaMallocAsync(&b, 32 * MiB, s));
-	CK(cudaFreeAsync(b, s));
-	CK(cudaStreamSynchronize(s));
-	CK(cudaDeviceReset()); // a and s die with the context; the pool goes on
-	for (int round = 0; round < 8; round++) {
-		void *c, *d;
-		CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-		CK(cudaMalloc(&c, (size_t)(1 + round) * 8 * MiB));
-		write_and_check((CUdeviceptr)c, (size_t)(1 + round) * 8 * MiB, 0x1000u + round,
-				(CUstream)s);
-		CK(cudaMallocAsync(&d, 24 * MiB, s));
-		write_and_check((CUdeviceptr)d, 24 * MiB, 0x2000u + round, (CUstream)s);
-		CK(cudaFreeAsync(d, s));
+	const int NS = 4;
+	cudaStream_t s[NS];
+	void *live;
+	CK(cudaMalloc(&live, 64 * MiB)); // live across the first reset
+	write_and_check((CUdeviceptr)live, 64 * MiB, 0x11, 0);
+	for (int k = 0; k < NS; k++)
+		CK(cudaStreamCreateWithFlags(&s[k], cudaStreamNonBlocking));
+	for (int round = 0; round < 12; round++) {
+		for (int k = 0; k < NS; k++) {
+			size_t sz = (size_t)(1 + (round + k) % 5) * 8 * MiB;
+			void *d, *late;
+			CK(cudaMallocAsync(&d, sz, s[k]));
+			write_and_check((CUdeviceptr)d, sz, 0x2000u + round * NS + k, (CUstream)s[k]);
+			CK(cudaFreeAsync(d, s[k])); // pending on s[k]
+			// a late writer still running when the round ends
+			CK(cudaMallocAsync(&late, 4 * MiB, s[k]));
+			late_fill<<<16, 256, 0, s[k]>>>((uint32_t *)late, MiB, 0xdead, 2000000ull);
+			CK(cudaGetLastError());
+			CK(cudaFreeAsync(late, s[k]));
+		}
+		void *c;
+		CK(cudaMalloc(&c, (size_t)(1 + round % 3) * 16 * MiB));
+		write_and_check((CUdeviceptr)c, (size_t)(1 + round % 3) * 16 * MiB, 0x1000u + round, 0);
 		CK(cudaFree(c));
-		CK(cudaStreamDestroy(s));
-		if (round == 3)
-			CK(cudaDeviceReset());
+		if (round % 4 == 3) {
+			CK(cudaDeviceReset()); // the streams, live and the work die with it
+			for (int k = 0; k < NS; k++)
+				CK(cudaStreamCreateWithFlags(&s[k], cudaStreamNonBlocking));
+		}
+	}
+	for (int k = 0; k < NS; k++) {
+		CK(cudaStreamSynchronize(s[k]));
+		CK(cudaStreamDestroy(s[k]));
 	}
 	CK(cudaDeviceSynchronize());
 }

@@ -112,6 +112,33 @@ Test(gone, a_failed_last_record_leaves_the_epoch_as_it_was)
 	pt_close(&t);
 }
 
+/* The last record failed with a free in the open epoch: no event covers
+ * that free, but a synchronisation of the context completes the dead
+ * stream's work too, so the poll after it settles the free. Before, it
+ * stayed pending for good, and the stream's record with it. */
+Test(gone, a_failed_last_record_settles_at_the_next_synchronisation)
+{
+	struct pt t;
+	open16(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 4, s);
+	PT_FREE(&t, a, s); /* the first free records: epoch 1 is closed */
+	CUdeviceptr b = PT_MALLOC(&t, 4, s);
+	PT_FREE(&t, b, s); /* in the open epoch */
+	vpmm_host_fail(t.drv, VPMM_OP_EVENT_RECORD, 1, CUDA_ERROR_INVALID_HANDLE);
+	cr_assert_lt(vpmm_pool_stream_gone(t.pool, s), 0);
+	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
+	vpmm_host_complete_all(t.drv); /* the synchronisation */
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	PT_CHECK(&t);
+	struct vpmm_region_info r;
+	cr_assert(pt_region_at(&t, b, &r));
+	cr_assert_eq(r.kind, VPMM_REGION_FREE);
+	cr_assert(r.settled, "the dead stream's uncovered free stayed pending");
+	cr_assert_eq(pt_stats(&t).streams, 0, "the dead stream's record stayed");
+	pt_close(&t);
+}
+
 /* Recording on a stream another thread captures would put our event into
  * its graph: no last event then. */
 Test(gone, a_capturing_stream_gets_no_last_event)

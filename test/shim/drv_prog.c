@@ -13,6 +13,9 @@ typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
 #define P ((size_t)64 << 10)
 
 void *scope_lookup_next(void); /* libshimscope.so */
+/* drv_ends.c: contexts that end where the pool cannot settle first */
+void primary_reset_sticky(void);
+void free_without_context(void);
 #define PTSZ CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 
 static void *get(gpa_t gpa, const char *name, int version, cuuint64_t flags)
@@ -757,9 +760,11 @@ int main(int argc, char **argv)
 		{"user_context", user_context},
 		{"context_destroyed", context_destroyed},
 		{"primary_reset", primary_reset},
+		{"primary_reset_sticky", primary_reset_sticky},
 		{"primary_released", primary_released},
 		{"user_context_default", user_context_default},
 		{"no_primary_made", no_primary_made},
+		{"free_without_context", free_without_context},
 		{"user_context_waits", user_context_waits},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)

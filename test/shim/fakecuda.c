@@ -15,9 +15,14 @@
  *    handle) for VMM memory, as the real driver does;
  *  - plain allocations (cuMemAlloc_v2, cuMemAllocAsync) are host memory that
  *    the fake tracks, so foreign pointers are rejected with INVALID_VALUE.
+ *  - cuCtxGetId: a context made again (a reset primary context, retained
+ *    anew) keeps its handle and gets a new id, CONTEXT_IS_DESTROYED in
+ *    between; cuGetExportTable hands out a private table whose reset is
+ *    the CUDA 13 runtime's cudaDeviceReset path, which no hook sees;
  * Test controls (exported, names no hook wraps): fakecuda_calls(),
  * fakecuda_fail(), fakecuda_set_capturing(), fakecuda_mem_info(),
- * fakecuda_accessible().
+ * fakecuda_accessible(), fakecuda_sticky() (every synchronisation fails
+ * until the context ends, as after a kernel's fault).
  *
  * Environment: FAKECUDA_CAPACITY (bytes, default 256M), FAKECUDA_GRANULARITY
  * (default 64K), FAKECUDA_DEVICES (default 2).
@@ -50,6 +55,8 @@ static const char *const counted[] = {
 	"cuStreamSynchronize", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
 	"cuGetProcAddress", "cuStreamWaitEvent", "cuEventRecord",
 	"no_context", /* driver work done with no current context */
+	"dead_handle", /* a stream or event of an ended context named */
+	"record_refused", /* an event recorded on another context's stream */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])
 static unsigned long counts[NCOUNTED];
@@ -61,6 +68,11 @@ void fake_count(const char *name)
 			__atomic_add_fetch(&counts[i], 1, __ATOMIC_RELAXED);
 			return;
 		}
+}
+
+void fake_dead_use(void)
+{
+	fake_count("dead_handle");
 }
 
 unsigned long fakecuda_calls(const char *name)

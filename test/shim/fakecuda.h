@@ -32,6 +32,7 @@ struct fake_ctx {
 	bool destroyed;
 	unsigned gen; /* bumped when the context is reset or destroyed */
 	int refs;     /* a primary context's retains: the last release ends it */
+	unsigned long long id; /* cuCtxGetId: new each time the context is made */
 	struct fake_ctx *made_before; /* the program's contexts, all kept */
 };
 
@@ -62,6 +63,9 @@ struct fake_ctx *fake_current(void);
 /* Counts driver work done with no current context: the real driver refuses
  * some of it, and the shim is meant to set one up first. */
 void fake_note_context(void);
+/* Counts a use of a stream or event of a context that ended: on a GPU a
+ * use of a destroyed object inside libcuda. */
+void fake_dead_use(void);
 /* The current context's state as a CUresult: SUCCESS, INVALID_CONTEXT or
  * CONTEXT_IS_DESTROYED (NOT_INITIALIZED before cuInit). */
 CUresult fake_ctx_state(void);
@@ -74,6 +78,9 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+API void fakecuda_sticky(int result);
+API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id);
+API CUresult cuGetExportTable(const void **table, const CUuuid *id);
 API CUresult cuCtxGetCurrent(CUcontext *pctx);
 API CUresult cuCtxSetCurrent(CUcontext ctx);
 API CUresult cuCtxGetDevice(CUdevice *dev);

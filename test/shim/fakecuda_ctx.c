@@ -13,6 +13,15 @@
 #include "vpmm.h"
 
 static __thread struct fake_ctx *stack[8];
+static unsigned long long last_id; /* under fake_lock */
+/* A sticky error (a kernel's fault): every synchronisation answers it
+ * until the context ends (fakecuda_sticky). */
+static CUresult sticky;
+
+void fakecuda_sticky(int result)
+{
+	sticky = (CUresult)result;
+}
 static __thread int depth; /* stack[depth - 1] is current */
 
 /* ---- setup ----------------------------------------------------------------------- */
@@ -112,6 +121,8 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	if (!pctx || dev < 0 || dev >= fake_ndev)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&fake_lock);
+	if (fake_ctxs[dev].destroyed || !fake_ctxs[dev].id)
+		fake_ctxs[dev].id = ++last_id; /* made (again) */
 	fake_ctxs[dev].destroyed = false;
 	fake_ctxs[dev].refs++;
 	pthread_mutex_unlock(&fake_lock);
@@ -152,7 +163,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	return r;
 }
 
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+static CUresult primary_reset(CUdevice dev)
 {
 	NEED_INIT();
 	if (dev < 0 || dev >= fake_ndev)
@@ -160,8 +171,49 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	pthread_mutex_lock(&fake_lock);
 	fake_ctxs[dev].destroyed = true;
 	fake_ctxs[dev].gen++;
+	sticky = CUDA_SUCCESS;
 	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	return primary_reset(dev);
+}
+
+/* The private table the CUDA 13 runtime resets the device through: the
+ * same reset as cuDevicePrimaryCtxReset, reached by no exported name, so
+ * no hook of the shim's sees it. Any table id answers it. */
+struct fake_export_table {
+	size_t size;
+	CUresult (*primary_reset)(CUdevice);
+};
+static const struct fake_export_table export_table = {sizeof export_table, primary_reset};
+
+CUresult cuGetExportTable(const void **table, const CUuuid *id)
+{
+	if (!table || !id)
+		return CUDA_ERROR_INVALID_VALUE;
+	*table = &export_table;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+	struct fake_ctx *c = (struct fake_ctx *)ctx;
+	CUresult r = CUDA_SUCCESS;
+	NEED_INIT();
+	if (!id)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!c && !(c = fake_current()))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&fake_lock);
+	if (c->destroyed)
+		r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	else
+		*id = c->id;
+	pthread_mutex_unlock(&fake_lock);
+	return r;
 }
 
 /* Contexts the program makes itself: current once made (pushed), dead once
@@ -181,6 +233,7 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	c->device = dev;
 	pthread_mutex_lock(&fake_lock);
+	c->id = ++last_id;
 	c->made_before = made_ctxs;
 	made_ctxs = c;
 	pthread_mutex_unlock(&fake_lock);
@@ -265,6 +318,8 @@ static CUresult sync_ctx(struct fake_ctx *c)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (c->destroyed)
 		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	if (sticky)
+		return sticky;
 	vpmm_host_complete_all(fake_drv);
 	return CUDA_SUCCESS;
 }

@@ -36,6 +36,8 @@ static const struct proc procs[] = {
 	P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
 	P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
 	P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+	P("cuCtxGetId", 12000, cuCtxGetId),
+	P("cuGetExportTable", 3000, cuGetExportTable),
 	P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
 	P("cuCtxGetDevice", 2000, cuCtxGetDevice),
 	P("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),

@@ -38,6 +38,8 @@ static void implicit_after(CUstream s);
 static CUevent legacy_marker, ptds_marker;
 
 static struct stream_ctx *stream_ctxs;
+static bool event_alive(CUevent ev, struct fake_ctx **ctx);
+static struct fake_ctx *stream_ctx_of(CUstream s);
 static struct owned *events_owned;
 static __thread CUstreamCaptureMode capture_mode;
 
@@ -180,6 +182,9 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 	fake_count("cuStreamWaitEvent");
 	fake_note_context();
 	(void)flags;
+	if (r == CUDA_SUCCESS && (!event_alive(ev, NULL) ||
+				  ((uintptr_t)s > (uintptr_t)CU_STREAM_PER_THREAD && !stream_ctx_of(s))))
+		r = CUDA_ERROR_INVALID_HANDLE;
 	if (r != CUDA_SUCCESS)
 		return r;
 	s = plain(s);
@@ -204,6 +209,8 @@ static bool event_alive(CUevent ev, struct fake_ctx **ctx)
 			alive = !o->ctx->destroyed && o->ctx->gen == o->gen;
 			if (ctx)
 				*ctx = o->ctx;
+			if (!alive)
+				fake_dead_use();
 			break;
 		}
 	pthread_mutex_unlock(&fake_lock);
@@ -222,6 +229,8 @@ static struct fake_ctx *stream_ctx_of(CUstream s)
 		if (sc->s == s) {
 			if (!sc->ctx->destroyed && sc->ctx->gen == sc->gen)
 				c = sc->ctx;
+			else
+				fake_dead_use();
 			break;
 		}
 	pthread_mutex_unlock(&fake_lock);
@@ -321,8 +330,10 @@ CUresult cuEventRecord(CUevent ev, CUstream s)
 	fake_count("cuEventRecord");
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec)
+	if (!event_alive(ev, &ec) || stream_ctx_of(s) != ec) {
+		fake_count("record_refused");
 		return CUDA_ERROR_INVALID_HANDLE;
+	}
 	s = plain(s);
 	implicit_before(s);
 	r = fake_drv->event_record(fake_drv, ev, s);
@@ -361,6 +372,8 @@ CUresult cuEventDestroy_v2(CUevent ev)
 	for (struct owned **o = &events_owned; *o; o = &(*o)->next)
 		if ((*o)->handle == (void *)ev) {
 			struct owned *dead = *o;
+			if (dead->ctx->destroyed || dead->ctx->gen != dead->gen)
+				fake_dead_use();
 			*o = dead->next;
 			free(dead);
 			break;

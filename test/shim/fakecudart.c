@@ -49,13 +49,22 @@ static struct {
 	CUresult (*stream_create)(CUstream *, unsigned int);
 	CUresult (*stream_sync)(CUstream);
 	CUresult (*stream_destroy)(CUstream);
+	CUresult (*get_export_table)(const void **, const CUuuid *);
 } d;
+
+/* The driver's private table, as the CUDA 13 runtime's cudaDeviceReset
+ * reaches the reset: no name the shim could hook. */
+struct export_table {
+	size_t size;
+	CUresult (*primary_reset)(CUdevice);
+};
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static cudaError_t load_error;
 static bool unloading;
 static bool retained[MAX_DEV];
 static __thread int rt_device;
+static bool remake[MAX_DEV]; /* reset: the next call makes the context again */
 
 static void teardown(void)
 {
@@ -105,6 +114,7 @@ static void load(void)
 	GET(d.stream_create, "cuStreamCreate", 12000, 0);
 	GET(d.stream_sync, "cuStreamSynchronize", 12000, 0);
 	GET(d.stream_destroy, "cuStreamDestroy", 4000, 0);
+	GET(d.get_export_table, "cuGetExportTable", 3000, 0);
 	if (d.init(0) != CUDA_SUCCESS)
 		goto fail;
 	atexit(teardown);
@@ -124,7 +134,8 @@ static cudaError_t ready(void)
 	if (unloading)
 		return cudaErrorCudartUnloading;
 	d.get_current(&c);
-	if (!c) {
+	if (!c || remake[rt_device]) {
+		remake[rt_device] = false;
 		CUresult r = d.retain(&c, rt_device);
 		if (r != CUDA_SUCCESS)
 			return (cudaError_t)r;
@@ -147,6 +158,7 @@ API cudaError_t cudaStreamCreate(cudaStream_t *s);
 API cudaError_t cudaStreamSynchronize(cudaStream_t s);
 API cudaError_t cudaStreamDestroy(cudaStream_t s);
 API cudaError_t cudaDeviceSynchronize(void);
+API cudaError_t cudaDeviceReset(void);
 
 enum how { SYNC, ASYNC, ASYNC_PTSZ };
 
@@ -273,4 +285,22 @@ cudaError_t cudaDeviceSynchronize(void)
 	if (e)
 		return e;
 	return (cudaError_t)d.ctx_sync();
+}
+
+/* Through the private table, not cuDevicePrimaryCtxReset: the shim does not
+ * hear of it. The thread's context stays current, destroyed, until the next
+ * call makes it again under the same handle (a new cuCtxGetId). */
+cudaError_t cudaDeviceReset(void)
+{
+	static const CUuuid id = {{0}};
+	const struct export_table *t = NULL;
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	if (d.get_export_table((const void **)&t, &id) != CUDA_SUCCESS || !t)
+		return cudaErrorInvalidValue;
+	CUresult r = t->primary_reset(rt_device);
+	if (r == CUDA_SUCCESS)
+		remake[rt_device] = true;
+	return (cudaError_t)r;
 }

@@ -24,6 +24,7 @@ cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaDeviceReset(void);
 
 #define P ((size_t)64 << 10) /* the fake driver's granularity: one pool page */
 
@@ -515,6 +516,60 @@ static void stream_per_request(void)
 	}
 }
 
+/* cudaDeviceReset as the CUDA 13 runtime does it: through the driver's
+ * private table, which no hook of the shim sees. Frees pending on two
+ * streams and memory live across it; after it, allocations on several new
+ * streams, and a second reset among them. No stream or event of the ended
+ * context may be named again (the fake counts each as dead_handle: a crash
+ * inside libcuda on a GPU), and the live memory keeps its bytes. */
+static void device_reset(void)
+{
+	cudaStream_t s, t, u[3];
+	void *live, *a, *b;
+	CHECK_EQ(cudaFree(NULL), 0);
+	controls_init();
+	CHECK_EQ(cudaStreamCreate(&s), 0);
+	CHECK_EQ(cudaStreamCreate(&t), 0);
+	CHECK_EQ(cudaMalloc(&live, 3 * P), 0);
+	touch(live, 3 * P, 7);
+	for (int i = 0; i < 6; i++) {
+		CHECK_EQ(cudaMallocAsync(&a, (size_t)(1 + i % 3) * P, s), 0);
+		CHECK_EQ(cudaMallocAsync(&b, (size_t)(2 + i % 2) * P + 100, t), 0);
+		CHECK_EQ(cudaFreeAsync(a, s), 0);
+		CHECK_EQ(cudaFreeAsync(b, t), 0); /* pending on s and t at the reset */
+	}
+	CHECK_EQ(cudaDeviceReset(), 0);
+	for (int round = 0; round < 8; round++) {
+		for (int k = 0; k < 3; k++)
+			CHECK_EQ(cudaStreamCreate(&u[k]), 0);
+		for (int k = 0; k < 3; k++) {
+			void *p, *q;
+			size_t n = (size_t)(1 + (round + k) % 4) * P + 64 * (size_t)k;
+			CHECK_EQ(cudaMallocAsync(&p, n, u[k]), 0);
+			touch(p, n, (unsigned char)(round * 3 + k));
+			CHECK_EQ(cudaMalloc(&q, 2 * P), 0);
+			touch(q, 2 * P, (unsigned char)k);
+			CHECK_EQ(cudaFreeAsync(p, u[k]), 0);
+			CHECK_EQ(cudaFree(q), 0);
+		}
+		for (int k = 0; k < 3; k++) {
+			CHECK_EQ(cudaStreamSynchronize(u[k]), 0);
+			CHECK_EQ(cudaStreamDestroy(u[k]), 0);
+		}
+		if (round == 3)
+			CHECK_EQ(cudaDeviceReset(), 0);
+	}
+	for (size_t i = 0; i < 3 * P; i++)
+		CHECK(((unsigned char *)live)[i] == (unsigned char)(7 + i * 7));
+	CHECK_EQ(cudaFree(live), 0);
+	CHECK_EQ(fake_calls("dead_handle"), 0);
+	if (expect_pool()) {
+		struct vpmm_stats st = pool_stats(0);
+		CHECK_EQ(st.failures, 0);
+		CHECK_EQ(st.live, 0);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -526,6 +581,7 @@ int main(int argc, char **argv)
 		{"thread", thread},   {"exit", teardown},   {"fork", forked},
 		{"threads", threads}, {"limit_info", limit_info}, {"churn", churn},
 		{"oom_flood", oom_flood}, {"stream_per_request", stream_per_request},
+		{"device_reset", device_reset},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

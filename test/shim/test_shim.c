@@ -196,6 +196,21 @@ Test(shim_rt, a_runtime_unloaded_and_another_loaded, .timeout = 30)
 	EXPECT_OK();
 }
 
+/* cudaDeviceReset through the driver's private table, unseen by the hooks:
+ * the pool learns of it by the context's id. */
+Test(shim_rt, device_reset_pool, .timeout = 30)
+{
+	run(RT_PROG, "device_reset", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_rt, device_reset_without_shim, .timeout = 30)
+{
+	run(RT_PROG, "device_reset", false, REAL);
+	EXPECT_OK();
+}
+
 /* Frees after the runtime tore its context down at exit: accepted quietly. */
 Test(shim_rt, exit_teardown, .timeout = 30)
 {
@@ -242,11 +257,14 @@ Test(shim_drv, context_destroyed_sync_device, .timeout = 30)
 	EXPECT_OK();
 }
 DRV_SCENARIO(primary_reset)
+DRV_SCENARIO(primary_reset_sticky)
 DRV_SCENARIO(primary_released)
 /* Review 2: the default stream of a context the program made; a program of
  * its own contexts keeps its primary context inactive. */
 DRV_SCENARIO(user_context_default)
 DRV_SCENARIO(no_primary_made)
+/* Pool memory freed on a stream while the pool has no context. */
+DRV_SCENARIO(free_without_context)
 
 /* An allocation served from another context that waits for the pool's own
  * stream: VPMM_LIMIT leaves it nothing else. */
