@@ -36,6 +36,15 @@ enum vpmm_wrapped {
 	VPMM_W_STREAM_CREATE,
 	VPMM_W_STREAM_CREATE_PRIO,
 	VPMM_W_GREEN_STREAM_CREATE,
+	/* stream capture (capture.c) */
+	VPMM_W_BEGIN_CAPTURE,
+	VPMM_W_BEGIN_CAPTURE_PTSZ,
+	VPMM_W_BEGIN_CAPTURE_V2,
+	VPMM_W_BEGIN_CAPTURE_V2_PTSZ,
+	VPMM_W_BEGIN_TO_GRAPH,
+	VPMM_W_BEGIN_TO_GRAPH_PTSZ,
+	VPMM_W_END_CAPTURE,
+	VPMM_W_END_CAPTURE_PTSZ,
 	VPMM_W_COUNT
 };
 
@@ -83,6 +92,24 @@ struct vpmm_real {
 	CUresult (*event_record)(CUevent, CUstream);
 	CUresult (*event_destroy)(CUevent);
 	CUresult (*stream_wait_event)(CUstream, CUevent, unsigned);
+	/* Stream capture (capture.c): the wrapped entry points, then the
+	 * helpers; the capture query in the newest form the driver has. */
+	CUresult (*begin_capture)(CUstream);
+	CUresult (*begin_capture_ptsz)(CUstream);
+	CUresult (*begin_capture_v2)(CUstream, CUstreamCaptureMode);
+	CUresult (*begin_capture_v2_ptsz)(CUstream, CUstreamCaptureMode);
+	CUresult (*begin_to_graph)(CUstream, CUgraph, const CUgraphNode *,
+				   const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+	CUresult (*begin_to_graph_ptsz)(CUstream, CUgraph, const CUgraphNode *,
+					const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+	CUresult (*end_capture)(CUstream, CUgraph *);
+	CUresult (*end_capture_ptsz)(CUstream, CUgraph *);
+	CUresult (*capture_info_v3)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+				    const CUgraphNode **, const CUgraphEdgeData **, size_t *);
+	CUresult (*capture_info_v2)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+				    const CUgraphNode **, size_t *);
+	CUresult (*capture_info_v1)(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
+	CUresult (*exchange_capture_mode)(CUstreamCaptureMode *);
 };
 
 extern struct vpmm_real vpmm_real VPMM_HIDDEN;

@@ -15,6 +15,11 @@
  *    handle) for VMM memory, as the real driver does;
  *  - plain allocations (cuMemAlloc_v2, cuMemAllocAsync) are host memory that
  *    the fake tracks, so foreign pointers are rejected with INVALID_VALUE.
+ *  - stream capture: begin and end (every form), the capture status and id,
+ *    the thread's interaction mode; a call the capture modes forbid
+ *    (cuCtxSynchronize, cuMemAlloc_v2, cuMemFree_v2) is refused with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures
+ *    that forbade it, as on the real driver;
  * Test controls (exported, names no hook wraps): fakecuda_calls(),
  * fakecuda_fail(), fakecuda_set_capturing(), fakecuda_mem_info(),
  * fakecuda_accessible().
@@ -50,6 +55,7 @@ static const char *const counted[] = {
 	"cuStreamSynchronize", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
 	"cuGetProcAddress", "cuStreamWaitEvent", "cuEventRecord",
 	"no_context", /* driver work done with no current context */
+	"capture_violation", /* a call a capture forbade (it was refused) */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])
 static unsigned long counts[NCOUNTED];

@@ -128,20 +128,8 @@ Test(shim_rt, basic_sync_device, .timeout = 30)
 RT_SCENARIO(async)
 RT_SCENARIO(foreign)
 
-/* The one scenario that warns: freeing pool memory on a capturing stream. */
-Test(shim_rt, capture_pool, .timeout = 30)
-{
-	run(RT_PROG, "capture", true, NULL);
-	EXPECT_OK();
-	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
-	cr_expect_eq(count_lines_with("vpmm: warning:", "capturing stream"), 1, "%s", R.out);
-}
-
-Test(shim_rt, capture_without_shim, .timeout = 30)
-{
-	run(RT_PROG, "capture", false, REAL);
-	EXPECT_OK();
-}
+/* A free of pool memory on a captured stream waits for the capture's end. */
+RT_SCENARIO(capture)
 RT_SCENARIO(thread)
 RT_SCENARIO(fork)
 RT_SCENARIO(threads)
