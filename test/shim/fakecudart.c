@@ -6,7 +6,9 @@
  * legacy and per-thread. Semantics the shim relies on, kept from the real
  * runtime: lazy initialisation with the primary context of the thread's
  * device made current; cudaFree(NULL) initialises; size 0 gives NULL;
- * cudaFree synchronises the context; after exit's teardown (an atexit
+ * cudaFree synchronises the context; stream capture through the driver's
+ * entry points (cudaStreamBeginCapture and cudaStreamEndCapture, in the
+ * legacy stream's form); after exit's teardown (an atexit
  * handler that resets the primary contexts) calls return
  * cudaErrorCudartUnloading.
  */
@@ -49,6 +51,9 @@ static struct {
 	CUresult (*stream_create)(CUstream *, unsigned int);
 	CUresult (*stream_sync)(CUstream);
 	CUresult (*stream_destroy)(CUstream);
+	CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
+	CUresult (*end_capture)(CUstream, CUgraph *);
+	CUresult (*exchange_mode)(CUstreamCaptureMode *);
 } d;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -105,6 +110,9 @@ static void load(void)
 	GET(d.stream_create, "cuStreamCreate", 12000, 0);
 	GET(d.stream_sync, "cuStreamSynchronize", 12000, 0);
 	GET(d.stream_destroy, "cuStreamDestroy", 4000, 0);
+	GET(d.begin_capture, "cuStreamBeginCapture", 12000, 0);
+	GET(d.end_capture, "cuStreamEndCapture", 12000, 0);
+	GET(d.exchange_mode, "cuThreadExchangeStreamCaptureMode", 12000, 0);
 	if (d.init(0) != CUDA_SUCCESS)
 		goto fail;
 	atexit(teardown);
@@ -147,6 +155,10 @@ API cudaError_t cudaStreamCreate(cudaStream_t *s);
 API cudaError_t cudaStreamSynchronize(cudaStream_t s);
 API cudaError_t cudaStreamDestroy(cudaStream_t s);
 API cudaError_t cudaDeviceSynchronize(void);
+API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags);
+API cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode);
+API cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g);
+API cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
 
 enum how { SYNC, ASYNC, ASYNC_PTSZ };
 
@@ -273,4 +285,38 @@ cudaError_t cudaDeviceSynchronize(void)
 	if (e)
 		return e;
 	return (cudaError_t)d.ctx_sync();
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.stream_create(s, flags);
+}
+
+/* The capture calls reach the driver through cuGetProcAddress, as the real
+ * runtime's do: the shim's hooks. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.begin_capture(s, (CUstreamCaptureMode)mode);
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.end_capture(s, g);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.exchange_mode((CUstreamCaptureMode *)mode);
 }

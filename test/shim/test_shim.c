@@ -12,7 +12,8 @@
  * (rt basic); cudaMallocAsync, cudaFreeAsync and the _ptsz pair (rt async);
  * cuGetProcAddress(_v2), every cu* wrapper, cuMemGetInfo_v2, the address
  * range and pointer attributes (drv gpa); dlsym (drv dlsym, drv gpa);
- * exported cu* names (drv linked); vpmm_torch_* (torch).
+ * exported cu* names (drv linked); vpmm_torch_* (torch); the capture
+ * entry points (graph_prog).
  */
 #include <criterion/criterion.h>
 #include <poll.h>
@@ -130,6 +131,40 @@ RT_SCENARIO(foreign)
 
 /* A free of pool memory on a captured stream waits for the capture's end. */
 RT_SCENARIO(capture)
+
+/* ---- stream capture (graph_prog: the scenarios say what each checks) -------------- */
+
+#define GRAPH_SCENARIO(name)                                                  \
+	Test(shim_graph, name, .timeout = 30)                                 \
+	{                                                                     \
+		run(GRAPH_PROG, #name, true, NULL);                           \
+		EXPECT_OK();                                                  \
+		EXPECT_QUIET();                                               \
+	}
+
+GRAPH_SCENARIO(async_free)
+GRAPH_SCENARIO(sync_free_own)
+GRAPH_SCENARIO(sync_free_other_thread)
+GRAPH_SCENARIO(sync_malloc)
+GRAPH_SCENARIO(end_other_thread)
+GRAPH_SCENARIO(invalidated)
+GRAPH_SCENARIO(destroyed)
+GRAPH_SCENARIO(legacy)
+
+/* The driver's own refusal, which the shim's answer must equal. */
+Test(shim_graph, sync_malloc_without_shim, .timeout = 30)
+{
+	run(GRAPH_PROG, "sync_malloc", false, REAL);
+	EXPECT_OK();
+}
+
+/* The pluggable allocator loaded without the preload. */
+Test(shim_graph, torch, .timeout = 30)
+{
+	run(GRAPH_PROG, "torch", false, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
 RT_SCENARIO(thread)
 RT_SCENARIO(fork)
 RT_SCENARIO(threads)
