@@ -20,12 +20,12 @@
  *    capture, nothing else gets it.
  *  - Which frees wait: one on a stream being captured (its capture's id
  *    keys it), one on the legacy stream while a blocking stream is
- *    captured (the driver refuses the query there), and a synchronous one
- *    while a capture forbids this thread to synchronise: its own capture
- *    not begun relaxed, or, in the global interaction mode, another
- *    thread's capture begun global (vpmm_capture_forbids_sync). Those two
- *    kinds wait until no capture forbids the flushing thread to
- *    synchronise.
+ *    captured (the driver refuses the query there, and it waits until the
+ *    query succeeds again), and a synchronous one while a capture forbids
+ *    this thread to synchronise: its own capture not begun relaxed, or, in
+ *    the global interaction mode, another thread's capture begun global
+ *    (vpmm_capture_forbids_sync); that kind waits until no capture forbids
+ *    the flushing thread to synchronise.
  *  - When they are made: after the real cuStreamEndCapture (whatever it
  *    answered: an invalidated capture ends too), after a stream's destroy
  *    (its frees become synchronous ones: the stream is gone), and at the
@@ -172,9 +172,8 @@ bool vpmm_capture_defer(CUdeviceptr ptr, CUstream stream, enum vpmm_via via, CUr
 		r = capture_info(d.s, &st, &d.id);
 		if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
 			/* The legacy stream, while a blocking stream is
-			 * captured: any work on it would join the capture. */
-			d.s = VPMM_NO_STREAM;
-			d.via = VPMM_VIA_DRIVER;
+			 * captured: work on it would wait for the capture. It
+			 * waits until the driver answers for the stream again. */
 		} else if (r != CUDA_SUCCESS || st == CU_STREAM_CAPTURE_STATUS_NONE) {
 			return false; /* a bad stream: the free's own path says so */
 		} else {
@@ -212,6 +211,8 @@ static bool ready(struct deferred *d, bool sync_ok, pthread_t self)
 	if (d->s == CU_STREAM_PER_THREAD && !pthread_equal(d->thread, self))
 		return false; /* another thread's stream: its own calls flush it */
 	r = capture_info(d->s, &st, &id);
+	if (!d->s) /* the legacy stream: usable once a query succeeds */
+		return r == CUDA_SUCCESS;
 	if (r == CUDA_SUCCESS)
 		return st == CU_STREAM_CAPTURE_STATUS_NONE ||
 		       (st == CU_STREAM_CAPTURE_STATUS_ACTIVE && d->has_id && id != d->id);
