@@ -13,9 +13,8 @@
 #   2. test/gpu/graphs_torch.py: torch.cuda.graph with pool tensors freed
 #      inside and outside the capture, and torch.compile(mode=
 #      "reduce-overhead"), preloaded with PYTORCH_NO_CUDA_MEMORY_CACHING=1,
-#      through CUDAPluggableAllocator, and preloaded under PyTorch's caching
-#      allocator; torch.compile also without the library, with no caching
-#      (PyTorch's own behaviour there).
+#      through CUDAPluggableAllocator (with torch.compile), and preloaded
+#      under PyTorch's caching allocator (with torch.compile).
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), GPU_ARCH (sm_90),
 # GRAPHS_ONLY (a regex of step names).
@@ -84,7 +83,6 @@ if [ -f "$LIB" ]; then
 	step torch-shim env PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$LIB" python3 "$G" shim
 	step torch-pluggable env VPMM_LIB="$LIB" python3 "$G" pluggable
 	step torch-caching-shim env LD_PRELOAD="$LIB" python3 "$G" caching
-	step torch-nocache-native env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 "$G" nocache compiled
 fi
 printf '%s\n' "${RESULTS[@]}" | tee "$OUT/summary.txt"
 rm -rf "$W"

@@ -169,7 +169,12 @@ bool vpmm_capture_defer(CUdeviceptr ptr, CUstream stream, enum vpmm_via via, CUr
 		if (!vpmm_capture_forbids_sync())
 			return false;
 	} else {
-		r = capture_info(d.s, &st, &d.id);
+		/* The query every stream-ordered free made before: the id
+		 * only for a stream that is captured. */
+		r = vpmm_real.stream_is_capturing ? vpmm_real.stream_is_capturing(d.s, &st)
+						  : capture_info(d.s, &st, &d.id);
+		if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+			r = capture_info(d.s, &st, &d.id);
 		if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
 			/* The legacy stream, while a blocking stream is
 			 * captured: work on it would wait for the capture. It
