@@ -7,8 +7,8 @@
  * runtime: lazy initialisation with the primary context of the thread's
  * device made current; cudaFree(NULL) initialises; size 0 gives NULL;
  * cudaFree synchronises the context; stream capture through the driver's
- * entry points (cudaStreamBeginCapture and cudaStreamEndCapture, in the
- * legacy stream's form); after exit's teardown (an atexit
+ * entry points (cudaStreamBeginCapture and cudaStreamEndCapture, and
+ * their _ptsz forms); after exit's teardown (an atexit
  * handler that resets the primary contexts) calls return
  * cudaErrorCudartUnloading.
  */
@@ -52,7 +52,9 @@ static struct {
 	CUresult (*stream_sync)(CUstream);
 	CUresult (*stream_destroy)(CUstream);
 	CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
+	CUresult (*begin_capture_ptsz)(CUstream, CUstreamCaptureMode);
 	CUresult (*end_capture)(CUstream, CUgraph *);
+	CUresult (*end_capture_ptsz)(CUstream, CUgraph *);
 	CUresult (*exchange_mode)(CUstreamCaptureMode *);
 } d;
 
@@ -111,7 +113,9 @@ static void load(void)
 	GET(d.stream_sync, "cuStreamSynchronize", 12000, 0);
 	GET(d.stream_destroy, "cuStreamDestroy", 4000, 0);
 	GET(d.begin_capture, "cuStreamBeginCapture", 12000, 0);
+	GET(d.begin_capture_ptsz, "cuStreamBeginCapture", 12000, ptsz);
 	GET(d.end_capture, "cuStreamEndCapture", 12000, 0);
+	GET(d.end_capture_ptsz, "cuStreamEndCapture", 12000, ptsz);
 	GET(d.exchange_mode, "cuThreadExchangeStreamCaptureMode", 12000, 0);
 	if (d.init(0) != CUDA_SUCCESS)
 		goto fail;
@@ -159,6 +163,8 @@ API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags);
 API cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode);
 API cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g);
 API cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
+API cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode);
+API cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, CUgraph *g);
 
 enum how { SYNC, ASYNC, ASYNC_PTSZ };
 
@@ -311,6 +317,22 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g)
 	if (e)
 		return e;
 	return (cudaError_t)d.end_capture(s, g);
+}
+
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.begin_capture_ptsz(s, (CUstreamCaptureMode)mode);
+}
+
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, CUgraph *g)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.end_capture_ptsz(s, g);
 }
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode)

@@ -26,6 +26,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g);
 cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s);
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, CUgraph *g);
 
 #define P ((size_t)64 << 10) /* the fake driver's granularity: one pool page */
 enum { GLOBAL = 0, THREAD_LOCAL = 1, RELAXED = 2 };
@@ -308,6 +312,36 @@ static void legacy(void)
 	CHECK_EQ(fake_calls("capture_violation"), 0);
 }
 
+static void *per_thread_free(void *arg)
+{
+	CHECK_EQ(cudaFreeAsync_ptsz(arg, NULL), 0);
+	return NULL;
+}
+
+/* The per-thread default stream captured (the _ptsz forms): a free on it
+ * waits for its thread's capture; another thread's per-thread stream is
+ * another stream, its free made at once. */
+static void per_thread(void)
+{
+	void *q, *q2;
+	pthread_t t;
+	CUgraph g = NULL;
+
+	CHECK_EQ(cudaMallocAsync_ptsz(&q, P, NULL), 0);
+	CHECK_EQ(cudaMallocAsync_ptsz(&q2, P, NULL), 0);
+	controls_init();
+	CHECK_EQ(cudaStreamBeginCapture_ptsz(NULL, THREAD_LOCAL), 0);
+	CHECK_EQ(cudaFreeAsync_ptsz(q, NULL), 0);
+	CHECK_EQ(frees(), 0);
+	CHECK_EQ(pthread_create(&t, NULL, per_thread_free, q2), 0);
+	CHECK_EQ(pthread_join(t, NULL), 0);
+	CHECK_EQ(frees(), 1);
+	CHECK_EQ(cudaStreamEndCapture_ptsz(NULL, &g), 0);
+	CHECK(g != NULL);
+	CHECK_EQ(frees(), 2);
+	CHECK_EQ(fake_calls("capture_violation"), 0);
+}
+
 /* The pluggable allocator, loaded without the preload (the capture calls
  * never reach the shim): PyTorch frees a pool tensor inside the capture,
  * on the capturing stream. Step after step, the free waits for the end
@@ -371,6 +405,7 @@ int main(int argc, char **argv)
 		{"invalidated", invalidated},
 		{"destroyed", destroyed},
 		{"legacy", legacy},
+		{"per_thread", per_thread},
 		{"torch", torch},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
