@@ -185,6 +185,19 @@ bool vpmm_capture_defer(CUdeviceptr ptr, CUstream stream, enum vpmm_via via, CUr
 			d.has_id = st == CU_STREAM_CAPTURE_STATUS_ACTIVE;
 		}
 	}
+	/* What the free would refuse now it refuses now: a pointer that is no
+	 * live allocation's start, or one already waiting (a double free). */
+	CUdeviceptr base = 0;
+	size_t size;
+	bool bad = vpmm_find_live(ptr, &base, &size) != VPMM_POOL_LIVE || base != ptr;
+	pthread_mutex_lock(&lock);
+	for (struct deferred *w = waiting; w && !bad; w = w->next)
+		bad = w->ptr == ptr;
+	pthread_mutex_unlock(&lock);
+	if (bad) {
+		*res = CUDA_ERROR_INVALID_VALUE;
+		return true;
+	}
 	struct deferred *n = malloc(sizeof *n);
 	if (!n) {
 		*res = CUDA_ERROR_OUT_OF_MEMORY; /* the memory stays the program's */

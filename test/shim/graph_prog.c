@@ -42,7 +42,9 @@ static long long frees(void)
 
 /* A stream-ordered free on the captured stream: deferred, made at the end;
  * the memory is not handed out while the capture runs, and is reused on its
- * stream at once after. Graph allocations go to the driver. */
+ * stream at once after. A free of no allocation's start, and a second free,
+ * are refused at once, as they would be outside a capture. Graph
+ * allocations go to the driver. */
 static void async_free(void)
 {
 	cudaStream_t s, s2;
@@ -58,7 +60,9 @@ static void async_free(void)
 	CHECK_EQ(fake_calls("cuMemAllocAsync"), 1);
 	CHECK_EQ(cudaFreeAsync(g1, s), 0);
 	CHECK_EQ(fake_calls("cuMemFreeAsync"), 1);
+	CHECK_EQ(cudaFreeAsync((char *)q + 16, s), 1); /* not an allocation's start */
 	CHECK_EQ(cudaFreeAsync(q, s), 0);
+	CHECK_EQ(cudaFreeAsync(q, s), 1); /* twice */
 	CHECK_EQ(frees(), 0);
 	CHECK_EQ(hook_calls("capture_deferred"), 1);
 	CHECK_EQ(cudaMallocAsync(&r, P, s2), 0); /* another stream, meanwhile */
