@@ -17,7 +17,8 @@
  *    stream, ordered after the work the stream had before the capture (the
  *    captured work never runs on it); a synchronous one synchronises the
  *    context then. The memory is reused only after that: within the
- *    capture, nothing else gets it.
+ *    capture, nothing else gets it. A free the pool would refuse (no live
+ *    allocation's start, or one already waiting) is refused at the call.
  *  - Which frees wait: one on a stream being captured (its capture's id
  *    keys it), one on the legacy stream while a blocking stream is
  *    captured (the driver refuses the query there, and it waits until the
