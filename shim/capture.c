@@ -378,14 +378,14 @@ CUresult vpmm_cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
 }
 
 CUresult vpmm_cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-					  const CUgraphEdgeData *data, size_t n,
+					  const vpmm_edge_data *data, size_t n,
 					  CUstreamCaptureMode mode)
 {
 	BEGIN(begin_to_graph, s, false, mode, s, g, deps, data, n, mode);
 }
 
 CUresult vpmm_cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
-					       const CUgraphEdgeData *data, size_t n,
+					       const vpmm_edge_data *data, size_t n,
 					       CUstreamCaptureMode mode)
 {
 	BEGIN(begin_to_graph_ptsz, s, true, mode, s, g, deps, data, n, mode);

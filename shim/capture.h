@@ -39,10 +39,10 @@ CUresult vpmm_cuStreamBeginCapture_ptsz(CUstream s);
 CUresult vpmm_cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
 CUresult vpmm_cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
 CUresult vpmm_cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-					  const CUgraphEdgeData *data, size_t n,
+					  const vpmm_edge_data *data, size_t n,
 					  CUstreamCaptureMode mode);
 CUresult vpmm_cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
-					       const CUgraphEdgeData *data, size_t n,
+					       const vpmm_edge_data *data, size_t n,
 					       CUstreamCaptureMode mode);
 CUresult vpmm_cuStreamEndCapture(CUstream s, CUgraph *g);
 CUresult vpmm_cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);

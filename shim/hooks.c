@@ -122,10 +122,10 @@ CUresult cuStreamBeginCapture_ptsz(CUstream s) VPMM_EXPORT;
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) VPMM_EXPORT;
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) VPMM_EXPORT;
 CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-				     const CUgraphEdgeData *data, size_t n,
+				     const vpmm_edge_data *data, size_t n,
 				     CUstreamCaptureMode mode) VPMM_EXPORT;
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
-					  const CUgraphEdgeData *data, size_t n,
+					  const vpmm_edge_data *data, size_t n,
 					  CUstreamCaptureMode mode) VPMM_EXPORT;
 CUresult cuStreamEndCapture(CUstream s, CUgraph *g) VPMM_EXPORT;
 CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) VPMM_EXPORT;
@@ -275,14 +275,14 @@ CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
 }
 
 CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-				     const CUgraphEdgeData *data, size_t n,
+				     const vpmm_edge_data *data, size_t n,
 				     CUstreamCaptureMode mode)
 {
 	return vpmm_cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode);
 }
 
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
-					  const CUgraphEdgeData *data, size_t n,
+					  const vpmm_edge_data *data, size_t n,
 					  CUstreamCaptureMode mode)
 {
 	return vpmm_cuStreamBeginCaptureToGraph_ptsz(s, g, deps, data, n, mode);

@@ -11,6 +11,14 @@ typedef CUresult (*vpmm_gpa_v2_fn)(const char *, void **, int, cuuint64_t,
 				    CUdriverProcAddressQueryResult *);
 typedef CUresult (*vpmm_gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 
+/* The edge data of cuStreamBeginCaptureToGraph and the capture query's
+ * third form (CUDA 12.3): opaque with older headers, which have neither. */
+#if CUDA_VERSION >= 12030
+typedef CUgraphEdgeData vpmm_edge_data;
+#else
+typedef struct vpmm_edge_data vpmm_edge_data;
+#endif
+
 /* The driver entry points we wrap: their forwarding targets. */
 enum vpmm_wrapped {
 	VPMM_W_GPA_V2,
@@ -99,13 +107,13 @@ struct vpmm_real {
 	CUresult (*begin_capture_v2)(CUstream, CUstreamCaptureMode);
 	CUresult (*begin_capture_v2_ptsz)(CUstream, CUstreamCaptureMode);
 	CUresult (*begin_to_graph)(CUstream, CUgraph, const CUgraphNode *,
-				   const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+				   const vpmm_edge_data *, size_t, CUstreamCaptureMode);
 	CUresult (*begin_to_graph_ptsz)(CUstream, CUgraph, const CUgraphNode *,
-					const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+					const vpmm_edge_data *, size_t, CUstreamCaptureMode);
 	CUresult (*end_capture)(CUstream, CUgraph *);
 	CUresult (*end_capture_ptsz)(CUstream, CUgraph *);
 	CUresult (*capture_info_v3)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
-				    const CUgraphNode **, const CUgraphEdgeData **, size_t *);
+				    const CUgraphNode **, const vpmm_edge_data **, size_t *);
 	CUresult (*capture_info_v2)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
 				    const CUgraphNode **, size_t *);
 	CUresult (*capture_info_v1)(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
