@@ -346,6 +346,35 @@ static void per_thread(void)
 	CHECK_EQ(fake_calls("capture_violation"), 0);
 }
 
+/* A capture into an existing graph, begun through the driver's entry point
+ * as dlsym gives it: tracked as any capture (the cudaFree it forbids waits,
+ * as does the free on its stream). */
+static void to_graph(void)
+{
+	cudaStream_t s;
+	void *q, *p;
+	CUresult (*begin)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *,
+			  size_t, CUstreamCaptureMode);
+	CUgraph g = NULL;
+
+	CHECK_EQ(cudaStreamCreate(&s), 0);
+	controls_init();
+	LOOKUP(begin, dlopen("libcuda.so.1", RTLD_NOW), "cuStreamBeginCaptureToGraph");
+	CHECK(begin);
+	CHECK(fn_in((void *)(uintptr_t)begin, "libvpmm"));
+	CHECK_EQ(cudaMallocAsync(&q, P, s), 0);
+	CHECK_EQ(cudaMalloc(&p, P), 0);
+	CHECK_EQ(begin(s, (CUgraph)(uintptr_t)1, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL), 0);
+	CHECK_EQ(cudaFree(p), 0);
+	CHECK_EQ(cudaFreeAsync(q, s), 0);
+	CHECK_EQ(frees(), 0);
+	CHECK_EQ(cudaStreamEndCapture(s, &g), 0);
+	CHECK(g != NULL);
+	CHECK_EQ(frees(), 2);
+	CHECK_EQ(hook_calls("cuStreamBeginCapture"), 1);
+	CHECK_EQ(fake_calls("capture_violation"), 0);
+}
+
 /* The program exits with a capture never ended and a free waiting for it:
  * the memory goes with the process; the exit is clean (no crash, and under
  * AddressSanitizer no leak reported). */
@@ -430,6 +459,7 @@ int main(int argc, char **argv)
 		{"legacy", legacy},
 		{"per_thread", per_thread},
 		{"exit_mid_capture", exit_mid_capture},
+		{"to_graph", to_graph},
 		{"torch", torch},
 	};
 	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)

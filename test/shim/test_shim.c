@@ -152,6 +152,7 @@ GRAPH_SCENARIO(destroyed)
 GRAPH_SCENARIO(legacy)
 GRAPH_SCENARIO(per_thread)
 GRAPH_SCENARIO(exit_mid_capture)
+GRAPH_SCENARIO(to_graph)
 
 /* The driver's own refusal, which the shim's answer must equal. */
 Test(shim_graph, sync_malloc_without_shim, .timeout = 30)
