@@ -9,14 +9,15 @@
  * Decisions, and why:
  *  - A free of pool memory cannot happen inside a capture: the pool would
  *    have to order its reuse after a graph launch it never sees, and a
- *    synchronous free synchronises the context, which a capture forbids
- *    (the driver then refuses the call and invalidates the capture). So
+ *    synchronous free, during a capture, synchronises the context, which
+ *    the capture forbids (the driver then refuses the call and
+ *    invalidates the capture). So
  *    such a free is deferred, not refused: it succeeds at once for the
  *    program and is made, as the free it was, once the capture ended. A
  *    stream-ordered free on a captured stream then becomes a free on that
  *    stream, ordered after the work the stream had before the capture (the
- *    captured work never runs on it); a synchronous one synchronises the
- *    context then. The memory is reused only after that: within the
+ *    captured work never runs on it); a synchronous one is made as
+ *    synchronous frees are (alloc.c). The memory is reused only after that: within the
  *    capture, nothing else gets it. A free the pool would refuse (no live
  *    allocation's start, or one already waiting) is refused at the call.
  *  - Which frees wait: one on a stream being captured (its capture's id
