@@ -13,15 +13,18 @@
 # workload x allocator alone and under a process holding all but 1.02 x its
 # peak live, about 4-5 minutes; part soak, the vpmm allocators under margins
 # 1.00-1.10 x VPMM_* settings, about 4 minutes; both share one build when
-# both are asked for). Prints a short table last.
+# both are asked for), and CUDA graphs with the pool (scripts/gpu-graphs.sh:
+# part graphs, stream capture in CUDA C and PyTorch, torch.compile's
+# reduce-overhead mode; not in the default, a call of its own). Prints a
+# short table last.
 #
 # The device tool brings back at most 8 files from $OUT: the logs go into one
 # archive, $OUT/logs.tgz, beside summary.txt, table.md, and pressure.md and
 # soak.md when those parts ran.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak;
-# "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
+# shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak|
+# graphs; "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
 # (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
 # preload without caching, compared with pluggable; see gpu-torch-step.sh),
@@ -104,6 +107,13 @@ if part share; then
 	OUT=$W/logs/share bash "$ROOT/scripts/gpu-share.sh" >"$W/logs/share.txt" 2>&1
 	note "sharing (ipc, torch.multiprocessing, peers): exit $? ($((SECONDS - t0)) s)"
 	sed 's/^/  /' "$W/logs/share/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
+if part graphs; then
+	t0=$SECONDS
+	OUT=$W/logs/graphs bash "$ROOT/scripts/gpu-graphs.sh" >"$W/logs/graphs.txt" 2>&1
+	note "CUDA graphs (capture, torch.cuda.graph, torch.compile): exit $? ($((SECONDS - t0)) s)"
+	sed 's/^/  /' "$W/logs/graphs/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
 fi
 
 if part reliab && [ -f "$ROOT/scripts/gpu-reliability.sh" ]; then

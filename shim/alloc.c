@@ -29,10 +29,14 @@
  *    a per-thread default stream is treated as synchronous: allocations take
  *    settled memory (VPMM_NO_STREAM) and frees first synchronise the calling
  *    thread's per-thread stream. Correct, but such frees block.
- *  - Allocations on a capturing stream go to the real function (the graph
- *    owns them). Freeing pool memory on a capturing stream is refused with
- *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the free would happen at graph
- *    launch, and the pool cannot order reuse after a launch it never sees.
+ *  - Stream capture (CUDA graphs): allocations on a capturing stream go to
+ *    the real function (the graph owns them, as graph memory nodes), and so
+ *    does a synchronous allocation that a capture forbids this thread, so
+ *    that the program gets the driver's own refusal (and the capture its
+ *    invalidation). A free of pool memory that a capture forbids (on a
+ *    captured stream, or synchronous during a capture that forbids
+ *    synchronising) is deferred until the capture ends, never refused:
+ *    capture.c says how and why.
  *  - A signal handler that allocates or frees while its thread is inside the
  *    pool gets CUDA_ERROR_NOT_PERMITTED and one error line: the pool's
  *    locks are not async-signal-safe, and waiting would wait for ever.
@@ -41,7 +45,8 @@
  *    memory succeed quietly.
  * May call: streams.h (the call's context and stream), devices.h (the
  * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
- * memory), runtime.h (vpmm_runtime_init), trace.h, resolve.h, the log.
+ * memory), runtime.h (vpmm_runtime_init), capture.h (deferred frees),
+ * trace.h, resolve.h, the log.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -49,6 +54,7 @@
 #include <stdio.h>
 
 #include "alloc.h"
+#include "capture.h"
 #include "devices.h"
 #include "ipc.h"
 #include "live_streams.h"
@@ -136,6 +142,9 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 
 	if (vpmm_tls_inside || !out || !size || !vpmm_active())
 		return false;
+	vpmm_capture_poll();
+	if (stream == VPMM_NO_STREAM && vpmm_capture_forbids_sync())
+		return false; /* the driver refuses it, as without the pool */
 
 	if (via == VPMM_VIA_TORCH) {
 		if (vpmm_enter_device(device, &sc) != CUDA_SUCCESS)
@@ -282,6 +291,8 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 	pool = vpmm_device_pool(owner, NULL);
 	if (vpmm_torn_down())
 		goto quiet;
+	if (vpmm_capture_defer(ptr, stream, via, res))
+		return true;
 
 	ps = vpmm_pool_stream(stream, via);
 	if (ps == VPMM_NO_STREAM && fence_free(owner, &fence_pushed)) {
@@ -299,8 +310,6 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		poll_pool(owner, true);
 		r = sync_context(owner);
 	} else if (ps == CU_STREAM_PER_THREAD) {
-		if (vpmm_capturing(ps) == 1)
-			goto refuse;
 		r = vpmm_real.stream_synchronize(ps);
 		ps = VPMM_NO_STREAM;
 	} else {
@@ -316,8 +325,6 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		 * on the other context's streams (free_without_context). */
 		if (!vpmm_device_ctx(owner))
 			vpmm_adopt_context(owner, sc.stream_ctx);
-		if (vpmm_capturing(ps) == 1)
-			goto refuse;
 		r = CUDA_SUCCESS;
 		/* The default stream names the current context's own: with
 		 * another device current, it is that device's stream. */
@@ -372,11 +379,6 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 	*res = pool_result(pool, e);
 	if (!e)
 		vpmm_count(VPMM_HOOK_pool_free);
-	return true;
-refuse:
-	vpmm_leave(&sc);
-	vpmm_log(VPMM_LOG_WARN, "freeing pool memory on a capturing stream is not supported");
-	*res = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	return true;
 quiet:
 	*res = CUDA_SUCCESS;

@@ -7,10 +7,11 @@
  * Owns: what each driver call means for pool memory, and the pass-through
  * (REAL) of everything else to the real entry point. Policy lives in the
  * rooms it calls: alloc.h (malloc/free, queries), streams.h, devices.h,
- * ipc.h, live_streams.h (the streams made); resolve.h gives the real
- * functions.
+ * ipc.h, live_streams.h (the streams made), capture.h; resolve.h gives
+ * the real functions.
  */
 #include "alloc.h"
+#include "capture.h"
 #include "devices.h"
 #include "driver_calls.h"
 #include "ipc.h"
@@ -179,12 +180,18 @@ CUresult vpmm_cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrib
 
 /* The pool records events on streams other than the caller's: it must hear
  * of a stream's end before the handle dangles (cudaStreamDestroy comes here
- * through cuGetProcAddress). */
+ * through cuGetProcAddress). A capture on it ends with it: the frees it
+ * deferred are made once the stream is gone. */
 CUresult vpmm_cuStreamDestroy_v2(CUstream s)
 {
+	CUresult r;
 	vpmm_count(VPMM_HOOK_cuStreamDestroy_v2);
 	vpmm_stream_destroying(s);
-	REAL(stream_destroy, s);
+	vpmm_resolve();
+	vpmm_count(VPMM_HOOK_passthrough);
+	r = vpmm_real.stream_destroy ? vpmm_real.stream_destroy(s) : CUDA_ERROR_NOT_INITIALIZED;
+	vpmm_capture_stream_destroyed(s, r);
+	return r;
 }
 
 /* Pool memory is shared through the shim on both sides (ipc.c); the

@@ -14,11 +14,15 @@
  * dlsym answers are swapped for. The exported dlsym is in dlsym.c. The
  * exported library API (vpmm_shim_*, vpmm_version) is in api.c.
  *
- * May call: runtime.h, driver_calls.h, wrap.h, torch.h. Nothing else.
+ * The capture entry points forward to capture.c.
+ *
+ * May call: runtime.h, driver_calls.h, capture.h, wrap.h, torch.h. Nothing
+ * else.
  */
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "capture.h"
 #include "driver_calls.h"
 #include "resolve.h"
 #include "runtime.h"
@@ -27,6 +31,9 @@
 #include "wrap.h"
 
 #undef cuGetProcAddress
+#undef cuStreamBeginCapture
+#undef cuStreamEndCapture
+#undef cuStreamBeginCaptureToGraph
 
 /* ---- the runtime --------------------------------------------------------------------- */
 
@@ -110,6 +117,18 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
 			  cuuint64_t flags) VPMM_EXPORT;
+CUresult cuStreamBeginCapture(CUstream s) VPMM_EXPORT;
+CUresult cuStreamBeginCapture_ptsz(CUstream s) VPMM_EXPORT;
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) VPMM_EXPORT;
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) VPMM_EXPORT;
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+				     const vpmm_edge_data *data, size_t n,
+				     CUstreamCaptureMode mode) VPMM_EXPORT;
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+					  const vpmm_edge_data *data, size_t n,
+					  CUstreamCaptureMode mode) VPMM_EXPORT;
+CUresult cuStreamEndCapture(CUstream s, CUgraph *g) VPMM_EXPORT;
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) VPMM_EXPORT;
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
@@ -235,6 +254,50 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
 	return vpmm_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
 }
 
+CUresult cuStreamBeginCapture(CUstream s)
+{
+	return vpmm_cuStreamBeginCapture(s);
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream s)
+{
+	return vpmm_cuStreamBeginCapture_ptsz(s);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+	return vpmm_cuStreamBeginCapture_v2(s, mode);
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+	return vpmm_cuStreamBeginCapture_v2_ptsz(s, mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+				     const vpmm_edge_data *data, size_t n,
+				     CUstreamCaptureMode mode)
+{
+	return vpmm_cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+					  const vpmm_edge_data *data, size_t n,
+					  CUstreamCaptureMode mode)
+{
+	return vpmm_cuStreamBeginCaptureToGraph_ptsz(s, g, deps, data, n, mode);
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+	return vpmm_cuStreamEndCapture(s, g);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+	return vpmm_cuStreamEndCapture_ptsz(s, g);
+}
+
 /* ---- the wrappers, by enum vpmm_wrapped ---------------------------------------------- */
 
 const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
@@ -261,6 +324,14 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_STREAM_CREATE] = (vpmm_fnptr)cuStreamCreate,
 	[VPMM_W_STREAM_CREATE_PRIO] = (vpmm_fnptr)cuStreamCreateWithPriority,
 	[VPMM_W_GREEN_STREAM_CREATE] = (vpmm_fnptr)cuGreenCtxStreamCreate,
+	[VPMM_W_BEGIN_CAPTURE] = (vpmm_fnptr)cuStreamBeginCapture,
+	[VPMM_W_BEGIN_CAPTURE_PTSZ] = (vpmm_fnptr)cuStreamBeginCapture_ptsz,
+	[VPMM_W_BEGIN_CAPTURE_V2] = (vpmm_fnptr)cuStreamBeginCapture_v2,
+	[VPMM_W_BEGIN_CAPTURE_V2_PTSZ] = (vpmm_fnptr)cuStreamBeginCapture_v2_ptsz,
+	[VPMM_W_BEGIN_TO_GRAPH] = (vpmm_fnptr)cuStreamBeginCaptureToGraph,
+	[VPMM_W_BEGIN_TO_GRAPH_PTSZ] = (vpmm_fnptr)cuStreamBeginCaptureToGraph_ptsz,
+	[VPMM_W_END_CAPTURE] = (vpmm_fnptr)cuStreamEndCapture,
+	[VPMM_W_END_CAPTURE_PTSZ] = (vpmm_fnptr)cuStreamEndCapture_ptsz,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ------------------------------------------------- */

@@ -102,6 +102,23 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 				       5050, 0},
 	[VPMM_W_GREEN_STREAM_CREATE] = {"cuGreenCtxStreamCreate", "cuGreenCtxStreamCreate",
 					12050, 0},
+	[VPMM_W_BEGIN_CAPTURE] = {"cuStreamBeginCapture", "cuStreamBeginCapture", 10000,
+				  CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+	[VPMM_W_BEGIN_CAPTURE_PTSZ] = {"cuStreamBeginCapture_ptsz", "cuStreamBeginCapture", 10000,
+				       CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+	[VPMM_W_BEGIN_CAPTURE_V2] = {"cuStreamBeginCapture_v2", "cuStreamBeginCapture", 10010,
+				     CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+	[VPMM_W_BEGIN_CAPTURE_V2_PTSZ] = {"cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCapture",
+					  10010, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+	[VPMM_W_BEGIN_TO_GRAPH] = {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph",
+				   12030, CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+	[VPMM_W_BEGIN_TO_GRAPH_PTSZ] = {"cuStreamBeginCaptureToGraph_ptsz",
+					"cuStreamBeginCaptureToGraph", 12030,
+					CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+	[VPMM_W_END_CAPTURE] = {"cuStreamEndCapture", "cuStreamEndCapture", 10000,
+				CU_GET_PROC_ADDRESS_LEGACY_STREAM},
+	[VPMM_W_END_CAPTURE_PTSZ] = {"cuStreamEndCapture_ptsz", "cuStreamEndCapture", 10000,
+				     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
 };
 
 #define KNOWN_MAX 4
@@ -245,6 +262,14 @@ static void find_cuda(void)
 	TARGET(vpmm_real.stream_create, VPMM_W_STREAM_CREATE);
 	TARGET(vpmm_real.stream_create_prio, VPMM_W_STREAM_CREATE_PRIO);
 	TARGET(vpmm_real.green_stream_create, VPMM_W_GREEN_STREAM_CREATE);
+	TARGET(vpmm_real.begin_capture, VPMM_W_BEGIN_CAPTURE);
+	TARGET(vpmm_real.begin_capture_ptsz, VPMM_W_BEGIN_CAPTURE_PTSZ);
+	TARGET(vpmm_real.begin_capture_v2, VPMM_W_BEGIN_CAPTURE_V2);
+	TARGET(vpmm_real.begin_capture_v2_ptsz, VPMM_W_BEGIN_CAPTURE_V2_PTSZ);
+	TARGET(vpmm_real.begin_to_graph, VPMM_W_BEGIN_TO_GRAPH);
+	TARGET(vpmm_real.begin_to_graph_ptsz, VPMM_W_BEGIN_TO_GRAPH_PTSZ);
+	TARGET(vpmm_real.end_capture, VPMM_W_END_CAPTURE);
+	TARGET(vpmm_real.end_capture_ptsz, VPMM_W_END_CAPTURE_PTSZ);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));
@@ -264,6 +289,20 @@ static void find_cuda(void)
 	SET(vpmm_real.event_destroy, vpmm_real_entry("cuEventDestroy_v2", NULL));
 	SET(vpmm_real.stream_wait_event, vpmm_real_entry("cuStreamWaitEvent", NULL));
 	SET(vpmm_real.ctx_get_id, vpmm_real_entry("cuCtxGetId", NULL));
+	/* The capture query in the newest form the driver has: asked at a
+	 * later version than its own, the driver answers with an older form,
+	 * of other arguments. */
+	if (vpmm_real.driver_version >= 12030)
+		SET(vpmm_real.capture_info_v3, proc("cuStreamGetCaptureInfo", 12030,
+						    CU_GET_PROC_ADDRESS_LEGACY_STREAM));
+	else if (vpmm_real.driver_version >= 11030)
+		SET(vpmm_real.capture_info_v2, proc("cuStreamGetCaptureInfo", 11030,
+						    CU_GET_PROC_ADDRESS_LEGACY_STREAM));
+	else
+		SET(vpmm_real.capture_info_v1, proc("cuStreamGetCaptureInfo", 10010,
+						    CU_GET_PROC_ADDRESS_LEGACY_STREAM));
+	SET(vpmm_real.exchange_capture_mode,
+	    vpmm_real_entry("cuThreadExchangeStreamCaptureMode", NULL));
 out:
 	tls_resolving = false;
 }

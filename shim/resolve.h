@@ -11,6 +11,14 @@ typedef CUresult (*vpmm_gpa_v2_fn)(const char *, void **, int, cuuint64_t,
 				    CUdriverProcAddressQueryResult *);
 typedef CUresult (*vpmm_gpa_v1_fn)(const char *, void **, int, cuuint64_t);
 
+/* The edge data of cuStreamBeginCaptureToGraph and the capture query's
+ * third form (CUDA 12.3): opaque with older headers, which have neither. */
+#if CUDA_VERSION >= 12030
+typedef CUgraphEdgeData vpmm_edge_data;
+#else
+typedef struct vpmm_edge_data vpmm_edge_data;
+#endif
+
 /* The driver entry points we wrap: their forwarding targets. */
 enum vpmm_wrapped {
 	VPMM_W_GPA_V2,
@@ -36,6 +44,15 @@ enum vpmm_wrapped {
 	VPMM_W_STREAM_CREATE,
 	VPMM_W_STREAM_CREATE_PRIO,
 	VPMM_W_GREEN_STREAM_CREATE,
+	/* stream capture (capture.c) */
+	VPMM_W_BEGIN_CAPTURE,
+	VPMM_W_BEGIN_CAPTURE_PTSZ,
+	VPMM_W_BEGIN_CAPTURE_V2,
+	VPMM_W_BEGIN_CAPTURE_V2_PTSZ,
+	VPMM_W_BEGIN_TO_GRAPH,
+	VPMM_W_BEGIN_TO_GRAPH_PTSZ,
+	VPMM_W_END_CAPTURE,
+	VPMM_W_END_CAPTURE_PTSZ,
 	VPMM_W_COUNT
 };
 
@@ -84,6 +101,24 @@ struct vpmm_real {
 	CUresult (*event_destroy)(CUevent);
 	CUresult (*stream_wait_event)(CUstream, CUevent, unsigned);
 	CUresult (*ctx_get_id)(CUcontext, unsigned long long *);
+	/* Stream capture (capture.c): the wrapped entry points, then the
+	 * helpers; the capture query in the newest form the driver has. */
+	CUresult (*begin_capture)(CUstream);
+	CUresult (*begin_capture_ptsz)(CUstream);
+	CUresult (*begin_capture_v2)(CUstream, CUstreamCaptureMode);
+	CUresult (*begin_capture_v2_ptsz)(CUstream, CUstreamCaptureMode);
+	CUresult (*begin_to_graph)(CUstream, CUgraph, const CUgraphNode *,
+				   const vpmm_edge_data *, size_t, CUstreamCaptureMode);
+	CUresult (*begin_to_graph_ptsz)(CUstream, CUgraph, const CUgraphNode *,
+					const vpmm_edge_data *, size_t, CUstreamCaptureMode);
+	CUresult (*end_capture)(CUstream, CUgraph *);
+	CUresult (*end_capture_ptsz)(CUstream, CUgraph *);
+	CUresult (*capture_info_v3)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+				    const CUgraphNode **, const vpmm_edge_data **, size_t *);
+	CUresult (*capture_info_v2)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+				    const CUgraphNode **, size_t *);
+	CUresult (*capture_info_v1)(CUstream, CUstreamCaptureStatus *, cuuint64_t *);
+	CUresult (*exchange_capture_mode)(CUstreamCaptureMode *);
 };
 
 extern struct vpmm_real vpmm_real VPMM_HIDDEN;

@@ -106,7 +106,11 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(cuStreamCreateWithPriority)                                         \
 	X(cuGreenCtxStreamCreate)                                             \
 	X(fence_free)               /* synchronous frees fenced, not synced */ \
-	X(fence_malloc)             /* synchronous mallocs on the legacy stream */
+	X(fence_malloc)             /* synchronous mallocs on the legacy stream */ \
+	X(cuStreamBeginCapture)     /* every form */                            \
+	X(cuStreamEndCapture)                                                 \
+	X(capture_deferred)         /* frees of pool memory a capture held back */ \
+	X(capture_flushed)          /* those made once their capture ended */
 
 enum vpmm_hook {
 #define X(n) VPMM_HOOK_##n,

@@ -1,7 +1,7 @@
 // check.h — how the GPU test programs that run alone (shim_cuda.cu,
-// share.cu, contexts.cu) stop at the first failure: one "FAIL file:line what"
-// line on stderr and exit status 1, which scripts/gpu-shim.sh and
-// gpu-share.sh report. (oom.cu and soak.cu report every check instead:
+// share.cu, contexts.cu, graphs.cu) stop at the first failure: one "FAIL
+// file:line what" line on stderr and exit status 1, which
+// scripts/gpu-shim.sh, gpu-share.sh and gpu-graphs.sh report. (oom.cu and soak.cu report every check instead:
 // reliability.h.)
 #ifndef VPMM_TEST_GPU_CHECK_H
 #define VPMM_TEST_GPU_CHECK_H

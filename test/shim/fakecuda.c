@@ -19,6 +19,11 @@
  *    anew) keeps its handle and gets a new id, CONTEXT_IS_DESTROYED in
  *    between; cuGetExportTable hands out a private table whose reset is
  *    the CUDA 13 runtime's cudaDeviceReset path, which no hook sees;
+ *  - stream capture: begin and end (every form), the capture status and id,
+ *    the thread's interaction mode; a call the capture modes forbid
+ *    (cuCtxSynchronize, cuMemAlloc_v2, cuMemFree_v2) is refused with
+ *    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures
+ *    that forbade it, as on the real driver;
  * Test controls (exported, names no hook wraps): fakecuda_calls(),
  * fakecuda_fail(), fakecuda_set_capturing(), fakecuda_mem_info(),
  * fakecuda_accessible(), fakecuda_sticky() (every synchronisation fails
@@ -57,6 +62,7 @@ static const char *const counted[] = {
 	"no_context", /* driver work done with no current context */
 	"dead_handle", /* a stream or event of an ended context named */
 	"record_refused", /* an event recorded on another context's stream */
+	"capture_violation", /* a call a capture forbade (it was refused) */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])
 static unsigned long counts[NCOUNTED];

@@ -115,6 +115,32 @@ API CUresult cuEventDestroy_v2(CUevent ev);
 API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 API void fakecuda_set_capturing(CUstream s, int on);
 API void fakecuda_set_implicit(int on);
+#undef cuStreamBeginCapture
+#undef cuStreamEndCapture
+#undef cuStreamGetCaptureInfo
+#undef cuStreamBeginCaptureToGraph
+API CUresult cuStreamBeginCapture(CUstream s);
+API CUresult cuStreamBeginCapture_ptsz(CUstream s);
+API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+					 const CUgraphEdgeData *data, size_t n,
+					 CUstreamCaptureMode mode);
+API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+					      const CUgraphEdgeData *data, size_t n,
+					      CUstreamCaptureMode mode);
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *g);
+API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
+API CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id);
+API CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
+				       CUgraph *g, const CUgraphNode **deps, size_t *n);
+API CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
+				       CUgraph *g, const CUgraphNode **deps,
+				       const CUgraphEdgeData **data, size_t *n);
+/* CUDA_SUCCESS, or CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when a capture
+ * forbids the calling thread a potentially unsafe call: the captures that
+ * forbid it are invalidated, as on the real driver. */
+CUresult fake_capture_check(void);
 
 /* ---- fakecuda_mem.c ---- */
 

@@ -314,6 +314,8 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 static CUresult sync_ctx(struct fake_ctx *c)
 {
 	fake_count("cuCtxSynchronize");
+	if (fake_capture_check() != CUDA_SUCCESS)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	if (!c)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (c->destroyed)

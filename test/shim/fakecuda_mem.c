@@ -263,6 +263,8 @@ CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
 	fake_count("cuMemAlloc_v2");
+	if (fake_capture_check() != CUDA_SUCCESS)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	return plain_alloc(dptr, bytesize);
 }
 
@@ -276,6 +278,8 @@ CUresult cuMemFree(unsigned int dptr)
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
 	fake_count("cuMemFree_v2");
+	if (fake_capture_check() != CUDA_SUCCESS)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	return plain_free(dptr);
 }
 

@@ -1,7 +1,8 @@
 /* fakecuda_stream.c — the fake's streams and events: each belongs to the
- * context current when it was made and dies with it; stream capture as a
- * flag a test sets (fakecuda_set_capturing) and the thread's capture mode;
- * on demand (fakecuda_set_implicit), the legacy default stream's implicit
+ * context current when it was made and dies with it; stream capture: the
+ * captures begun (or set by a test, fakecuda_set_capturing: relaxed ones),
+ * their ids, modes and threads, the thread's interaction mode, and the
+ * calls they forbid (fake_capture_check); on demand (fakecuda_set_implicit), the legacy default stream's implicit
  * order: an action on it waits for every blocking stream's last action,
  * and an action on a blocking stream waits for its last action.
  *
@@ -31,6 +32,18 @@ struct stream_ctx {
 	struct stream_ctx *next;
 };
 
+/* A capture sequence: on stream s (the per-thread default stream by its
+ * handle, with its thread), begun by `thread`. */
+struct capture {
+	CUstream s;
+	cuuint64_t id;
+	CUstreamCaptureMode mode;
+	pthread_t thread;
+	bool invalidated;
+	bool blocking; /* s orders with the legacy stream */
+	struct capture *next;
+};
+
 static bool implicit_on;
 static void implicit_before(CUstream s);
 static void implicit_after(CUstream s);
@@ -42,6 +55,8 @@ static bool event_alive(CUevent ev, struct fake_ctx **ctx);
 static struct fake_ctx *stream_ctx_of(CUstream s);
 static struct owned *events_owned;
 static __thread CUstreamCaptureMode capture_mode;
+static struct capture *captures;
+static cuuint64_t last_capture_id;
 
 /* ---- streams and events ---------------------------------------------------------------- */
 
@@ -114,6 +129,13 @@ CUresult cuStreamDestroy_v2(CUstream s)
 			free(dead);
 			break;
 		}
+	for (struct capture **c = &captures; *c; c = &(*c)->next)
+		if ((*c)->s == s) { /* its capture ends with it */
+			struct capture *dead = *c;
+			*c = dead->next;
+			free(dead);
+			break;
+		}
 	pthread_mutex_unlock(&fake_lock);
 	vpmm_host_stream_complete(fake_drv, s);
 	vpmm_host_stream_destroy(fake_drv, s);
@@ -133,16 +155,12 @@ CUresult cuStreamSynchronize_ptsz(CUstream s)
 	return cuStreamSynchronize(ptds(s));
 }
 
+static CUresult capture_info(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id);
+
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 {
-	bool cap = false;
-	CUresult r;
 	NEED_INIT();
-	if (!st)
-		return CUDA_ERROR_INVALID_VALUE;
-	r = fake_drv->stream_capturing(fake_drv, plain(s), &cap);
-	*st = cap ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-	return r;
+	return capture_info(s, st, NULL);
 }
 
 CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st)
@@ -392,8 +410,231 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 	return CUDA_SUCCESS;
 }
 
-void fakecuda_set_capturing(CUstream s, int on)
+/* ---- stream capture ------------------------------------------------------------------------ */
+
+/* The capture of stream s as the calling thread names it; under fake_lock. */
+static struct capture **capture_of(CUstream s)
 {
-	vpmm_host_set_capturing(fake_drv, s, on != 0);
+	pthread_t self = pthread_self();
+	struct capture **c;
+	for (c = &captures; *c; c = &(*c)->next)
+		if ((*c)->s == s && (s != CU_STREAM_PER_THREAD || pthread_equal((*c)->thread, self)))
+			break;
+	return c;
 }
 
+static bool stream_blocking(CUstream s)
+{
+	if (s == CU_STREAM_PER_THREAD)
+		return false;
+	for (struct stream_ctx *sc = stream_ctxs; sc; sc = sc->next)
+		if (sc->s == s)
+			return sc->blocking;
+	return true;
+}
+
+/* The legacy stream cannot be queried while a blocking stream is captured. */
+static CUresult capture_info(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+	CUresult r = CUDA_SUCCESS;
+	bool known;
+	if (!st)
+		return CUDA_ERROR_INVALID_VALUE;
+	*st = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (s && s != CU_STREAM_LEGACY &&
+	    (r = fake_drv->stream_capturing(fake_drv, s, &known)) != CUDA_SUCCESS)
+		return r; /* no such stream */
+	pthread_mutex_lock(&fake_lock);
+	if (!s || s == CU_STREAM_LEGACY) {
+		for (struct capture *c = captures; c; c = c->next)
+			if (c->blocking)
+				r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+	} else {
+		struct capture *c = *capture_of(s);
+		if (c) {
+			*st = c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+					     : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+			if (id)
+				*id = c->id;
+		}
+	}
+	pthread_mutex_unlock(&fake_lock);
+	return r;
+}
+
+CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+	NEED_INIT();
+	return capture_info(s, st, id);
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
+				   CUgraph *g, const CUgraphNode **deps, size_t *n)
+{
+	NEED_INIT();
+	if (g)
+		*g = NULL;
+	if (deps)
+		*deps = NULL;
+	if (n)
+		*n = 0;
+	return capture_info(s, st, id);
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id,
+				   CUgraph *g, const CUgraphNode **deps,
+				   const CUgraphEdgeData **data, size_t *n)
+{
+	if (data)
+		*data = NULL;
+	return cuStreamGetCaptureInfo_v2(s, st, id, g, deps, n);
+}
+
+static CUresult begin(CUstream s, CUstreamCaptureMode mode)
+{
+	struct capture *c, **at;
+	CUresult r = fake_ctx_state();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!s || s == CU_STREAM_LEGACY)
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fake_lock);
+	at = capture_of(s);
+	if (*at || !(c = calloc(1, sizeof *c))) {
+		pthread_mutex_unlock(&fake_lock);
+		return CUDA_ERROR_ILLEGAL_STATE;
+	}
+	c->s = s;
+	c->id = ++last_capture_id;
+	c->mode = mode;
+	c->thread = pthread_self();
+	c->blocking = stream_blocking(s);
+	c->next = captures;
+	captures = c;
+	pthread_mutex_unlock(&fake_lock);
+	if (s != CU_STREAM_PER_THREAD)
+		vpmm_host_set_capturing(fake_drv, s, true);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture(CUstream s)
+{
+	return begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream s)
+{
+	return begin(ptds(s), CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+	return begin(s, mode);
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+	return begin(ptds(s), mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+				     const CUgraphEdgeData *data, size_t n,
+				     CUstreamCaptureMode mode)
+{
+	(void)deps;
+	(void)data;
+	if (!g || n)
+		return CUDA_ERROR_INVALID_VALUE;
+	return begin(s, mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+					  const CUgraphEdgeData *data, size_t n,
+					  CUstreamCaptureMode mode)
+{
+	return cuStreamBeginCaptureToGraph(ptds(s), g, deps, data, n, mode);
+}
+
+/* The graph is a token: nothing of the fake reads it. */
+CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+	struct capture *c, **at;
+	bool invalidated;
+	NEED_INIT();
+	if (!g)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&fake_lock);
+	at = capture_of(s);
+	c = *at;
+	if (!c) {
+		pthread_mutex_unlock(&fake_lock);
+		return CUDA_ERROR_ILLEGAL_STATE;
+	}
+	if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(c->thread, pthread_self())) {
+		pthread_mutex_unlock(&fake_lock);
+		return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+	}
+	*at = c->next;
+	invalidated = c->invalidated;
+	*g = invalidated ? NULL : (CUgraph)(uintptr_t)(0x1000 + c->id);
+	pthread_mutex_unlock(&fake_lock);
+	free(c);
+	if (s != CU_STREAM_PER_THREAD)
+		vpmm_host_set_capturing(fake_drv, s, false);
+	return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+	return cuStreamEndCapture(ptds(s), g);
+}
+
+/* As the real driver: this thread's own capture not begun relaxed forbids
+ * it, and so, in the global mode, does another thread's global capture. */
+CUresult fake_capture_check(void)
+{
+	pthread_t self = pthread_self();
+	bool forbidden = false;
+	if (capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_SUCCESS;
+	pthread_mutex_lock(&fake_lock);
+	for (struct capture *c = captures; c; c = c->next) {
+		if (c->mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+			continue;
+		if (pthread_equal(c->thread, self) ||
+		    (capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+		     c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+			c->invalidated = true;
+			forbidden = true;
+		}
+	}
+	pthread_mutex_unlock(&fake_lock);
+	if (!forbidden)
+		return CUDA_SUCCESS;
+	fake_count("capture_violation");
+	return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/* Test control: s captured (a relaxed capture, which forbids nothing) or
+ * not, without the begin and end calls. */
+void fakecuda_set_capturing(CUstream s, int on)
+{
+	pthread_mutex_lock(&fake_lock);
+	struct capture **at = capture_of(s), *c = *at;
+	if (on && !c && (c = calloc(1, sizeof *c))) {
+		c->s = s;
+		c->id = ++last_capture_id;
+		c->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+		c->thread = pthread_self();
+		c->blocking = stream_blocking(s);
+		c->next = captures;
+		captures = c;
+	} else if (!on && c) {
+		*at = c->next;
+		free(c);
+	}
+	pthread_mutex_unlock(&fake_lock);
+	vpmm_host_set_capturing(fake_drv, s, on != 0);
+}

@@ -6,7 +6,9 @@
  * legacy and per-thread. Semantics the shim relies on, kept from the real
  * runtime: lazy initialisation with the primary context of the thread's
  * device made current; cudaFree(NULL) initialises; size 0 gives NULL;
- * cudaFree synchronises the context; after exit's teardown (an atexit
+ * cudaFree synchronises the context; stream capture through the driver's
+ * entry points (cudaStreamBeginCapture and cudaStreamEndCapture, and
+ * their _ptsz forms); after exit's teardown (an atexit
  * handler that resets the primary contexts) calls return
  * cudaErrorCudartUnloading.
  */
@@ -50,6 +52,11 @@ static struct {
 	CUresult (*stream_sync)(CUstream);
 	CUresult (*stream_destroy)(CUstream);
 	CUresult (*get_export_table)(const void **, const CUuuid *);
+	CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
+	CUresult (*begin_capture_ptsz)(CUstream, CUstreamCaptureMode);
+	CUresult (*end_capture)(CUstream, CUgraph *);
+	CUresult (*end_capture_ptsz)(CUstream, CUgraph *);
+	CUresult (*exchange_mode)(CUstreamCaptureMode *);
 } d;
 
 /* The driver's private table, as the CUDA 13 runtime's cudaDeviceReset
@@ -115,6 +122,11 @@ static void load(void)
 	GET(d.stream_sync, "cuStreamSynchronize", 12000, 0);
 	GET(d.stream_destroy, "cuStreamDestroy", 4000, 0);
 	GET(d.get_export_table, "cuGetExportTable", 3000, 0);
+	GET(d.begin_capture, "cuStreamBeginCapture", 12000, 0);
+	GET(d.begin_capture_ptsz, "cuStreamBeginCapture", 12000, ptsz);
+	GET(d.end_capture, "cuStreamEndCapture", 12000, 0);
+	GET(d.end_capture_ptsz, "cuStreamEndCapture", 12000, ptsz);
+	GET(d.exchange_mode, "cuThreadExchangeStreamCaptureMode", 12000, 0);
 	if (d.init(0) != CUDA_SUCCESS)
 		goto fail;
 	atexit(teardown);
@@ -159,6 +171,12 @@ API cudaError_t cudaStreamSynchronize(cudaStream_t s);
 API cudaError_t cudaStreamDestroy(cudaStream_t s);
 API cudaError_t cudaDeviceSynchronize(void);
 API cudaError_t cudaDeviceReset(void);
+API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags);
+API cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode);
+API cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g);
+API cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
+API cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode);
+API cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, CUgraph *g);
 
 enum how { SYNC, ASYNC, ASYNC_PTSZ };
 
@@ -303,4 +321,54 @@ cudaError_t cudaDeviceReset(void)
 	if (r == CUDA_SUCCESS)
 		remake[rt_device] = true;
 	return (cudaError_t)r;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.stream_create(s, flags);
+}
+
+/* The capture calls reach the driver through cuGetProcAddress, as the real
+ * runtime's do: the shim's hooks. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, int mode)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.begin_capture(s, (CUstreamCaptureMode)mode);
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, CUgraph *g)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.end_capture(s, g);
+}
+
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, int mode)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.begin_capture_ptsz(s, (CUstreamCaptureMode)mode);
+}
+
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, CUgraph *g)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.end_capture_ptsz(s, g);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode)
+{
+	cudaError_t e = ready();
+	if (e)
+		return e;
+	return (cudaError_t)d.exchange_mode((CUstreamCaptureMode *)mode);
 }
