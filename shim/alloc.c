@@ -36,14 +36,18 @@
  *  - Teardown: once the driver answers CUDA_ERROR_DEINITIALIZED, or the
  *    pool's context is gone (nothing of it can still run), frees of pool
  *    memory succeed quietly.
+ * Also the allocation observer of vpmm/vpmm.h (vpmm_set_alloc_observer),
+ * told of every allocation and free the pool takes.
  * May call: streams.h (the call's context and stream), devices.h (the
  * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
- * memory), runtime.h (vpmm_runtime_init), trace.h, resolve.h, the log.
+ * memory), runtime.h (vpmm_runtime_init), trace.h, resolve.h, the log,
+ * the observer.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "alloc.h"
 #include "devices.h"
@@ -72,6 +76,49 @@ static CUresult pool_result(vpmm_pool *p, int e)
 	default:
 		return CUDA_ERROR_UNKNOWN;
 	}
+}
+
+/* ---- the observer ---------------------------------------------------------------- */
+
+/* The function and its context, published together: a replaced pair is
+ * never freed, since a call in flight may still read it (one per
+ * vpmm_set_alloc_observer call: a handful in a process's life). */
+struct observer {
+	vpmm_alloc_observer fn;
+	void *ctx;
+};
+static _Atomic(struct observer *) observer;
+
+int vpmm_set_alloc_observer(vpmm_alloc_observer fn, void *ctx)
+{
+	struct observer *o = NULL;
+	if (fn) {
+		o = malloc(sizeof *o);
+		if (!o)
+			return -ENOMEM;
+		o->fn = fn;
+		o->ctx = ctx;
+	}
+	atomic_store_explicit(&observer, o, memory_order_release);
+	return 0;
+}
+
+/* For a free, `size` 0: the pool's size of the allocation is looked up
+ * (only while observed). */
+static void observe(int kind, int dev, vpmm_pool *pool, CUdeviceptr ptr, size_t size,
+		    CUstream stream)
+{
+	struct observer *o = atomic_load_explicit(&observer, memory_order_acquire);
+	if (!o)
+		return;
+	if (kind == VPMM_EVENT_FREE) {
+		CUdeviceptr base;
+		if (vpmm_pool_find(pool, ptr, &base, &size) != 0)
+			size = 0;
+	}
+	struct vpmm_alloc_event ev = {kind, dev, (unsigned long long)ptr, size,
+				      stream == VPMM_NO_STREAM ? NULL : stream};
+	o->fn(o->ctx, &ev);
 }
 
 /* ---- the operations ------------------------------------------------------------ */
@@ -194,9 +241,10 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		log_out_of_memory(pool, dev, size);
 	vpmm_leave(&sc);
 	*res = pool_result(pool, e);
-	if (!e)
+	if (!e) {
 		vpmm_count(VPMM_HOOK_pool_malloc);
-	else
+		observe(VPMM_EVENT_ALLOC, dev, pool, *out, size, ps);
+	} else
 		VPMM_LOGF(VPMM_LOG_DEBUG, "device %d: malloc of %zu failed (%d)", dev, size, e);
 	return true;
 pass:
@@ -321,6 +369,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 	case CUDA_ERROR_INVALID_CONTEXT:
 		/* The context is gone, so is all of its work: nothing can touch
 		 * the memory any more. Settle it, ignoring the pool's answer. */
+		observe(VPMM_EVENT_FREE, owner, pool, ptr, 0, VPMM_NO_STREAM);
 		vpmm_pool_free(pool, ptr, VPMM_NO_STREAM);
 		goto quiet;
 	default:
@@ -334,6 +383,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		vpmm_pool_find(pool, ptr, &base, &size);
 		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
 	}
+	observe(VPMM_EVENT_FREE, owner, pool, ptr, 0, ps); /* before: as the trace */
 	switch (vpmm_ipc_defer_free(owner, ptr, ps)) {
 	case 1:
 		vpmm_pop_ctx(fence_pushed);
