@@ -11,9 +11,10 @@
  * Per event, on the allocating or freeing thread:
  *  - when that thread holds the GIL (PyTorch allocating for Python code),
  *    the thread's Python frames, innermost first (up to MAX_DEPTH), as
- *    (code object, line) pairs, each interned once (the table holds a
- *    reference to the code object, so its address is never reused for
- *    another), and the sequence of their ids interned as one stack id;
+ *    (code object, instruction) pairs, each interned once with its line
+ *    (the table holds a reference to the code object, so its address is
+ *    never reused for another), and the sequence of their ids interned as
+ *    one stack id;
  *    a thread without the GIL (PyTorch's C++ threads) gets no frames:
  *    PyGILState_Check() says which, and nothing of Python is touched then;
  *  - under the module's own lock: the live map (address -> device, bytes
@@ -27,7 +28,7 @@
  * objects only when a snapshot is read.
  *
  * The frame and stack tables grow with the program's distinct call sites
- * and paths, not with its allocations: the live map holds one entry per
+ * (instructions) and paths, not with its allocations: the live map holds one entry per
  * live recorded allocation, the trace at most max_entries. stop() empties
  * everything.
  *
@@ -62,7 +63,8 @@ typedef int (*set_observer_fn)(observer_fn fn, void *ctx);
 
 struct frame {
 	PyObject *code; /* a reference held */
-	int line;
+	int lasti;      /* the instruction's byte offset: the key with code */
+	int line;       /* its line, found once, when interned */
 };
 struct stack {
 	uint32_t off, len; /* in stack_ids */
@@ -137,9 +139,9 @@ static int grow(void **p, size_t *cap, size_t want, size_t elem)
 
 /* ---- interning (under the lock) ------------------------------------------------ */
 
-static uint64_t frame_hash(PyObject *code, int line)
+static uint64_t frame_hash(PyObject *code, int lasti)
 {
-	return mix((uint64_t)(uintptr_t)code ^ ((uint64_t)(unsigned)line << 48));
+	return mix((uint64_t)(uintptr_t)code ^ ((uint64_t)(unsigned)lasti << 48));
 }
 
 static uint64_t stack_hash(const uint32_t *ids, size_t n)
@@ -173,7 +175,7 @@ static int reindex(struct index *ix, size_t n, uint64_t (*hash_of)(uint32_t))
 
 static uint64_t frame_hash_of(uint32_t i)
 {
-	return frame_hash(T.frames[i].code, T.frames[i].line);
+	return frame_hash(T.frames[i].code, T.frames[i].lasti);
 }
 
 static uint64_t stack_hash_of(uint32_t i)
@@ -181,11 +183,14 @@ static uint64_t stack_hash_of(uint32_t i)
 	return T.stacks[i].hash;
 }
 
-/* The id of (code, line), added (with a reference to code) if new; NONE
- * when out of memory. The GIL is held. */
-static uint32_t intern_frame(PyObject *code, int line)
+/* The id of (code, lasti), added (with a reference to code, and its line)
+ * if new; NONE when out of memory. The GIL is held. Keyed by the
+ * instruction rather than the line: finding the line decodes the code's
+ * line table, which is done once per instruction instead of once per
+ * frame of every event. */
+static uint32_t intern_frame(PyObject *code, int lasti)
 {
-	uint64_t h = frame_hash(code, line);
+	uint64_t h = frame_hash(code, lasti);
 	size_t j;
 	if ((T.nframes + 1) * 2 > T.frame_index.cap &&
 	    reindex(&T.frame_index, T.nframes, frame_hash_of))
@@ -193,13 +198,14 @@ static uint32_t intern_frame(PyObject *code, int line)
 	for (j = h & (T.frame_index.cap - 1); T.frame_index.slot[j] != NONE;
 	     j = (j + 1) & (T.frame_index.cap - 1)) {
 		struct frame *f = &T.frames[T.frame_index.slot[j]];
-		if (f->code == code && f->line == line)
+		if (f->code == code && f->lasti == lasti)
 			return T.frame_index.slot[j];
 	}
 	if (grow((void **)&T.frames, &T.frames_cap, T.nframes + 1, sizeof *T.frames))
 		return NONE;
 	Py_INCREF(code);
-	T.frames[T.nframes] = (struct frame){code, line};
+	T.frames[T.nframes] = (struct frame){code, lasti,
+					     PyCode_Addr2Line((PyCodeObject *)code, lasti)};
 	T.frame_index.slot[j] = (uint32_t)T.nframes;
 	return (uint32_t)T.nframes++;
 }
@@ -297,9 +303,22 @@ static void trace_add(const struct event *e)
 
 /* ---- the observer ------------------------------------------------------------------ */
 
+/* The byte offset of the frame's current instruction, as PyCode_Addr2Line
+ * takes it. */
+static int frame_lasti(PyFrameObject *f)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+	return PyFrame_GetLasti(f);
+#elif PY_VERSION_HEX >= 0x030A0000
+	return f->f_lasti < 0 ? f->f_lasti : f->f_lasti * 2; /* in code units */
+#else
+	return f->f_lasti;
+#endif
+}
+
 /* The calling thread's Python frames, innermost first, with a reference to
  * each code object; the GIL is held. */
-static size_t walk_frames(PyThreadState *ts, PyObject **codes, int *lines)
+static size_t walk_frames(PyThreadState *ts, PyObject **codes, int *lastis)
 {
 	size_t n = 0;
 	int had_error = PyErr_Occurred() != NULL;
@@ -311,7 +330,7 @@ static size_t walk_frames(PyThreadState *ts, PyObject **codes, int *lines)
 	while (f && n < MAX_DEPTH) {
 		PyFrameObject *back;
 		codes[n] = (PyObject *)PyFrame_GetCode(f);
-		lines[n++] = PyFrame_GetLineNumber(f);
+		lastis[n++] = frame_lasti(f);
 		back = PyFrame_GetBack(f);
 		Py_DECREF(f);
 		f = back;
@@ -321,7 +340,7 @@ static size_t walk_frames(PyThreadState *ts, PyObject **codes, int *lines)
 	for (PyFrameObject *f = ts->frame; f && n < MAX_DEPTH; f = f->f_back) {
 		codes[n] = (PyObject *)f->f_code;
 		Py_INCREF(codes[n]);
-		lines[n++] = PyFrame_GetLineNumber(f);
+		lastis[n++] = frame_lasti(f);
 	}
 #endif
 #if PY_VERSION_HEX >= 0x030B0000
@@ -336,7 +355,7 @@ static size_t walk_frames(PyThreadState *ts, PyObject **codes, int *lines)
 static void observe(void *ctx, const struct vpmm_alloc_event *ev)
 {
 	PyObject *codes[MAX_DEPTH];
-	int lines[MAX_DEPTH];
+	int lastis[MAX_DEPTH];
 	uint32_t ids[MAX_DEPTH];
 	size_t n = 0, k = 0;
 	unsigned gen = atomic_load(&generation);
@@ -348,7 +367,7 @@ static void observe(void *ctx, const struct vpmm_alloc_event *ev)
 	/* Python's frames only on a thread that holds the GIL (and never
 	 * once the interpreter is finalising) */
 	if (Py_IsInitialized() && PyGILState_Check() && (ts = PyGILState_GetThisThreadState()))
-		n = walk_frames(ts, codes, lines);
+		n = walk_frames(ts, codes, lastis);
 	clock_gettime(CLOCK_REALTIME, &now);
 	struct event e = {ev->address, ev->size, (uint64_t)(uintptr_t)ev->stream,
 			  (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000, NONE,
@@ -357,7 +376,7 @@ static void observe(void *ctx, const struct vpmm_alloc_event *ev)
 	pthread_mutex_lock(&lock);
 	if (atomic_load(&generation) == gen && atomic_load(&recording)) {
 		for (k = 0; k < n; k++)
-			if ((ids[k] = intern_frame(codes[k], lines[k])) == NONE)
+			if ((ids[k] = intern_frame(codes[k], lastis[k])) == NONE)
 				break;
 		if (n && k == n)
 			e.stack = intern_stack(ids, n);
