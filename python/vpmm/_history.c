@@ -649,8 +649,22 @@ static struct PyModuleDef module = {
 	NULL, NULL, NULL, NULL,
 };
 
+/* A fork() while another thread holds the lock would leave the child's
+ * lock held for ever: the fork waits for it instead. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&lock);
+}
+
+static void fork_done(void)
+{
+	pthread_mutex_unlock(&lock);
+}
+
 PyMODINIT_FUNC PyInit__history(void);
 PyMODINIT_FUNC PyInit__history(void)
 {
+	if (pthread_atfork(fork_prepare, fork_done, fork_done))
+		return PyErr_NoMemory();
 	return PyModule_Create(&module);
 }

@@ -353,6 +353,42 @@ def s_history():
               "test/gpu/vpmm_package.py renders it with PyTorch)")
 
 
+# A program under `python -m vpmm run --no-torch` (the preload only) that
+# allocates through the driver's own entry point while recording.
+PRELOAD_CHILD = r"""
+import ctypes, json, sys
+import vpmm
+cu = ctypes.PyDLL("libcuda.so.1")  # called with the GIL held, as a Python binding may
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cu.cuCtxSetCurrent(ctx) == 0
+vpmm.record_history(True)
+def driver_alloc():
+    assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(3 << 20)) == 0
+    return sys._getframe().f_lineno - 1
+line = driver_alloc()
+snap = vpmm.snapshot()
+frames = [b["frames"] for g in snap["segments"] for b in g["blocks"] if b["address"] == ptr.value]
+print(json.dumps({"line": line, "frames": frames,
+                  "trace": [e["action"] for e in snap["device_traces"][0]]}))
+"""
+
+
+def s_history_preload():
+    tmp = tempfile.mkdtemp()
+    script = os.path.join(tmp, "child.py")
+    with open(script, "w") as f:
+        f.write(PRELOAD_CHILD)
+    p = run([sys.executable, "-m", "vpmm", "run", "--no-torch", "--", sys.executable, script],
+            base_env(LD_LIBRARY_PATH=FAKE_DIR, VPMM_SOCKET=os.path.join(tmp, "s.sock")))
+    o = json.loads(p.stdout.strip().splitlines()[-1])
+    check(len(o["frames"]) == 1 and o["frames"][0] and
+          o["frames"][0][0] == {"filename": script, "line": o["line"], "name": "driver_alloc"},
+          "frames of a cuMemAlloc_v2 under the preload: %r" % o)
+    check(o["trace"] == ["alloc"], "trace under the preload: %r" % o["trace"])
+
+
 def s_history_cost():
     """Prints the cost of recording per allocation and free, at a stack
     depth of about 30 frames (no figure is checked: it depends on the
@@ -501,6 +537,7 @@ SCENARIOS = {
     "too-late": s_too_late,
     "snapshot": s_snapshot,
     "history": s_history,
+    "history-preload": s_history_preload,
     "history-cost": s_history_cost,
     "run": s_run,
 }
@@ -521,6 +558,7 @@ def main():
              VPMM_SOCKET=os.path.join(sock_dir, "s.sock"))
     scenario("history", LD_LIBRARY_PATH=FAKE_DIR, PYTHONPATH=TORCH_DIR,
              VPMM_SOCKET=os.path.join(sock_dir, "h.sock"))
+    scenario("history-preload")
     scenario("history-cost", LD_LIBRARY_PATH=FAKE_DIR, PYTHONPATH=TORCH_DIR)
     scenario("run")
 
