@@ -47,7 +47,7 @@
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
+#include <pthread.h>
 
 #include "alloc.h"
 #include "devices.h"
@@ -80,26 +80,27 @@ static CUresult pool_result(vpmm_pool *p, int e)
 
 /* ---- the observer ---------------------------------------------------------------- */
 
-/* The function and its context, published together: a replaced pair is
- * never freed, since a call in flight may still read it (one per
- * vpmm_set_alloc_observer call: a handful in a process's life). */
-struct observer {
-	vpmm_alloc_observer fn;
-	void *ctx;
-};
-static _Atomic(struct observer *) observer;
+/* The function and its context, published together under a sequence
+ * count (odd while a writer changes them; writers serialised by the
+ * mutex): a reader retries until it read both between two equal even
+ * counts, and gives up on this event after many tries (a child forked
+ * while its parent's writer was between the stores would see an odd
+ * count for ever). Without an observer, a reader pays two loads. */
+static atomic_uint observer_seq;
+static _Atomic(vpmm_alloc_observer) observer_fn;
+static _Atomic(void *) observer_ctx;
+static pthread_mutex_t observer_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int vpmm_set_alloc_observer(vpmm_alloc_observer fn, void *ctx)
 {
-	struct observer *o = NULL;
-	if (fn) {
-		o = malloc(sizeof *o);
-		if (!o)
-			return -ENOMEM;
-		o->fn = fn;
-		o->ctx = ctx;
-	}
-	atomic_store_explicit(&observer, o, memory_order_release);
+	pthread_mutex_lock(&observer_lock);
+	unsigned s = atomic_load_explicit(&observer_seq, memory_order_relaxed);
+	atomic_store_explicit(&observer_seq, s + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&observer_fn, fn, memory_order_relaxed);
+	atomic_store_explicit(&observer_ctx, ctx, memory_order_relaxed);
+	atomic_store_explicit(&observer_seq, s + 2, memory_order_release);
+	pthread_mutex_unlock(&observer_lock);
 	return 0;
 }
 
@@ -108,8 +109,21 @@ int vpmm_set_alloc_observer(vpmm_alloc_observer fn, void *ctx)
 static void observe(int kind, int dev, vpmm_pool *pool, CUdeviceptr ptr, size_t size,
 		    CUstream stream)
 {
-	struct observer *o = atomic_load_explicit(&observer, memory_order_acquire);
-	if (!o)
+	vpmm_alloc_observer fn;
+	void *ctx;
+	for (int tries = 0;; tries++) {
+		unsigned s = atomic_load_explicit(&observer_seq, memory_order_acquire);
+		fn = atomic_load_explicit(&observer_fn, memory_order_relaxed);
+		if (!fn && !(s & 1))
+			return;
+		ctx = atomic_load_explicit(&observer_ctx, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (!(s & 1) && atomic_load_explicit(&observer_seq, memory_order_relaxed) == s)
+			break;
+		if (tries == 1000000)
+			return;
+	}
+	if (!fn)
 		return;
 	if (kind == VPMM_EVENT_FREE) {
 		CUdeviceptr base;
@@ -118,7 +132,7 @@ static void observe(int kind, int dev, vpmm_pool *pool, CUdeviceptr ptr, size_t 
 	}
 	struct vpmm_alloc_event ev = {kind, dev, (unsigned long long)ptr, size,
 				      stream == VPMM_NO_STREAM ? NULL : stream};
-	o->fn(o->ctx, &ev);
+	fn(ctx, &ev);
 }
 
 /* ---- the operations ------------------------------------------------------------ */

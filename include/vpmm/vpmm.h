@@ -129,8 +129,8 @@ VPMM_API void vpmm_torch_free(void *ptr, ssize_t size, int device, struct CUstre
  * vpmm_set_alloc_observer(fn, ctx) replaces the observer; fn NULL removes
  * it. A call already under way on another thread may still reach the
  * previous fn, which must therefore stay callable (code that is never
- * unloaded). Returns 0. Without an observer, an allocation pays one atomic
- * load. */
+ * unloaded). Returns 0. Without an observer, an allocation pays two
+ * atomic loads. */
 enum vpmm_alloc_event_kind { VPMM_EVENT_ALLOC = 1, VPMM_EVENT_FREE = 2 };
 struct vpmm_alloc_event {
 	int kind;                   /* VPMM_EVENT_ALLOC or VPMM_EVENT_FREE */

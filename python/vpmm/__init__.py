@@ -141,7 +141,7 @@ def record_history(enabled=True, max_entries=_record.DEFAULT_ENTRIES):
     live blocks' frames). Calling it again starts afresh; enabled=False
     stops and forgets everything recorded, so take the snapshot first.
     Costs a few microseconds per allocation and per free while on
-    (docs/install.md, "Allocation history"), one atomic load while off.
+    (docs/install.md, "Allocation history"), two atomic loads while off.
     Raises VpmmError when the library or the package cannot record."""
     _record.record_history(enabled, max_entries)
 
