@@ -135,8 +135,10 @@ def record_history(enabled=True, max_entries=_record.DEFAULT_ENTRIES):
     this process (PyTorch's through enable(), and those of the preload),
     with the Python stack frames of the thread that made it, for
     snapshot() (as torch.cuda.memory._record_memory_history does for
-    PyTorch's allocator). A thread that does not hold the GIL (PyTorch's
-    C++ threads: autograd's backward) gets its events without frames.
+    PyTorch's allocator). A thread with no Python code above the
+    allocation (PyTorch's C++ threads: autograd's backward) gets its
+    events without frames; one that released the GIL (PyTorch's
+    operators do) has it taken again for the walk.
     device_traces keeps the latest `max_entries` events (0: none, only the
     live blocks' frames). Calling it again starts afresh; enabled=False
     stops and forgets everything recorded, so take the snapshot first.

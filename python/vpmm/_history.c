@@ -9,14 +9,16 @@
  * this module links nothing of the library.
  *
  * Per event, on the allocating or freeing thread:
- *  - when that thread holds the GIL (PyTorch allocating for Python code),
- *    the thread's Python frames, innermost first (up to MAX_DEPTH), as
+ *  - when Python code waits above the allocation on that thread (PyTorch
+ *    allocating for a Python call, usually with the GIL released: the GIL
+ *    is then taken for the walk, as PyTorch's own history does), the
+ *    thread's Python frames, innermost first (up to MAX_DEPTH), as
  *    (code object, instruction) pairs, each interned once with its line
  *    (the table holds a reference to the code object, so its address is
  *    never reused for another), and the sequence of their ids interned as
- *    one stack id;
- *    a thread without the GIL (PyTorch's C++ threads) gets no frames:
- *    PyGILState_Check() says which, and nothing of Python is touched then;
+ *    one stack id; a thread Python does not know, or one with no Python
+ *    frames (PyTorch's autograd threads), gets none, and nothing of Python
+ *    is touched nor the GIL taken for it;
  *  - under the module's own lock: the live map (address -> device, bytes
  *    asked for, stack id) gains the allocation or drops the freed address,
  *    and the trace (a ring of the last max_entries events) gains the event.
@@ -40,6 +42,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,6 +355,22 @@ static size_t walk_frames(PyThreadState *ts, PyObject **codes, int *lastis)
 	return n;
 }
 
+/* Whether the thread, which does not hold the GIL, has Python frames
+ * waiting above the C code it runs: read without the GIL, which is safe
+ * for the calling thread's own state (only it changes its frame pointer,
+ * and it is here). A thread with none (PyTorch's autograd threads keep a
+ * thread state for their hooks) is not worth the GIL. */
+static bool has_python_frames(PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+	return ts->current_frame != NULL;
+#elif PY_VERSION_HEX >= 0x030B0000
+	return ts->cframe && ts->cframe->current_frame != NULL;
+#else
+	return ts->frame != NULL;
+#endif
+}
+
 static void observe(void *ctx, const struct vpmm_alloc_event *ev)
 {
 	PyObject *codes[MAX_DEPTH];
@@ -359,15 +378,29 @@ static void observe(void *ctx, const struct vpmm_alloc_event *ev)
 	uint32_t ids[MAX_DEPTH];
 	size_t n = 0, k = 0;
 	unsigned gen = atomic_load(&generation);
-	PyThreadState *ts;
+	PyThreadState *ts = NULL;
+	PyGILState_STATE gil = PyGILState_UNLOCKED;
+	bool took_gil = false;
 	struct timespec now;
 	(void)ctx;
 	if (!atomic_load_explicit(&recording, memory_order_relaxed))
 		return;
-	/* Python's frames only on a thread that holds the GIL (and never
-	 * once the interpreter is finalising) */
-	if (Py_IsInitialized() && PyGILState_Check() && (ts = PyGILState_GetThisThreadState()))
-		n = walk_frames(ts, codes, lastis);
+	/* Python's frames only on a thread Python knows (never once the
+	 * interpreter is finalising): with the GIL it holds, or else, when
+	 * the thread released it to run C code (PyTorch's operators do)
+	 * while Python frames wait above, with the GIL taken for the walk. */
+	if (Py_IsInitialized() && (ts = PyGILState_GetThisThreadState())) {
+		if (!PyGILState_Check()) {
+			if (has_python_frames(ts)) {
+				gil = PyGILState_Ensure();
+				took_gil = true;
+			} else {
+				ts = NULL;
+			}
+		}
+		if (ts)
+			n = walk_frames(ts, codes, lastis);
+	}
 	clock_gettime(CLOCK_REALTIME, &now);
 	struct event e = {ev->address, ev->size, (uint64_t)(uintptr_t)ev->stream,
 			  (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000, NONE,
@@ -392,6 +425,8 @@ static void observe(void *ctx, const struct vpmm_alloc_event *ev)
 	pthread_mutex_unlock(&lock);
 	for (k = 0; k < n; k++)
 		Py_DECREF(codes[k]);
+	if (took_gil)
+		PyGILState_Release(gil);
 }
 
 /* ---- the module's functions ------------------------------------------------------------ */

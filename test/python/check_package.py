@@ -186,6 +186,20 @@ def allocate_here(malloc, size):
     return malloc(size, 0, None), line
 
 
+_held = None
+
+
+def mem_malloc_held(size):
+    """vpmm_torch_malloc called with the GIL held (ctypes.PyDLL)."""
+    global _held
+    if _held is None:
+        import vpmm
+        _held = ctypes.PyDLL(vpmm.library_path()).vpmm_torch_malloc
+        _held.restype = ctypes.c_void_p
+        _held.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    return _held(size, 0, None)
+
+
 def nested(depth, fn):
     return nested(depth - 1, fn) if depth else fn()
 
@@ -290,13 +304,17 @@ def s_history():
     check(frames_of(snap, keep)[0][0]["name"] == "s_history", "the kept block's frames")
     viz_replay(snap, 0)
 
-    # threads without the GIL (ctypes.CDLL releases it; PyTorch's C++
-    # threads never had it): their events come without frames, no crash
+    # Python threads that released the GIL to allocate (ctypes.CDLL does,
+    # as PyTorch's operators do) get their frames; threads Python never saw
+    # (PyTorch's C++ threads) get events without frames, and no crash
     lib = ctypes.CDLL(vpmm.library_path())
     lib.vpmm_torch_malloc.restype = ctypes.c_void_p
     lib.vpmm_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     lib.vpmm_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
                                     ctypes.c_void_p]
+    native = ctypes.CDLL(os.environ["CHECK_NATIVE_THREADS"])
+    native.native_threads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                      ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
     vpmm.record_history(True)
     got = []
 
@@ -309,23 +327,29 @@ def s_history():
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for t in threads:
         t.start()
+    kept = (ctypes.c_void_p * 4)()
+    check(native.native_threads(ctypes.cast(lib.vpmm_torch_malloc, ctypes.c_void_p),
+                                ctypes.cast(lib.vpmm_torch_free, ctypes.c_void_p),
+                                4, 200, kept) == 0, "native_threads")
     mine = []
-    for _ in range(50):  # meanwhile, with the GIL
-        mine.append(malloc(MIB, 0, None))
+    for _ in range(50):  # with the GIL held, while the Python threads run
+        mine.append(mem_malloc_held(MIB))
     for t in threads:
         t.join()
-    nogil = lib.vpmm_torch_malloc(2 * MIB, 0, None)
     snap = vpmm.snapshot()
-    for p in got + [nogil]:
-        got_p = frames_of(snap, p)
-        check(got_p is not None and got_p[0] == [] and got_p[1] == (4 * MIB if p != nogil
-                                                                  else 2 * MIB),
-              "a block allocated without the GIL: %r" % (got_p and got_p[:2],))
+    for p in got:
+        f = frames_of(snap, p)
+        check(f and f[0] and f[0][0]["name"] == "worker" and f[1] == 4 * MIB,
+              "a block allocated by a Python thread without the GIL: %r" % (f and f[:2],))
+    for p in kept:
+        f = frames_of(snap, p)
+        check(f and f[0] == [] and f[1] == 4 * MIB,
+              "a block allocated by a native thread: %r" % (f and f[:2],))
     for p in mine:
-        check(frames_of(snap, p)[0][0]["name"] == "s_history", "frames of %#x" % p)
+        check(frames_of(snap, p)[0][0]["name"] == "mem_malloc_held", "frames of %#x" % p)
     nofr = [e for e in snap["device_traces"][0] if not e["frames"]]
     # each free is two entries
-    check(len(nofr) == 4 * (200 * 3 + 1) + 1, "%d events without frames" % len(nofr))
+    check(len(nofr) == 4 * (200 * 3 + 1), "%d events without frames" % len(nofr))
     viz_replay(snap, 0)
 
     # off: everything recorded is forgotten, and nothing more is recorded

@@ -1,9 +1,9 @@
 """torch.cuda.memory's pluggable allocator, as torch 2.x implements it in
-Python: the library opened with RTLD_LOCAL, the two entry points looked up
-by name, and change_current_allocator refusing once CUDA is initialised.
-Records what it got: `current` and `changes`. The entry points are called
-with the GIL held (ctypes.PyDLL), as PyTorch calls its allocator from C++
-while Python code creates or drops a tensor."""
+Python: the library opened with ctypes.CDLL (RTLD_LOCAL), the two entry
+points looked up by name, and change_current_allocator refusing once CUDA
+is initialised. Records what it got: `current` and `changes`. The entry
+points run with the GIL released (ctypes.CDLL), as PyTorch's operators
+release it before they allocate."""
 import ctypes
 
 current = None
@@ -12,7 +12,7 @@ changes = 0
 
 class CUDAPluggableAllocator:
     def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name):
-        lib = ctypes.PyDLL(path_to_so_file)
+        lib = ctypes.CDLL(path_to_so_file)
         self.path = path_to_so_file
         self.names = (alloc_fn_name, free_fn_name)
         self.malloc = getattr(lib, alloc_fn_name)
