@@ -696,7 +696,9 @@ static void fork_done(void)
 	pthread_mutex_unlock(&lock);
 }
 
-PyMODINIT_FUNC PyInit__history(void);
+/* Exported whatever -fvisibility says (Python 3.8's PyMODINIT_FUNC does
+ * not say it). */
+__attribute__((visibility("default"))) PyMODINIT_FUNC PyInit__history(void);
 PyMODINIT_FUNC PyInit__history(void)
 {
 	if (pthread_atfork(fork_prepare, fork_done, fork_done))
