@@ -92,7 +92,7 @@ except AssertionError as e:
 
 
 def opened(html):
-    m = re.search(r'"base64": "([^"]*)"', html)
+    m = re.search(r'"base64":\s*"([^"]*)"', html)
     return pickle.loads(base64.b64decode(m.group(1))) if m else None
 
 
