@@ -150,11 +150,13 @@ def record_history(enabled=True, max_entries=_record.DEFAULT_ENTRIES):
 
 def dump_snapshot(path):
     """snapshot() pickled into `path`, for pytorch.org/memory_viz (as
-    torch.cuda.memory._dump_snapshot writes it)."""
+    torch.cuda.memory._dump_snapshot writes it), with pickle's protocol 4:
+    memory_viz reads protocols 2 to 4, and Python 3.14 writes 5 unless
+    told."""
     import pickle
     snap = snapshot()
     with open(path, "wb") as f:
-        pickle.dump(snap, f)
+        pickle.dump(snap, f, protocol=4)
     return snap
 
 

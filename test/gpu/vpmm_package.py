@@ -52,7 +52,7 @@ import base64, json, pickle, re, sys
 import torch, vpmm
 import torch.cuda._memory_viz as viz
 sys.path.insert(0, "@TEST_PYTHON@")
-from viz_check import viz_replay
+from viz_check import viz_pickle, viz_replay
 vpmm.enable()
 vpmm.record_history(True)
 model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
@@ -86,6 +86,10 @@ out["allocs_in_train_step"] = len(step)
 out["sample_frames"] = step[0]["frames"][:4] if step else []
 try:
     viz_replay(snap, 0)
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+        vpmm.dump_snapshot(f.name)
+        viz_pickle(f.read())
     out["drawable"] = "yes"
 except AssertionError as e:
     out["drawable"] = str(e)
@@ -162,7 +166,7 @@ if o:
     check(o["allocs_in_train_step"] > 0 and
           {"alloc", "free_requested", "free_completed"} <= set(o["actions"]),
           "device_traces: the step's allocations name train_step, frees recorded", o)
-    check(o["drawable"] == "yes", "memory_viz can draw it (viz_check.viz_replay)", o["drawable"])
+    check(o["drawable"] == "yes", "memory_viz can read and draw it (viz_check)", o["drawable"])
     check(o["trace_plot"] and o["segment_plot"] and o["segsum"],
           "torch.cuda._memory_viz: trace_plot and segment_plot embed the snapshot with its "
           "frames, segsum adds it up", o)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from viz_check import viz_replay
+from viz_check import viz_pickle, viz_replay
 
 VERSION, FAKE_DIR, TORCH_DIR = sys.argv[1:4] if len(sys.argv) >= 4 else (None,) * 3
 MIB = 1 << 20
@@ -227,7 +227,6 @@ def s_history():
     big, big_line = allocate_here(malloc, 3 * MIB + 5)
     small, small_line = nested(3, lambda: allocate_here(malloc, 1000))
     snap = vpmm.snapshot()
-    pickle.loads(pickle.dumps(snap))
     here = os.path.abspath(__file__)
     for addr, line, size in ((big, big_line, 3 * MIB + 5), (small, small_line, 1000)):
         got = frames_of(snap, addr)
@@ -248,6 +247,17 @@ def s_history():
     check(trace[0]["frames"][0]["line"] == big_line and trace[0]["size"] == 3 * MIB + 5,
           "the alloc event %r" % trace[0])
     viz_replay(snap, 0)
+    out = os.path.join(tempfile.mkdtemp(), "s.pickle")
+    vpmm.dump_snapshot(out)
+    with open(out, "rb") as f:
+        data = f.read()
+    viz_pickle(data)  # what memory_viz's unpickler reads
+    check(pickle.loads(data)["device_traces"][0][:2] == trace, "dump_snapshot's trace")
+    try:
+        viz_pickle(pickle.dumps(snap, protocol=5))
+        check(False, "viz_pickle accepted protocol 5")
+    except AssertionError as e:
+        check("protocol 5" in str(e), "viz_pickle: %s" % e)
 
     # frees: the block's frames go, the trace gets both halves of the free
     free(big, 3 * MIB + 5, 0, None)

@@ -9,6 +9,29 @@ def _check(cond, what):
         raise AssertionError(what)
 
 
+# The pickle opcodes memory_viz's own unpickler reads (protocols 2 to 4):
+# any other and it refuses the file.
+VIZ_OPCODES = {
+    "PROTO", "FRAME", "STOP", "MARK", "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET",
+    "LONG_BINGET", "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1",
+    "BINFLOAT", "SHORT_BINUNICODE", "BINUNICODE", "EMPTY_LIST", "APPEND", "APPENDS", "LIST",
+    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_DICT", "DICT", "SETITEM",
+    "SETITEMS"}
+
+
+def viz_pickle(data):
+    """Checks that memory_viz can unpickle `data` (bytes): protocol 2 to 4,
+    and only the opcodes it reads."""
+    import pickletools
+    ops = set()
+    for op, arg, _ in pickletools.genops(data):
+        ops.add(op.name)
+        if op.name == "PROTO":
+            _check(2 <= arg <= 4, "pickle protocol %d: memory_viz reads 2 to 4" % arg)
+    _check(ops <= VIZ_OPCODES, "opcodes memory_viz does not read: %s"
+           % ", ".join(sorted(ops - VIZ_OPCODES)))
+
+
 def viz_replay(snap, device):
     """What memory_viz's segment view does with a snapshot, checked: it lays
     the blocks out from each segment's address by their sizes, merges a
