@@ -322,6 +322,8 @@ def s_history():
     lib.vpmm_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     lib.vpmm_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
                                     ctypes.c_void_p]
+    check(os.environ.get("CHECK_NATIVE_THREADS"),
+          "CHECK_NATIVE_THREADS names no library (meson test sets it: native_threads.c)")
     native = ctypes.CDLL(os.environ["CHECK_NATIVE_THREADS"])
     native.native_threads.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                       ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
