@@ -42,9 +42,10 @@ BUILD_DIR=${BUILD_DIR:-build}
 # tests parse JSON with it, and man/md2man.py makes the man pages. valgrind: the `meson test --setup
 # valgrind` setup. groff-base + man-db: the install suite renders the man
 # pages (groff, tbl, man -l). python3-venv: the python suite's virtual
-# environment (ensurepip).
+# environment (ensurepip). python3-dev: Python's headers, for the package's
+# extension module (vpmm._history).
 PACKAGES=(ninja-build pkg-config gcc g++ libc6-dev libcriterion-dev python3 valgrind
-	groff-base man-db python3-venv)
+	groff-base man-db python3-venv python3-dev)
 # Where the distribution has them (not Ubuntu 22.04: see above).
 MESON_PACKAGES=(meson python3-mesonpy)
 # From PyPI where it has not; python3-pip runs pip.

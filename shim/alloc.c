@@ -43,15 +43,18 @@
  *  - Teardown: once the driver answers CUDA_ERROR_DEINITIALIZED, or the
  *    pool's context is gone (nothing of it can still run), frees of pool
  *    memory succeed quietly.
+ * Also the allocation observer of vpmm/vpmm.h (vpmm_set_alloc_observer),
+ * told of every allocation and free the pool takes.
  * May call: streams.h (the call's context and stream), devices.h (the
  * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
  * memory), runtime.h (vpmm_runtime_init), capture.h (deferred frees),
- * trace.h, resolve.h, the log.
+ * trace.h, resolve.h, the log, the observer.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <pthread.h>
 
 #include "alloc.h"
 #include "capture.h"
@@ -87,6 +90,63 @@ static CUresult pool_result(vpmm_pool *p, int e)
 	default:
 		return CUDA_ERROR_UNKNOWN;
 	}
+}
+
+/* ---- the observer ---------------------------------------------------------------- */
+
+/* The function and its context, published together under a sequence
+ * count (odd while a writer changes them; writers serialised by the
+ * mutex): a reader retries until it read both between two equal even
+ * counts, and gives up on this event after many tries (a child forked
+ * while its parent's writer was between the stores would see an odd
+ * count for ever). Without an observer, a reader pays two loads. */
+static atomic_uint observer_seq;
+static _Atomic(vpmm_alloc_observer) observer_fn;
+static _Atomic(void *) observer_ctx;
+static pthread_mutex_t observer_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int vpmm_set_alloc_observer(vpmm_alloc_observer fn, void *ctx)
+{
+	pthread_mutex_lock(&observer_lock);
+	unsigned s = atomic_load_explicit(&observer_seq, memory_order_relaxed);
+	atomic_store_explicit(&observer_seq, s + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&observer_fn, fn, memory_order_relaxed);
+	atomic_store_explicit(&observer_ctx, ctx, memory_order_relaxed);
+	atomic_store_explicit(&observer_seq, s + 2, memory_order_release);
+	pthread_mutex_unlock(&observer_lock);
+	return 0;
+}
+
+/* For a free, `size` 0: the pool's size of the allocation is looked up
+ * (only while observed). */
+static void observe(int kind, int dev, vpmm_pool *pool, CUdeviceptr ptr, size_t size,
+		    CUstream stream)
+{
+	vpmm_alloc_observer fn;
+	void *ctx;
+	for (int tries = 0;; tries++) {
+		unsigned s = atomic_load_explicit(&observer_seq, memory_order_acquire);
+		fn = atomic_load_explicit(&observer_fn, memory_order_relaxed);
+		if (!fn && !(s & 1))
+			return;
+		ctx = atomic_load_explicit(&observer_ctx, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (!(s & 1) && atomic_load_explicit(&observer_seq, memory_order_relaxed) == s)
+			break;
+		if (tries == 1000000)
+			return;
+	}
+	if (!fn)
+		return;
+	if (kind == VPMM_EVENT_FREE) {
+		CUdeviceptr base;
+		if (vpmm_pool_find(pool, ptr, &base, &size) != 0)
+			size = 0;
+	}
+	struct vpmm_alloc_event ev = {kind, dev, (unsigned long long)ptr, size,
+				      stream == VPMM_NO_STREAM ? NULL : stream};
+	fn(ctx, &ev);
 }
 
 /* ---- the operations ------------------------------------------------------------ */
@@ -212,9 +272,10 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		log_out_of_memory(pool, dev, size);
 	vpmm_leave(&sc);
 	*res = pool_result(pool, e);
-	if (!e)
+	if (!e) {
 		vpmm_count(VPMM_HOOK_pool_malloc);
-	else
+		observe(VPMM_EVENT_ALLOC, dev, pool, *out, size, ps);
+	} else
 		VPMM_LOGF(VPMM_LOG_DEBUG, "device %d: malloc of %zu failed (%d)", dev, size, e);
 	return true;
 pass:
@@ -345,6 +406,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 	case CUDA_ERROR_INVALID_CONTEXT:
 		/* The context is gone, so is all of its work: nothing can touch
 		 * the memory any more. Settle it, ignoring the pool's answer. */
+		observe(VPMM_EVENT_FREE, owner, pool, ptr, 0, VPMM_NO_STREAM);
 		vpmm_pool_free(pool, ptr, VPMM_NO_STREAM);
 		goto quiet;
 	default:
@@ -358,6 +420,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		vpmm_pool_find(pool, ptr, &base, &size);
 		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
 	}
+	observe(VPMM_EVENT_FREE, owner, pool, ptr, 0, ps); /* before: as the trace */
 	switch (vpmm_ipc_defer_free(owner, ptr, ps)) {
 	case 1:
 		vpmm_pop_ctx(fence_pushed);

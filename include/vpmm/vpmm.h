@@ -1,7 +1,8 @@
 /* vpmm/vpmm.h — the process-level API of libvpmm.so: what a program (or a
  * language binding) running with the pool may ask of it: its version, each
  * device's counters, a consistency check, the region map, giving free memory
- * back, and the two entry points of PyTorch's CUDAPluggableAllocator.
+ * back, the two entry points of PyTorch's CUDAPluggableAllocator, and an
+ * observer of allocations and frees.
  *
  * The shim's sources include this header, so these declarations are the
  * definitions' own. Valid C and C++; it needs neither cuda.h nor anything of
@@ -113,6 +114,34 @@ VPMM_API unsigned long long vpmm_shim_hook_calls(const char *name);
  * has the C++ runtime; a C program without it gets NULL. */
 VPMM_API void *vpmm_torch_malloc(ssize_t size, int device, struct CUstream_st *stream);
 VPMM_API void vpmm_torch_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream);
+
+/* An observer of the pool's allocations and frees (the Python package's
+ * allocation history uses it): `fn(ctx, event)` is called on the thread
+ * that allocated, right after each allocation the pool served, and on the
+ * thread that frees, right before the pool takes each free (so that the
+ * address cannot be handed out again before the call returns), whichever
+ * entry point the call came through (vpmm_torch_malloc/free, the runtime's
+ * or the driver's). Allocations the pool passed to the real functions are
+ * not observed. No lock of the library is held during the call; it may
+ * allocate and free through the library itself (that call is observed
+ * too), and it must return quickly: every allocation waits for it.
+ *
+ * vpmm_set_alloc_observer(fn, ctx) replaces the observer; fn NULL removes
+ * it. A call already under way on another thread may still reach the
+ * previous fn, which must therefore stay callable (code that is never
+ * unloaded). Returns 0. Without an observer, an allocation pays two
+ * atomic loads. */
+enum vpmm_alloc_event_kind { VPMM_EVENT_ALLOC = 1, VPMM_EVENT_FREE = 2 };
+struct vpmm_alloc_event {
+	int kind;                   /* VPMM_EVENT_ALLOC or VPMM_EVENT_FREE */
+	int device;                 /* the pool's device */
+	unsigned long long address; /* the allocation's address */
+	size_t size;                /* alloc: bytes asked for; free: the allocation's
+				       bytes in the pool (0 when not found) */
+	struct CUstream_st *stream; /* the pool's stream; NULL: synchronous */
+};
+typedef void (*vpmm_alloc_observer)(void *ctx, const struct vpmm_alloc_event *event);
+VPMM_API int vpmm_set_alloc_observer(vpmm_alloc_observer fn, void *ctx);
 
 #ifdef __cplusplus
 }

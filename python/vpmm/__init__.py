@@ -7,6 +7,8 @@ vpmm-dump and vpmm-replay.
     ...
     vpmm.memory_stats()      # torch.cuda.memory_stats()'s keys
     vpmm.empty_cache()       # free memory back to the driver
+    vpmm.record_history(True)        # Python stack frames of each allocation
+    vpmm.dump_snapshot("s.pickle")   # for pytorch.org/memory_viz
 
     python -m vpmm run -- python train.py    # any program, no code change
 
@@ -15,11 +17,11 @@ by `python -m vpmm run` or LD_PRELOAD) or else with the bundled one, so
 that a process never holds two pools. Failures raise VpmmError saying why.
 """
 from ._lib import VpmmError, library_path
-from . import _lib, _snapshot, _torch
+from . import _lib, _record, _snapshot, _torch
 from ._version import __version__
 
 __all__ = ["VpmmError", "enable", "enabled", "stats", "memory_stats", "empty_cache",
-           "layout", "snapshot", "dump_snapshot", "active", "library_path",
+           "layout", "snapshot", "dump_snapshot", "record_history", "active", "library_path",
            "library_version", "__version__"]
 
 
@@ -118,19 +120,43 @@ def empty_cache(device=None, keep=0, wait=True):
 def snapshot():
     """Every pool of the process as PyTorch's memory snapshot (the dict of
     torch.cuda.memory._snapshot(): "segments" with their "blocks", and
-    "device_traces", left empty: no allocation history is recorded), the
-    same as `vpmm-dump --torch-snapshot` writes. Read through the process's
-    own vpmm socket: raises VpmmError with VPMM_SOCKET=off."""
+    "device_traces"). Without record_history(True), the same as `vpmm-dump
+    --torch-snapshot` writes: no frames, empty device_traces. While it
+    records, the blocks of the allocations made since carry their Python
+    stack frames ("frames": [{"filename", "line", "name"}, ...], innermost
+    first) and the bytes asked for, and device_traces the events since,
+    with their frames. Read through the process's own vpmm socket: raises
+    VpmmError with VPMM_SOCKET=off."""
     return _snapshot.snapshot()
+
+
+def record_history(enabled=True, max_entries=_record.DEFAULT_ENTRIES):
+    """Records, from now on, each allocation and free the pool takes in
+    this process (PyTorch's through enable(), and those of the preload),
+    with the Python stack frames of the thread that made it, for
+    snapshot() (as torch.cuda.memory._record_memory_history does for
+    PyTorch's allocator). A thread with no Python code above the
+    allocation (PyTorch's C++ threads: autograd's backward) gets its
+    events without frames; one that released the GIL (PyTorch's
+    operators do) has it taken again for the walk.
+    device_traces keeps the latest `max_entries` events (0: none, only the
+    live blocks' frames). Calling it again starts afresh; enabled=False
+    stops and forgets everything recorded, so take the snapshot first.
+    Costs a few microseconds per allocation and per free while on
+    (docs/install.md, "Allocation history"), two atomic loads while off.
+    Raises VpmmError when the library or the package cannot record."""
+    _record.record_history(enabled, max_entries)
 
 
 def dump_snapshot(path):
     """snapshot() pickled into `path`, for pytorch.org/memory_viz (as
-    torch.cuda.memory._dump_snapshot writes it)."""
+    torch.cuda.memory._dump_snapshot writes it), with pickle's protocol 4:
+    memory_viz reads protocols 2 to 4, and Python 3.14 writes 5 unless
+    told."""
     import pickle
     snap = snapshot()
     with open(path, "wb") as f:
-        pickle.dump(snap, f)
+        pickle.dump(snap, f, protocol=4)
     return snap
 
 

@@ -24,7 +24,7 @@ for sys in "debian 12" "debian 13" "ubuntu 24.04"; do
 	apt=$(grep '^apt:' <<<"$out")
 	has "$apt" meson && has "$apt" python3-mesonpy && ! grep -q '^pip:' <<<"$out" ||
 		fail "$sys: meson and meson-python should come from its packages: $out"
-	for p in libcriterion-dev groff-base man-db python3-venv pkg-config; do
+	for p in libcriterion-dev groff-base man-db python3-venv python3-dev pkg-config; do
 		has "$apt" "$p" || fail "$sys: $p missing from: $apt"
 	done
 done
@@ -35,6 +35,9 @@ pip=$(grep '^pip:' <<<"$out") || fail "ubuntu 22.04: no pip step: $out"
 	fail "ubuntu 22.04: its meson (0.61) and no python3-mesonpy: $apt"
 grep -q "meson>=1.0" <<<"$pip" && grep -q "meson-python" <<<"$pip" ||
 	fail "ubuntu 22.04: meson and meson-python from PyPI: $pip"
+for p in libcriterion-dev python3-venv python3-dev; do
+	has "$apt" "$p" || fail "ubuntu 22.04: $p missing from: $apt"
+done
 for sys in "ubuntu 20.04" "debian 11" "fedora 40"; do
 	# shellcheck disable=SC2086
 	if out=$(plan $sys); then

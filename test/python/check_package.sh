@@ -8,6 +8,9 @@
 #
 #   check_package.sh SOURCE_DIR VERSION CUDA_INCLUDE FAKE_CUDA_DIR
 #
+# $CHECK_NATIVE_THREADS: the library of native_threads.c (meson test sets
+# it), threads Python never saw, for the allocation history's scenario.
+#
 # The Python used: $VPMM_TEST_PYTHON, else the first of /usr/bin/python3 and
 # python3 that has meson-python, venv and ensurepip. Exit 77 (skipped) only
 # when there is none; 1 on any failure.

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "shimtest.h"
+#include "vpmm/vpmm.h"
 
 typedef int cudaError_t;
 cudaError_t cudaSetDevice(int dev);
@@ -15,6 +16,7 @@ cudaError_t cudaFree(void *p);
 #define P ((size_t)64 << 10)
 
 static void *(*tmalloc)(long, int, CUstream);
+static int (*stats)(int, struct vpmm_stats *);
 static void (*tfree)(void *, long, int, CUstream);
 static CUstream st;
 
@@ -30,10 +32,65 @@ static void *no_context_thread(void *arg)
 	return NULL;
 }
 
+/* What the allocation observer saw: the events, and the pool's live bytes
+ * at each (a free is observed before the pool takes it). */
+static struct vpmm_alloc_event seen[8];
+static uint64_t seen_live[8];
+static int nseen;
+static int seen_ctx;
+
+static void observer(void *ctx, const struct vpmm_alloc_event *ev)
+{
+	struct vpmm_stats s;
+	CHECK(ctx == &seen_ctx);
+	CHECK(nseen < 8);
+	CHECK_EQ(stats(ev->device, &s), 0);
+	seen_live[nseen] = s.live;
+	seen[nseen++] = *ev;
+}
+
+/* vpmm_set_alloc_observer: told of the pool's allocations and frees (not
+ * of what passes to the driver), the free before the pool takes it. */
+static void check_observer(void *lib, bool pool)
+{
+	int (*set)(vpmm_alloc_observer, void *);
+	void *p, *q;
+	LOOKUP(set, lib, "vpmm_set_alloc_observer");
+	CHECK(set);
+	CHECK_EQ(set(observer, &seen_ctx), 0);
+	p = tmalloc((long)(P + 1), 0, st);
+	CHECK(p);
+	tfree(p, (long)(P + 1), 0, st);
+	st_fake_set_capturing(st, 1); /* the driver's: not observed */
+	q = tmalloc((long)P, 0, st);
+	CHECK(q);
+	tfree(q, (long)P, 0, st);
+	st_fake_set_capturing(st, 0);
+	if (pool) {
+		CHECK_EQ(nseen, 2);
+		CHECK_EQ(seen[0].kind, VPMM_EVENT_ALLOC);
+		CHECK_EQ(seen[0].device, 0);
+		CHECK_EQ(seen[0].address, (unsigned long long)(uintptr_t)p);
+		CHECK_EQ(seen[0].size, P + 1); /* as asked */
+		CHECK(seen[0].stream == (struct CUstream_st *)st);
+		CHECK_EQ(seen[1].kind, VPMM_EVENT_FREE);
+		CHECK_EQ(seen[1].address, seen[0].address);
+		CHECK(seen[1].size >= P + 1); /* the pool's size */
+		CHECK(seen[1].stream == (struct CUstream_st *)st);
+		CHECK_EQ(seen_live[1], seen_live[0]); /* still live when observed */
+	} else {
+		CHECK_EQ(nseen, 0);
+	}
+	CHECK_EQ(set(NULL, NULL), 0);
+	p = tmalloc((long)P, 0, st);
+	CHECK(p);
+	tfree(p, (long)P, 0, st);
+	CHECK_EQ(nseen, pool ? 2 : 0); /* removed: no more calls */
+}
+
 int main(void)
 {
 	void *lib, *a, *b, *c, *plain;
-	int (*stats)(int, struct vpmm_stats *);
 	struct vpmm_stats s;
 	long long ctx_syncs, stream_syncs;
 	pthread_t thread;
@@ -96,6 +153,8 @@ int main(void)
 		CHECK_EQ(fake_calls("cuMemAllocAsync"), 1);
 		CHECK_EQ(fake_calls("cuMemFreeAsync"), 1);
 	}
+
+	check_observer(lib, pool);
 
 	/* the program's own runtime calls are its own */
 	CHECK_EQ(cudaMalloc(&plain, P), 0);

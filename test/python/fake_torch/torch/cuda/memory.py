@@ -1,7 +1,9 @@
 """torch.cuda.memory's pluggable allocator, as torch 2.x implements it in
 Python: the library opened with ctypes.CDLL (RTLD_LOCAL), the two entry
 points looked up by name, and change_current_allocator refusing once CUDA
-is initialised. Records what it got: `current` and `changes`."""
+is initialised. Records what it got: `current` and `changes`. The entry
+points run with the GIL released (ctypes.CDLL), as PyTorch's operators
+release it before they allocate."""
 import ctypes
 
 current = None
