@@ -522,6 +522,33 @@ long long vpmm_pool_trim(vpmm_pool *p, size_t keep)
 	return (long long)got;
 }
 
+void vpmm_pool_reset_peaks(vpmm_pool *p, bool live, bool mapped)
+{
+	uint64_t parked, hits, parks;
+	pthread_mutex_lock(&p->lock);
+	/* Parked allocations are live to the gauge, free to the program. */
+	vpi_front_counts_locked(p, &parked, &hits, &parks);
+	if (live)
+		p->st.live_peak = p->st.live - parked;
+	if (mapped)
+		p->st.mapped_peak = p->st.mapped;
+	pthread_mutex_unlock(&p->lock);
+}
+
+size_t vpmm_pool_release_threshold(vpmm_pool *p, const size_t *set)
+{
+	pthread_mutex_lock(&p->lock);
+	if (set) {
+		p->cfg.release = *set != SIZE_MAX;
+		p->cfg.release_threshold = p->cfg.release ? *set : 0;
+		if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
+			pthread_cond_signal(&p->reclaim_cond);
+	}
+	size_t now = p->cfg.release ? p->cfg.release_threshold : SIZE_MAX;
+	pthread_mutex_unlock(&p->lock);
+	return now;
+}
+
 size_t vpmm_pool_page_size(const vpmm_pool *p)
 {
 	return p->page;

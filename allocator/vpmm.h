@@ -161,6 +161,12 @@ void vpmm_pool_context_ended(vpmm_pool *pool);
 /* Unmap and release free pages whose work completed until at most `keep`
  * reusable bytes remain. Returns the bytes released, or a negative errno. */
 long long vpmm_pool_trim(vpmm_pool *pool, size_t keep);
+/* The peaks of live and/or mapped bytes start again from their current
+ * values. */
+void vpmm_pool_reset_peaks(vpmm_pool *pool, bool live, bool mapped);
+/* The free bytes kept mapped (cfg->release_threshold; SIZE_MAX: release
+ * off, every page kept), first set to *set when set is not NULL. */
+size_t vpmm_pool_release_threshold(vpmm_pool *pool, const size_t *set);
 /* The live allocation containing `ptr`: its base and its (rounded) size.
  * -EINVAL if none. */
 int vpmm_pool_find(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,

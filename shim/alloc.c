@@ -40,6 +40,9 @@
  *  - A signal handler that allocates or frees while its thread is inside the
  *    pool gets CUDA_ERROR_NOT_PERMITTED and one error line: the pool's
  *    locks are not async-signal-safe, and waiting would wait for ever.
+ *  - Stream-ordered allocations on a device whose current memory pool
+ *    the program made itself (cudaDeviceSetMemPool) go to the real
+ *    function: the program chose that pool (mempool.c).
  *  - Teardown: once the driver answers CUDA_ERROR_DEINITIALIZED, or the
  *    pool's context is gone (nothing of it can still run), frees of pool
  *    memory succeed quietly.
@@ -47,8 +50,9 @@
  * told of every allocation and free the pool takes.
  * May call: streams.h (the call's context and stream), devices.h (the
  * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
- * memory), runtime.h (vpmm_runtime_init), capture.h (deferred frees),
- * trace.h, resolve.h, the log, the observer.
+ * memory), mempool.h (the pool the program chose), runtime.h
+ * (vpmm_runtime_init), capture.h (deferred frees), trace.h, resolve.h,
+ * the log, the observer.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -61,6 +65,7 @@
 #include "devices.h"
 #include "ipc.h"
 #include "live_streams.h"
+#include "mempool.h"
 #include "process.h"
 #include "resolve.h"
 #include "runtime.h"
@@ -222,6 +227,10 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		}
 		if (r != CUDA_SUCCESS)
 			return false;
+		/* A stream-ordered allocation on a device whose current memory
+		 * pool the program chose: CUDA's (mempool.c). */
+		if (stream != VPMM_NO_STREAM && vpmm_mempool_chosen(dev))
+			goto pass;
 	}
 
 	ps = vpmm_pool_stream(stream, via);

@@ -1,12 +1,13 @@
 /* driver_calls.c — the driver's entry points under the shim, each reached
  * from its exported hook (hooks.c), directly or through a cuGetProcAddress
- * or dlsym answer: allocation, free, the memory and pointer queries, and the
- * calls whose news the pools need (stream and context ends, peer access,
- * the program's own handles, IPC).
+ * or dlsym answer: allocation, free, the free memory query, and the calls
+ * whose news the pools need (stream and context ends, peer access, the
+ * program's own handles, IPC). The queries about an address are
+ * queries.c's, CUDA's memory pools mempool.c's.
  *
  * Owns: what each driver call means for pool memory, and the pass-through
  * (REAL) of everything else to the real entry point. Policy lives in the
- * rooms it calls: alloc.h (malloc/free, queries), streams.h, devices.h,
+ * rooms it calls: alloc.h (malloc/free, free memory), streams.h, devices.h,
  * ipc.h, live_streams.h (the streams made), capture.h; resolve.h gives
  * the real functions.
  */
@@ -96,85 +97,6 @@ CUresult vpmm_cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 	r = vpmm_real.mem_get_info(free_bytes, total);
 	if (r == CUDA_SUCCESS && free_bytes && total)
 		vpmm_add_reusable(free_bytes, *total);
-	return r;
-}
-
-CUresult vpmm_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
-{
-	CUdeviceptr base;
-	size_t size;
-	vpmm_count(VPMM_HOOK_cuMemGetAddressRange_v2);
-	switch (vpmm_find_live(dptr, &base, &size)) {
-	case VPMM_POOL_LIVE:
-		if (pbase)
-			*pbase = base;
-		if (psize)
-			*psize = size;
-		return CUDA_SUCCESS;
-	case VPMM_POOL_NOT_LIVE:
-		return CUDA_ERROR_NOT_FOUND; /* as for a pointer freed by cuMemFree */
-	case VPMM_NOT_POOLS:
-		break;
-	}
-	REAL(address_range, pbase, psize, dptr);
-}
-
-CUresult vpmm_cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
-{
-	CUdeviceptr base;
-	size_t size;
-	vpmm_count(VPMM_HOOK_cuPointerGetAttribute);
-	if (data && (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
-		     attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) {
-		switch (vpmm_find_live(ptr, &base, &size)) {
-		case VPMM_POOL_LIVE:
-			if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
-				*(CUdeviceptr *)data = base;
-			else
-				*(size_t *)data = size;
-			return CUDA_SUCCESS;
-		case VPMM_POOL_NOT_LIVE:
-			return CUDA_ERROR_INVALID_VALUE; /* no allocation there */
-		case VPMM_NOT_POOLS:
-			break;
-		}
-	}
-	REAL(ptr_attr, data, attribute, ptr);
-}
-
-CUresult vpmm_cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
-				void **data, CUdeviceptr ptr)
-{
-	CUdeviceptr base;
-	size_t size;
-	CUresult r;
-	vpmm_count(VPMM_HOOK_cuPointerGetAttributes);
-	vpmm_resolve();
-	if (!vpmm_real.ptr_attrs)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.ptr_attrs(n, attributes, data, ptr);
-	if (r != CUDA_SUCCESS || !attributes || !data)
-		return r;
-	switch (vpmm_find_live(ptr, &base, &size)) {
-	case VPMM_POOL_LIVE:
-		break;
-	case VPMM_POOL_NOT_LIVE:
-		/* No allocation there: the null values this call gives a
-		 * pointer it does not know, not the pool's mapping. */
-		base = 0;
-		size = 0;
-		break;
-	case VPMM_NOT_POOLS:
-		return r;
-	}
-	for (unsigned i = 0; i < n; i++) {
-		if (!data[i])
-			continue;
-		if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
-			*(CUdeviceptr *)data[i] = base;
-		else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
-			*(size_t *)data[i] = size;
-	}
 	return r;
 }
 

@@ -14,12 +14,6 @@ CUresult vpmm_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream 
 CUresult vpmm_cuMemFreeAsync(CUdeviceptr dptr, CUstream s);
 CUresult vpmm_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
 CUresult vpmm_cuMemGetInfo_v2(size_t *free_bytes, size_t *total);
-CUresult vpmm_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize,
-				 CUdeviceptr dptr);
-CUresult vpmm_cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
-			       CUdeviceptr ptr);
-CUresult vpmm_cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
-				void **data, CUdeviceptr ptr);
 CUresult vpmm_cuStreamDestroy_v2(CUstream s);
 CUresult vpmm_cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr);
 CUresult vpmm_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,

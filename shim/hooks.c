@@ -7,6 +7,9 @@
  *  - the driver's allocation and query entry points, exported under their
  *    own names (programs linked with -lcuda call them directly) and handed
  *    out by cuGetProcAddress and dlsym (everyone else): driver_calls.c;
+ *  - the queries about an address (range, pointer attributes, the
+ *    allocation handle): queries.c; CUDA's memory pools (the device's
+ *    current pool, the default pool's attributes): mempool.c;
  *  - cuGetProcAddress itself: wrap.c;
  *  - vpmm_torch_malloc / vpmm_torch_free for PyTorch's
  *    CUDAPluggableAllocator (declared in vpmm/vpmm.h): torch.c.
@@ -16,14 +19,16 @@
  *
  * The capture entry points forward to capture.c.
  *
- * May call: runtime.h, driver_calls.h, capture.h, wrap.h, torch.h. Nothing
- * else.
+ * May call: runtime.h, driver_calls.h, capture.h, queries.h, mempool.h,
+ * wrap.h, torch.h. Nothing else.
  */
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "capture.h"
 #include "driver_calls.h"
+#include "mempool.h"
+#include "queries.h"
 #include "resolve.h"
 #include "runtime.h"
 #include "shim.h"
@@ -112,6 +117,17 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
 				    int priority) VPMM_EXPORT;
 CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
 				int priority) VPMM_EXPORT;
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
+				     void *addr) VPMM_EXPORT;
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) VPMM_EXPORT;
+CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+			 CUmemoryPool pool) VPMM_EXPORT;
+CUresult cuMemPoolDestroy(CUmemoryPool pool) VPMM_EXPORT;
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+			       void *value) VPMM_EXPORT;
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+			       void *value) VPMM_EXPORT;
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) VPMM_EXPORT;
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus) VPMM_EXPORT;
@@ -241,6 +257,42 @@ CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigne
 	return vpmm_cuGreenCtxStreamCreate(phStream, greenCtx, flags, priority);
 }
 
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+	return vpmm_cuMemRetainAllocationHandle(handle, addr);
+}
+
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+	return vpmm_cuDeviceSetMemPool(dev, pool);
+}
+
+CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+			 CUmemoryPool pool)
+{
+	return vpmm_cuMemSetMemPool(location, type, pool);
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+	return vpmm_cuMemPoolDestroy(pool);
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	return vpmm_cuMemPoolGetAttribute(pool, attr, value);
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	return vpmm_cuMemPoolSetAttribute(pool, attr, value);
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+	return vpmm_cuMemPoolTrimTo(pool, minBytesToKeep);
+}
+
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
 			     cuuint64_t flags,
 			     CUdriverProcAddressQueryResult *symbolStatus)
@@ -332,6 +384,13 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_BEGIN_TO_GRAPH_PTSZ] = (vpmm_fnptr)cuStreamBeginCaptureToGraph_ptsz,
 	[VPMM_W_END_CAPTURE] = (vpmm_fnptr)cuStreamEndCapture,
 	[VPMM_W_END_CAPTURE_PTSZ] = (vpmm_fnptr)cuStreamEndCapture_ptsz,
+	[VPMM_W_RETAIN_HANDLE] = (vpmm_fnptr)cuMemRetainAllocationHandle,
+	[VPMM_W_DEVICE_SET_MEMPOOL] = (vpmm_fnptr)cuDeviceSetMemPool,
+	[VPMM_W_MEM_SET_MEMPOOL] = (vpmm_fnptr)cuMemSetMemPool,
+	[VPMM_W_MEMPOOL_DESTROY] = (vpmm_fnptr)cuMemPoolDestroy,
+	[VPMM_W_MEMPOOL_GET_ATTR] = (vpmm_fnptr)cuMemPoolGetAttribute,
+	[VPMM_W_MEMPOOL_SET_ATTR] = (vpmm_fnptr)cuMemPoolSetAttribute,
+	[VPMM_W_MEMPOOL_TRIM] = (vpmm_fnptr)cuMemPoolTrimTo,
 };
 
 /* ---- PyTorch's CUDAPluggableAllocator ------------------------------------------------- */

@@ -13,6 +13,9 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res);
 bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flags,
 		   CUresult *res);
 bool vpmm_ipc_close(CUdeviceptr ptr, CUresult *res);
+/* Whether cudaIpcGetMemHandle on pool memory at ptr would succeed: a live
+ * allocation, and this process's socket at its default path. */
+bool vpmm_ipc_exportable(CUdeviceptr ptr);
 /* A free of pool memory that was shared: 1 when it was deferred until the
  * last opener closes (the caller reports success), -1 when the program
  * freed it before and it is only kept for the openers (a double free), 0

@@ -268,6 +268,24 @@ int vpmm_ipc_socket_path(char *buf, size_t n, long pid)
 	return m < 0 || (size_t)m >= n ? -ENAMETOOLONG : 0;
 }
 
+/* Whether this process serves its socket at the default path, where
+ * openers look for it (that path into want). */
+static bool socket_at_default(char *want, size_t n)
+{
+	want[0] = '\0';
+	return vpmm_ipc_socket_path(want, n, (long)getpid()) == 0 &&
+	       strcmp(vpmm_server_socket(), want) == 0;
+}
+
+bool vpmm_ipc_exportable(CUdeviceptr ptr)
+{
+	char want[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	CUdeviceptr base;
+	size_t size;
+	return vpmm_find_live(ptr, &base, &size) == VPMM_POOL_LIVE &&
+	       socket_at_default(want, sizeof want);
+}
+
 bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
 {
 	if (vpmm_tls_inside || !vpmm_active())
@@ -283,8 +301,7 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
 	}
 	vpmm_ipc_watch_fork();
 	char want[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	if (vpmm_ipc_socket_path(want, sizeof want, (long)getpid()) != 0 ||
-	    strcmp(vpmm_server_socket(), want) != 0) {
+	if (!socket_at_default(want, sizeof want)) {
 		vpmm_log(VPMM_LOG_ERROR,
 			 "cudaIpcGetMemHandle on pool memory needs this process's vpmm socket at %s (VPMM_SOCKET is off or elsewhere)",
 			 want);

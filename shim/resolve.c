@@ -119,6 +119,14 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 				CU_GET_PROC_ADDRESS_LEGACY_STREAM},
 	[VPMM_W_END_CAPTURE_PTSZ] = {"cuStreamEndCapture_ptsz", "cuStreamEndCapture", 10000,
 				     CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+	[VPMM_W_RETAIN_HANDLE] = {"cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle",
+				  11000, 0},
+	[VPMM_W_DEVICE_SET_MEMPOOL] = {"cuDeviceSetMemPool", "cuDeviceSetMemPool", 11020, 0},
+	[VPMM_W_MEM_SET_MEMPOOL] = {"cuMemSetMemPool", "cuMemSetMemPool", 13000, 0},
+	[VPMM_W_MEMPOOL_DESTROY] = {"cuMemPoolDestroy", "cuMemPoolDestroy", 11020, 0},
+	[VPMM_W_MEMPOOL_GET_ATTR] = {"cuMemPoolGetAttribute", "cuMemPoolGetAttribute", 11020, 0},
+	[VPMM_W_MEMPOOL_SET_ATTR] = {"cuMemPoolSetAttribute", "cuMemPoolSetAttribute", 11020, 0},
+	[VPMM_W_MEMPOOL_TRIM] = {"cuMemPoolTrimTo", "cuMemPoolTrimTo", 11020, 0},
 };
 
 #define KNOWN_MAX 4
@@ -270,6 +278,13 @@ static void find_cuda(void)
 	TARGET(vpmm_real.begin_to_graph_ptsz, VPMM_W_BEGIN_TO_GRAPH_PTSZ);
 	TARGET(vpmm_real.end_capture, VPMM_W_END_CAPTURE);
 	TARGET(vpmm_real.end_capture_ptsz, VPMM_W_END_CAPTURE_PTSZ);
+	TARGET(vpmm_real.retain_handle, VPMM_W_RETAIN_HANDLE);
+	TARGET(vpmm_real.device_set_mempool, VPMM_W_DEVICE_SET_MEMPOOL);
+	TARGET(vpmm_real.mem_set_mempool, VPMM_W_MEM_SET_MEMPOOL);
+	TARGET(vpmm_real.mempool_destroy, VPMM_W_MEMPOOL_DESTROY);
+	TARGET(vpmm_real.mempool_get_attr, VPMM_W_MEMPOOL_GET_ATTR);
+	TARGET(vpmm_real.mempool_set_attr, VPMM_W_MEMPOOL_SET_ATTR);
+	TARGET(vpmm_real.mempool_trim, VPMM_W_MEMPOOL_TRIM);
 #undef TARGET
 
 	SET(vpmm_real.ctx_get_current, vpmm_real_entry("cuCtxGetCurrent", NULL));
@@ -303,6 +318,7 @@ static void find_cuda(void)
 						    CU_GET_PROC_ADDRESS_LEGACY_STREAM));
 	SET(vpmm_real.exchange_capture_mode,
 	    vpmm_real_entry("cuThreadExchangeStreamCaptureMode", NULL));
+	SET(vpmm_real.device_default_mempool, vpmm_real_entry("cuDeviceGetDefaultMemPool", NULL));
 out:
 	tls_resolving = false;
 }

@@ -53,6 +53,14 @@ enum vpmm_wrapped {
 	VPMM_W_BEGIN_TO_GRAPH_PTSZ,
 	VPMM_W_END_CAPTURE,
 	VPMM_W_END_CAPTURE_PTSZ,
+	/* queries.c, mempool.c */
+	VPMM_W_RETAIN_HANDLE,
+	VPMM_W_DEVICE_SET_MEMPOOL,
+	VPMM_W_MEM_SET_MEMPOOL,
+	VPMM_W_MEMPOOL_DESTROY,
+	VPMM_W_MEMPOOL_GET_ATTR,
+	VPMM_W_MEMPOOL_SET_ATTR,
+	VPMM_W_MEMPOOL_TRIM,
 	VPMM_W_COUNT
 };
 
@@ -83,6 +91,15 @@ struct vpmm_real {
 	CUresult (*stream_create)(CUstream *, unsigned);
 	CUresult (*stream_create_prio)(CUstream *, unsigned, int);
 	CUresult (*green_stream_create)(CUstream *, CUgreenCtx, unsigned, int);
+	/* queries.c, mempool.c */
+	CUresult (*retain_handle)(CUmemGenericAllocationHandle *, void *);
+	CUresult (*device_set_mempool)(CUdevice, CUmemoryPool);
+	CUresult (*mem_set_mempool)(CUmemLocation *, CUmemAllocationType, CUmemoryPool);
+	CUresult (*mempool_destroy)(CUmemoryPool);
+	CUresult (*mempool_get_attr)(CUmemoryPool, CUmemPool_attribute, void *);
+	CUresult (*mempool_set_attr)(CUmemoryPool, CUmemPool_attribute, void *);
+	CUresult (*mempool_trim)(CUmemoryPool, size_t);
+	CUresult (*device_default_mempool)(CUmemoryPool *, CUdevice);
 	/* Helpers for the other rooms; any may be NULL on an old driver. */
 	CUresult (*ctx_get_current)(CUcontext *);
 	CUresult (*ctx_get_device)(CUdevice *);

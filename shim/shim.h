@@ -110,7 +110,14 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(cuStreamBeginCapture)     /* every form */                            \
 	X(cuStreamEndCapture)                                                 \
 	X(capture_deferred)         /* frees of pool memory a capture held back */ \
-	X(capture_flushed)          /* those made once their capture ended */
+	X(capture_flushed)          /* those made once their capture ended */ \
+	X(cuMemRetainAllocationHandle)                                        \
+	X(cuDeviceSetMemPool)                                                 \
+	X(cuMemSetMemPool)                                                    \
+	X(cuMemPoolDestroy)                                                   \
+	X(cuMemPoolGetAttribute)                                              \
+	X(cuMemPoolSetAttribute)                                              \
+	X(cuMemPoolTrimTo)
 
 enum vpmm_hook {
 #define X(n) VPMM_HOOK_##n,
