@@ -59,6 +59,7 @@ static const char *const counted[] = {
 	"cuPointerGetAttribute", "cuPointerGetAttributes", "cuCtxSynchronize",
 	"cuStreamSynchronize", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
 	"cuGetProcAddress", "cuStreamWaitEvent", "cuEventRecord",
+	"cuMemAllocFromPoolAsync", "cuMemPoolTrimTo", "cuMemRetainAllocationHandle",
 	"no_context", /* driver work done with no current context */
 	"dead_handle", /* a stream or event of an ended context named */
 	"record_refused", /* an event recorded on another context's stream */

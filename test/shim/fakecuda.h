@@ -6,6 +6,7 @@
  * The files, each calling only those listed after it:
  *   fakecuda_procs.c   cuGetProcAddress and its table of every entry point
  *   fakecuda_mem.c     virtual memory, IPC, plain allocations, pointer queries
+ *   fakecuda_pool.c    memory pools: the default and current ones, attributes
  *   fakecuda_stream.c  streams, events, stream capture
  *   fakecuda_ctx.c     init, devices, contexts, primary contexts, peers
  *   fakecuda.c         the shared state, call counters, injected faults
@@ -166,6 +167,7 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p);
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags);
 API CUresult cuIpcCloseMemHandle(CUdeviceptr p);
 API int fakecuda_accessible(CUdeviceptr p, int device);
+API int fakecuda_mapping_of(CUdeviceptr p, CUdeviceptr *base, size_t *size);
 API CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize);
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 API CUresult cuMemFree(unsigned int dptr);
@@ -181,6 +183,38 @@ API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdevicept
 API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a, void **data,
 				    CUdeviceptr p);
 API void fakecuda_mem_info(size_t *free_bytes, size_t *total);
+
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				     CUstream s);
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr);
+
+/* ---- fakecuda_pool.c ---- */
+
+/* A memory pool: the bytes of plain allocations made from it. */
+struct fake_pool {
+	int device;
+	bool made; /* by cuMemPoolCreate, not a device's default */
+	uint64_t used, used_high, reserved, reserved_high, threshold;
+};
+
+/* The current context's device's current pool. */
+struct fake_pool *fake_pool_current(void);
+/* A pool handle the fake made, or NULL. */
+struct fake_pool *fake_pool_of(CUmemoryPool pool);
+/* n bytes of an allocation from pool p taken (add) or freed; fake_lock
+ * held. */
+void fake_pool_charge(struct fake_pool *p, size_t n, bool add);
+
+API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
+API CUresult cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
+			     CUmemoryPool pool);
+API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+API CUresult cuMemPoolDestroy(CUmemoryPool pool);
+API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
 
 /* ---- fakecuda_procs.c ---- */
 

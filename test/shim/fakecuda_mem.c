@@ -5,6 +5,7 @@
  * mapping (one handle) for VMM memory as the real driver does.
  *
  * Owns: the lists of plain allocations and of mappings. Calls
+ * fakecuda_pool.c (stream-ordered allocations charge their pool),
  * fakecuda_ctx.c, fakecuda.c and the host driver.
  */
 #include "fakecuda.h"
@@ -15,12 +16,14 @@
 struct plain {
 	uintptr_t va;
 	size_t size;
+	struct fake_pool *pool; /* stream-ordered: the pool it came from */
 	struct plain *next;
 };
 
 struct mapping {
 	uintptr_t va;
 	size_t size;
+	CUmemGenericAllocationHandle h;
 	struct mapping *next;
 };
 
@@ -94,6 +97,7 @@ CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
 	}
 	m->va = (uintptr_t)p;
 	m->size = size;
+	m->h = h;
 	pthread_mutex_lock(&fake_lock);
 	m->next = mappings;
 	mappings = m;
@@ -192,7 +196,7 @@ int fakecuda_accessible(CUdeviceptr p, int device)
 }
 /* ---- plain allocations ---------------------------------------------------------------------- */
 
-static CUresult plain_alloc(CUdeviceptr *dptr, size_t size)
+static CUresult plain_alloc(CUdeviceptr *dptr, size_t size, struct fake_pool *pool)
 {
 	struct plain *pl;
 	void *mem;
@@ -216,8 +220,11 @@ static CUresult plain_alloc(CUdeviceptr *dptr, size_t size)
 	}
 	pl->va = (uintptr_t)mem;
 	pl->size = size;
+	pl->pool = pool;
 	pthread_mutex_lock(&fake_lock);
 	plain_bytes += size;
+	if (pool)
+		fake_pool_charge(pool, size, true);
 	pl->next = plains;
 	plains = pl;
 	pthread_mutex_unlock(&fake_lock);
@@ -238,6 +245,8 @@ static CUresult plain_free(CUdeviceptr dptr)
 			struct plain *dead = *p;
 			*p = dead->next;
 			plain_bytes -= dead->size;
+			if (dead->pool)
+				fake_pool_charge(dead->pool, dead->size, false);
 			pthread_mutex_unlock(&fake_lock);
 			free((void *)dead->va);
 			free(dead);
@@ -252,7 +261,7 @@ CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
 	CUdeviceptr p;
 	CUresult r;
 	fake_count("cuMemAlloc");
-	r = plain_alloc(&p, bytesize);
+	r = plain_alloc(&p, bytesize, NULL);
 	if (r == CUDA_SUCCESS)
 		*dptr = (unsigned int)p; /* the v1 ABI: truncated, never used */
 	if (r == CUDA_SUCCESS)
@@ -265,7 +274,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	fake_count("cuMemAlloc_v2");
 	if (fake_capture_check() != CUDA_SUCCESS)
 		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-	return plain_alloc(dptr, bytesize);
+	return plain_alloc(dptr, bytesize, NULL);
 }
 
 CUresult cuMemFree(unsigned int dptr)
@@ -287,14 +296,26 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
 	(void)s;
 	fake_count("cuMemAllocAsync");
-	return plain_alloc(dptr, bytesize);
+	return plain_alloc(dptr, bytesize, fake_pool_current());
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream s)
 {
 	(void)s;
 	fake_count("cuMemAllocAsync_ptsz");
-	return plain_alloc(dptr, bytesize);
+	return plain_alloc(dptr, bytesize, fake_pool_current());
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+				 CUstream s)
+{
+	(void)s;
+	fake_count("cuMemAllocFromPoolAsync");
+	NEED_INIT();
+	struct fake_pool *p = fake_pool_of(pool);
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	return plain_alloc(dptr, bytesize, p);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
@@ -340,25 +361,54 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 	return CUDA_SUCCESS;
 }
 
+/* What holds an address, as the driver knows it. */
+struct found {
+	uintptr_t base;
+	size_t size;
+	bool mapped;                    /* a mapping of a handle, not plain */
+	CUmemGenericAllocationHandle h; /* the mapping's handle */
+	struct fake_pool *pool;         /* a plain allocation's pool */
+};
+
 /* The plain allocation or the single mapping holding p. */
-static bool range_of(CUdeviceptr p, uintptr_t *base, size_t *size)
+static bool find(CUdeviceptr p, struct found *f)
 {
 	bool found = false;
 	pthread_mutex_lock(&fake_lock);
 	for (struct plain *pl = plains; pl && !found; pl = pl->next)
 		if ((uintptr_t)p >= pl->va && (uintptr_t)p < pl->va + pl->size) {
-			*base = pl->va;
-			*size = pl->size;
+			*f = (struct found){pl->va, pl->size, false, 0, pl->pool};
 			found = true;
 		}
 	for (struct mapping *m = mappings; m && !found; m = m->next)
 		if ((uintptr_t)p >= m->va && (uintptr_t)p < m->va + m->size) {
-			*base = m->va;
-			*size = m->size;
+			*f = (struct found){m->va, m->size, true, m->h, NULL};
 			found = true;
 		}
 	pthread_mutex_unlock(&fake_lock);
 	return found;
+}
+
+/* Test control: the mapping (one handle) holding p, as the driver sees it:
+ * 0 when p is in none. */
+int fakecuda_mapping_of(CUdeviceptr p, CUdeviceptr *base, size_t *size)
+{
+	struct found f;
+	if (!find(p, &f) || !f.mapped)
+		return 0;
+	*base = (CUdeviceptr)f.base;
+	*size = f.size;
+	return 1;
+}
+
+static bool range_of(CUdeviceptr p, uintptr_t *base, size_t *size)
+{
+	struct found f;
+	if (!find(p, &f))
+		return false;
+	*base = f.base;
+	*size = f.size;
+	return true;
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr p)
@@ -376,26 +426,64 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
 	return CUDA_SUCCESS;
 }
 
+/* The driver's answers: a mapping is one handle's (its base and size;
+ * exportable as a file descriptor, not by legacy IPC), a plain allocation
+ * its own (legacy IPC, no handle types). Booleans and masks are ints. */
 static CUresult attr(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
-	uintptr_t base;
-	size_t size;
+	struct found f;
 	if (!data)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!range_of(p, &base, &size))
+	if (!find(p, &f))
 		return CUDA_ERROR_INVALID_VALUE;
 	switch (a) {
 	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
 		*(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-		*(CUdeviceptr *)data = (CUdeviceptr)base;
+	case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+		*(CUdeviceptr *)data = (CUdeviceptr)f.base;
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-		*(size_t *)data = size;
+	case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+		*(size_t *)data = f.size;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = 0;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+		*(int *)data = !f.mapped;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+		*(int *)data = 1;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+		*(int *)data = f.mapped ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+		*(void **)data = f.pool;
 		return CUDA_SUCCESS;
 	default:
 		return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+/* cuPointerGetAttributes' null value for a pointer it does not know. */
+static void unknown(void *data, CUpointer_attribute a)
+{
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+		*(int *)data = 0;
+		break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = -2;
+		break;
+	default:
+		*(uint64_t *)data = 0;
+		break;
 	}
 }
 
@@ -413,10 +501,32 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a, void **d
 	NEED_INIT();
 	if (!a || !data)
 		return CUDA_ERROR_INVALID_VALUE;
+	uintptr_t base;
+	size_t size;
+	bool known = range_of(p, &base, &size);
 	for (unsigned int i = 0; i < n; i++) {
+		if (!data[i])
+			continue;
+		if (!known) {
+			unknown(data[i], a[i]); /* not an error, unlike the single query */
+			continue;
+		}
 		CUresult r = attr(data[i], a[i], p);
 		if (r != CUDA_SUCCESS)
 			return r;
 	}
+	return CUDA_SUCCESS;
+}
+
+/* The handle mapped at addr (no reference counted: the tests never release
+ * it); plain allocations have none. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+	struct found f;
+	fake_count("cuMemRetainAllocationHandle");
+	NEED_INIT();
+	if (!h || !find((CUdeviceptr)(uintptr_t)addr, &f) || !f.mapped)
+		return CUDA_ERROR_INVALID_VALUE;
+	*h = f.h;
 	return CUDA_SUCCESS;
 }

@@ -101,6 +101,17 @@ static const struct proc procs[] = {
 	PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
 	P("cuMemFreeAsync", 11020, cuMemFreeAsync),
 	PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+	P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+	P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
+	P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+	P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+	P("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+	P("cuMemSetMemPool", 13000, cuMemSetMemPool),
+	P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+	P("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+	P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+	P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+	P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
 };
 #undef P
 #undef PT

@@ -415,6 +415,63 @@ Test(shim_ipc, peer_pool, .timeout = 30)
 	EXPECT_OK();
 }
 
+/* ---- one answer about an address; CUDA's memory pools -------------------------------------- */
+
+/* The range, the mapping, IPC capability, the handle (refused), freed
+ * memory: the allocation's answers, as the driver gives them for memory it
+ * made whole (checked without the shim). VPMM_PAGES: the allocations share
+ * the pool's first handle. */
+Test(shim_query, address_pool, .timeout = 30)
+{
+	static const char *const env[] = {"VPMM_PAGES=32", NULL};
+	run(QUERY_PROG, "address", true, env);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+/* Without the socket, no legacy IPC: the attribute says so. */
+Test(shim_query, address_without_socket, .timeout = 30)
+{
+	static const char *const env[] = {"VPMM_PAGES=32", "VPMM_SOCKET=off", NULL};
+	run(QUERY_PROG, "address", true, env);
+	EXPECT_OK();
+}
+
+Test(shim_query, address_without_shim, .timeout = 30)
+{
+	run(QUERY_PROG, "address", false, REAL);
+	EXPECT_OK();
+}
+
+/* The default pool's attributes and trim are the pool's; a pool of the
+ * program's own made current, and cudaMallocFromPoolAsync, are CUDA's. */
+Test(shim_query, mempool_pool, .timeout = 30)
+{
+	run(QUERY_PROG, "mempool", true, NULL);
+	EXPECT_OK();
+	EXPECT_QUIET();
+}
+
+Test(shim_query, mempool_without_shim, .timeout = 30)
+{
+	run(QUERY_PROG, "mempool", false, REAL);
+	EXPECT_OK();
+}
+
+/* A refused handle and a chosen pool are said once, at the info level. */
+Test(shim_query, said_at_info_level, .timeout = 30)
+{
+	static const char *const env[] = {"VPMM_PAGES=32", "VPMM_LOG=info", NULL};
+	run(QUERY_PROG, "address", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", "cuMemRetainAllocationHandle on pool memory is refused"),
+		     1, "%s", R.out);
+	run(QUERY_PROG, "mempool", true, env + 1);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", "made a memory pool of its own current"), 3,
+		     "%s", R.out);
+}
+
 /* ---- the pluggable allocator ------------------------------------------------------------ */
 
 /* The only lines: the two for devices that do not exist. */
