@@ -91,6 +91,13 @@ static void setup(void)
 
 /* ---- address ------------------------------------------------------------------------ */
 
+/* Which part of a scenario runs: all of it, or the one named. */
+static const char *part;
+static bool runs(const char *name)
+{
+	return !part || !strcmp(part, name);
+}
+
 static void address(void)
 {
 	bool pool = expect_pool();
@@ -116,24 +123,29 @@ static void address(void)
 	CHECK_EQ(d.range(&base, &size, b + P), 0);
 	CHECK_EQ(base, b);
 	CHECK_EQ(size, 3 * P);
-	/* the mapping: the allocation, not the handle under it */
-	CHECK_EQ(d.attr(&mbase, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, b + P), 0);
-	CHECK_EQ(d.attr(&msize, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, b + P), 0);
-	CHECK_EQ(mbase, b);
-	CHECK_EQ(msize, 3 * P);
-	/* legacy IPC exactly where cudaIpcGetMemHandle works */
-	CHECK_EQ(d.attr(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, b), 0);
-	CHECK_EQ(legacy, exportable);
-	if (pool) {
-		CUipcMemHandle ih;
-		CHECK_EQ(d.ipc_get(&ih, b) == CUDA_SUCCESS, exportable);
+	if (runs("mapping")) {
+		/* the mapping: the allocation, not the handle under it */
+		CHECK_EQ(d.attr(&mbase, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, b + P), 0);
+		CHECK_EQ(d.attr(&msize, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, b + P), 0);
+		CHECK_EQ(mbase, b);
+		CHECK_EQ(msize, 3 * P);
 	}
-	/* no handle to retain, none to export */
-	CHECK_EQ(d.attr(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, b), 0);
-	CHECK_EQ(types, 0);
-	CHECK_EQ(d.retain(&h, (void *)(uintptr_t)(b + P)), CUDA_ERROR_INVALID_VALUE);
-	CHECK_EQ(d.retain(&h, (void *)(uintptr_t)a), CUDA_ERROR_INVALID_VALUE);
-	{
+	if (runs("ipc")) {
+		/* legacy IPC exactly where cudaIpcGetMemHandle works */
+		CHECK_EQ(d.attr(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, b), 0);
+		CHECK_EQ(legacy, exportable);
+		CUipcMemHandle ih;
+		if (pool)
+			CHECK_EQ(d.ipc_get(&ih, b) == CUDA_SUCCESS, exportable);
+	}
+	if (runs("retain")) {
+		/* no handle to retain, none to export */
+		CHECK_EQ(d.attr(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, b), 0);
+		CHECK_EQ(types, 0);
+		CHECK_EQ(d.retain(&h, (void *)(uintptr_t)(b + P)), CUDA_ERROR_INVALID_VALUE);
+		CHECK_EQ(d.retain(&h, (void *)(uintptr_t)a), CUDA_ERROR_INVALID_VALUE);
+	}
+	if (runs("mapping")) {
 		CUpointer_attribute which[4] = {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
 						CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
 						CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
@@ -150,7 +162,7 @@ static void address(void)
 
 	/* Freed: unknown memory, not the pool's mapping that stays there. */
 	CHECK_EQ(d.mem_free(b), 0);
-	{
+	if (runs("freed")) {
 		unsigned int memtype = 7;
 		int ordinal = 7, mapped = 7;
 		CUpointer_attribute which[6] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
@@ -223,30 +235,41 @@ static void mempool(void)
 	/* The default pool counts what cudaMallocAsync took. */
 	CHECK_EQ(d.alloc_async(&p, M, NULL), 0);
 	CHECK_EQ(fake_calls("cuMemAllocAsync"), pool ? 0 : 1);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), M);
-	CHECK(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= M);
+	if (runs("attrs")) {
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), M);
+		CHECK(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= M);
+	}
 	CHECK_EQ(d.free_async(p, NULL), 0);
 	CHECK_EQ(cudaDeviceSynchronize(), 0);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH), M);
-	set_pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 0);
+	if (runs("attrs")) {
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH), M);
+		set_pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH), 0);
+	}
 	/* trimmed to nothing: nothing reserved */
-	CHECK_EQ(d.trim(def, 0), 0);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
-	if (pool)
-		CHECK_EQ(pool_stats(0).mapped, 0);
-	CHECK(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >= M);
-	set_pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 0);
+	if (runs("trim")) {
+		CHECK_EQ(d.trim(def, 0), 0);
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+		if (pool)
+			CHECK_EQ(pool_stats(0).mapped, 0);
+		CHECK(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >= M);
+		set_pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0);
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 0);
+	}
 
 	/* The release threshold: the pool keeps every page unless told. */
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), pool ? UINT64_MAX : 0);
-	set_pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4 * M);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 4 * M);
-	set_pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
-	CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), UINT64_MAX);
+	if (runs("threshold")) {
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD),
+			 pool ? UINT64_MAX : 0);
+		set_pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 4 * M);
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 4 * M);
+		set_pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
+		CHECK_EQ(pool_attr(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), UINT64_MAX);
+	}
 
+	if (!runs("chosen"))
+		goto from_pool;
 	both_served(!pool);
 	/* A pool of the program's own, current: CUDA's whole. */
 	memset(&props, 0, sizeof props);
@@ -277,7 +300,7 @@ static void mempool(void)
 	CHECK_EQ(d.pool_destroy(other), 0);
 	both_served(!pool);
 	CHECK_EQ(d.pool_destroy(mine), 0);
-
+from_pool:
 	/* cudaMallocFromPoolAsync names its pool: always CUDA's, and so is
 	 * the free. */
 	{
@@ -292,14 +315,28 @@ static void mempool(void)
 	printf("mempool ok\n");
 }
 
+/* `query_prog address[:PART]` or `mempool[:PART]`: PART one of mapping,
+ * ipc, retain, freed (address), attrs, trim, threshold, chosen (mempool);
+ * the whole scenario without. */
 int main(int argc, char **argv)
 {
-	if (argc == 2 && !strcmp(argv[1], "address"))
+	char name[64];
+	if (argc != 2 || strlen(argv[1]) >= sizeof name) {
+		fprintf(stderr, "usage: %s address|mempool[:PART]\n", argv[0]);
+		return 2;
+	}
+	strcpy(name, argv[1]);
+	char *colon = strchr(name, ':');
+	if (colon) {
+		*colon = '\0';
+		part = colon + 1;
+	}
+	if (!strcmp(name, "address"))
 		address();
-	else if (argc == 2 && !strcmp(argv[1], "mempool"))
+	else if (!strcmp(name, "mempool"))
 		mempool();
 	else {
-		fprintf(stderr, "usage: %s address|mempool\n", argv[0]);
+		fprintf(stderr, "usage: %s address|mempool[:PART]\n", argv[0]);
 		return 2;
 	}
 	return 0;

@@ -420,7 +420,24 @@ Test(shim_ipc, peer_pool, .timeout = 30)
 /* The range, the mapping, IPC capability, the handle (refused), freed
  * memory: the allocation's answers, as the driver gives them for memory it
  * made whole (checked without the shim). VPMM_PAGES: the allocations share
- * the pool's first handle. */
+ * the pool's first handle. One test a part, then the whole. */
+#define QUERY_PART(scenario, name, ...)                                       \
+	Test(shim_query, scenario##_##name, .timeout = 30)                    \
+	{                                                                     \
+		static const char *const env[] = {__VA_ARGS__};               \
+		run(QUERY_PROG, #scenario ":" #name, true, env);              \
+		EXPECT_OK();                                                  \
+		EXPECT_QUIET();                                               \
+	}
+QUERY_PART(address, mapping, "VPMM_PAGES=32", NULL)
+QUERY_PART(address, ipc, "VPMM_PAGES=32", NULL)
+QUERY_PART(address, retain, "VPMM_PAGES=32", NULL)
+QUERY_PART(address, freed, "VPMM_PAGES=32", NULL)
+QUERY_PART(mempool, attrs, NULL)
+QUERY_PART(mempool, trim, NULL)
+QUERY_PART(mempool, threshold, NULL)
+QUERY_PART(mempool, chosen, NULL)
+
 Test(shim_query, address_pool, .timeout = 30)
 {
 	static const char *const env[] = {"VPMM_PAGES=32", NULL};
