@@ -13,10 +13,12 @@
 # workload x allocator alone and under a process holding all but 1.02 x its
 # peak live, about 4-5 minutes; part soak, the vpmm allocators under margins
 # 1.00-1.10 x VPMM_* settings, about 4 minutes; both share one build when
-# both are asked for), and CUDA graphs with the pool (scripts/gpu-graphs.sh:
+# both are asked for), CUDA graphs with the pool (scripts/gpu-graphs.sh:
 # part graphs, stream capture in CUDA C and PyTorch, torch.compile's
-# reduce-overhead mode; not in the default, a call of its own). Prints a
-# short table last.
+# reduce-overhead mode; not in the default, a call of its own), and what
+# pool memory answers about itself (scripts/gpu-address.sh: part address
+# on one GPU, part multi with torch.distributed over NCCL and peer copies
+# on two, a SKIP line with fewer). Prints a short table last.
 #
 # The device tool brings back at most 8 files from $OUT: the logs go into one
 # archive, $OUT/logs.tgz, beside summary.txt, table.md, and pressure.md and
@@ -24,7 +26,7 @@
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
 # shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak|
-# graphs; "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
+# graphs|address|multi; "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
 # (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
 # preload without caching, compared with pluggable; see gpu-torch-step.sh),
@@ -39,7 +41,8 @@
 # default runs every test and the table (about 510 s by those figures);
 # PARTS='hotpath|costs|step' is a second call, PARTS=pressure a third and
 # PARTS=soak a fourth (or both in one call with PRESSURE_DEADLINE=180
-# SOAK_DEADLINE=150). The figures in docs/ come from longer runs of single
+# SOAK_DEADLINE=150); PARTS='address|multi' another (on two GPUs; a few
+# minutes, mostly NCCL's start-up). The figures in docs/ come from longer runs of single
 # parts: SOAK_DURATION=300 PARTS=reliab, STEP_ROUNDS=4 PARTS=step.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -183,6 +186,14 @@ if [ -n "$pmodes" ]; then
 		grep -E '^(Runs|Stopped|Fewer)' "$W/logs/pressure/$m.md" 2>/dev/null | sed "s/^/  $m: /" | tee -a "$SUMMARY"
 	done
 fi
+
+for p in address multi; do
+	part "$p" || continue
+	t0=$SECONDS
+	OUT=$W/logs/$p PART=$p bash "$ROOT/scripts/gpu-address.sh" >"$W/logs/$p.txt" 2>&1
+	note "what pool memory answers ($p, scripts/gpu-address.sh): exit $? ($((SECONDS - t0)) s)"
+	sed 's/^/  /' "$W/logs/$p/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+done
 
 tar -C "$W" -czf "$OUT/logs.tgz" logs
 echo

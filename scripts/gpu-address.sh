@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# gpu-address.sh — what pool memory answers about itself, and two GPUs, on
+# real GPUs (parts address and multi of scripts/gpu-check.sh). Needs gcc,
+# nvcc, python3 with torch (CuPy optional); no meson. Results in $OUT
+# (default build-gpu-address/): address.log and summary.txt, one
+# PASS/FAIL/SKIP line per step. Exit 0 when no step failed.
+#
+# PART=address (one GPU):
+#   address-native, address-shim   test/gpu/address.cu without the shim (the
+#       driver's answers, printed) and under it (EXPECT_POOL=1: the shim's
+#       answers required: range and mapping, legacy IPC, handle refused,
+#       freed memory, the default pool's attributes, a pool of the
+#       program's own);
+#   torch-async-native, torch-async-shim   test/gpu/address_torch.py:
+#       PyTorch's backend:cudaMallocAsync memory_stats, reset, empty_cache.
+# PART=multi (two GPUs; one SKIP line with fewer):
+#   test/gpu/multi_torch.py: dist-native (PyTorch's own allocator, the
+#   baseline), dist-preload (PYTORCH_NO_CUDA_MEMORY_CACHING=1),
+#   dist-preload-nocumem (NCCL's buffers from the pool too, shared by the
+#   shim's IPC), pluggable, register and register-legacy (the caching
+#   allocator on pool memory, every segment registered with NCCL; legacy:
+#   NCCL_LEGACY_CUDA_REGISTER=1), ncclmem (NCCL's own memory under the
+#   preload), peer-native and peer-preload.
+# PART=all: both. Environment: CUDA_HOME (default /usr/local/cuda), GPU_ARCH
+# (sm_90), ADDRESS_ONLY (a regex of step names).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/build-gpu-address}
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+ARCH=${GPU_ARCH:-sm_90}
+PART=${PART:-all}
+ONLY=${ADDRESS_ONLY:-.}
+W=$(mktemp -d)
+mkdir -p "$OUT"
+LOG=$OUT/address.log
+SUMMARY=$OUT/summary.txt
+: >"$LOG"
+: >"$SUMMARY"
+export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
+FAILED=0
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+# step NAME COMMAND...: one PASS/FAIL/SKIP line in the summary (SKIP when the
+# command said SKIP and nothing failed), its output in the log.
+step() {
+	local name=$1
+	shift
+	[[ $name =~ $ONLY ]] || return 0
+	say "== $name: $*"
+	local t0=$SECONDS
+	timeout 300 "$@" >"$W/step.txt" 2>&1
+	local rc=$?
+	cat "$W/step.txt" >>"$LOG"
+	grep -E '^(PASS|FAIL|SKIP)' "$W/step.txt" | tail -n 40
+	if [ "$rc" -ne 0 ]; then
+		echo "FAIL $name (exit $rc, $((SECONDS - t0)) s): $(grep -m1 -E '^FAIL' "$W/step.txt")" | tee -a "$SUMMARY"
+		FAILED=1
+	elif grep -q '^SKIP' "$W/step.txt"; then
+		echo "SKIP $name: $(grep -m1 '^SKIP' "$W/step.txt")" | tee -a "$SUMMARY"
+	else
+		echo "PASS $name ($((SECONDS - t0)) s, $(grep -c '^PASS' "$W/step.txt") checks)" | tee -a "$SUMMARY"
+	fi
+}
+
+say "gpu-address ($PART): $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+
+# shellcheck source=scripts/gpu-build.sh
+. "$ROOT/scripts/gpu-build.sh"
+VPMM_BUILD_CFLAGS=-g
+build() {
+	vpmm_build_lib "$W/libvpmm.so" &&
+		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/address" "$ROOT/test/gpu/address.cu" -lcuda
+}
+step build build
+LIB=$W/libvpmm.so
+cd "$ROOT/test/gpu" || exit 1
+
+if [ -f "$LIB" ] && [[ $PART =~ ^(address|all)$ ]]; then
+	step address-native "$W/address"
+	step address-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" "$W/address"
+	step torch-async-native python3 address_torch.py
+	step torch-async-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" python3 address_torch.py
+fi
+
+if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
+	ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+	if [ "$ngpu" -lt 2 ]; then
+		echo "SKIP multi: $ngpu GPU(s) here, 2 needed" | tee -a "$SUMMARY"
+	else
+		P="env PYTORCH_NO_CUDA_MEMORY_CACHING=1 EXPECT_POOL=1 LD_PRELOAD=$LIB"
+		step dist-native python3 multi_torch.py dist
+		step dist-preload $P python3 multi_torch.py dist
+		step dist-preload-nocumem $P NCCL_CUMEM_ENABLE=0 python3 multi_torch.py dist
+		step pluggable env EXPECT_POOL=1 VPMM_LIB="$LIB" python3 multi_torch.py pluggable
+		R="env EXPECT_POOL=1 LD_PRELOAD=$LIB TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG"
+		step register $R python3 multi_torch.py register
+		step register-legacy $R NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
+		step ncclmem env LD_PRELOAD="$LIB" python3 multi_torch.py ncclmem
+		step peer-native python3 multi_torch.py peer
+		step peer-preload $P python3 multi_torch.py peer
+		# What NCCL said about registering pool memory (not a check: the
+		# copy path is as right as zero-copy).
+		grep -E 'IPC (register|reuse)|legacy|Skipping registration|register comm' "$LOG" |
+			sort | uniq -c | sort -rn | head -n 8 | sed 's/^/  nccl: /' | tee -a "$SUMMARY"
+	fi
+fi
+rm -rf "$W"
+exit $FAILED
