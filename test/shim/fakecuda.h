@@ -193,7 +193,8 @@ API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *
 /* A memory pool: the bytes of plain allocations made from it. */
 struct fake_pool {
 	int device;
-	bool made; /* by cuMemPoolCreate, not a device's default */
+	bool made;      /* by cuMemPoolCreate, not a device's default */
+	bool destroyed; /* by cuMemPoolDestroy: no longer a valid handle */
 	uint64_t used, used_high, reserved, reserved_high, threshold;
 };
 

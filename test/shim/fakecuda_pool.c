@@ -32,7 +32,7 @@ struct fake_pool *fake_pool_of(CUmemoryPool pool)
 		if ((void *)pool == (void *)&defaults[d])
 			return &defaults[d];
 	for (int i = 0; i < MADE_MAX; i++)
-		if (made[i] && (void *)pool == (void *)made[i])
+		if (made[i] && !made[i]->destroyed && (void *)pool == (void *)made[i])
 			return made[i];
 	return NULL;
 }
@@ -129,7 +129,7 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 	return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* The pool is kept (its allocations may still name it), only unlisted. */
+/* The pool is kept, marked (its allocations may still name it). */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
 	NEED_INIT();
@@ -139,9 +139,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	pthread_mutex_lock(&fake_lock);
 	if (current[p->device] == p)
 		current[p->device] = NULL;
-	for (int i = 0; i < MADE_MAX; i++)
-		if (made[i] == p)
-			made[i] = NULL;
+	p->destroyed = true;
 	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
 }
