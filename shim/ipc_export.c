@@ -282,8 +282,15 @@ bool vpmm_ipc_exportable(CUdeviceptr ptr)
 	char want[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	CUdeviceptr base;
 	size_t size;
-	return vpmm_find_live(ptr, &base, &size) == VPMM_POOL_LIVE &&
-	       socket_at_default(want, sizeof want);
+	int device = vpmm_owner_device(ptr);
+	if (device < 0 || vpmm_find_live(ptr, &base, &size) != VPMM_POOL_LIVE ||
+	    !socket_at_default(want, sizeof want))
+		return false;
+	/* freed by the program, kept only for other processes: refused */
+	pthread_mutex_lock(&own.lock);
+	bool gone = export_by_base(base, device, true) && !export_by_base(base, device, false);
+	pthread_mutex_unlock(&own.lock);
+	return !gone;
 }
 
 bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
