@@ -11,9 +11,10 @@
  * Hooks and where they are exercised: cudaMalloc, cudaFree, cudaMemGetInfo
  * (rt basic); cudaMallocAsync, cudaFreeAsync and the _ptsz pair (rt async);
  * cuGetProcAddress(_v2), every cu* wrapper, cuMemGetInfo_v2, the address
- * range and pointer attributes (drv gpa); dlsym (drv dlsym, drv gpa);
- * exported cu* names (drv linked); vpmm_torch_* (torch); the capture
- * entry points (graph_prog).
+ * range and pointer attributes (drv gpa; all of them, with the allocation
+ * handle, in query_prog address); the memory pool calls (query_prog
+ * mempool); dlsym (drv dlsym, drv gpa); exported cu* names (drv linked);
+ * vpmm_torch_* (torch); the capture entry points (graph_prog).
  */
 #include <criterion/criterion.h>
 #include <poll.h>
