@@ -200,10 +200,15 @@ static void steps(void)
 		add<<<GRID, 0, s>>>(acc, x, N);
 		CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
 		fill<<<GRID, 0, s>>>(acc, N, 2);
-		// freed inside the capture: the pool's under the shim; plainly a
-		// free node of the graph, made at its one launch
-		CK(cudaFreeAsync(x, s));
+		// freed inside the capture under the shim: deferred to its end.
+		// Plainly CUDA refuses a free of memory no graph allocated inside
+		// a capture (invalid argument, seen on an H200), so the baseline
+		// frees it after the capture.
+		if (pool)
+			CK(cudaFreeAsync(x, s));
 		CK(cudaStreamEndCapture(s, &g));
+		if (!pool)
+			CK(cudaFreeAsync(x, s));
 		CK(cudaGraphInstantiate(&exec, g, 0));
 		CK(cudaGraphLaunch(exec, s));
 		CK(cudaGraphExecDestroy(exec));
