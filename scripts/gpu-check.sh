@@ -31,7 +31,8 @@
 # STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
 # preload without caching, compared with pluggable; see gpu-torch-step.sh),
 # DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
-# process leaves free, 12G; bench/capacity.py); pressure and soak read gpu-pressure.sh's own
+# process leaves free, 12G; bench/capacity.py), CAPACITY_TRIES (its tries
+# an allocator at most, 10); pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
@@ -159,7 +160,7 @@ if part capacity; then
 	if vpmm_build_lib "$W/libvpmm-cap.so" >"$W/logs/capacity-build.txt" 2>&1 &&
 		nvcc -O2 -o "$W/hold" "$ROOT/test/gpu/hold.cu" >>"$W/logs/capacity-build.txt" 2>&1; then
 		python3 "$ROOT/bench/capacity.py" --hold "$W/hold" --lib "$W/libvpmm-cap.so" \
-			--budget "${CAPACITY_BUDGET:-12G}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
+			--budget "${CAPACITY_BUDGET:-12G}" --tries "${CAPACITY_TRIES:-10}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
 		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
 		sed -n '/^capacity /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 	else
