@@ -103,11 +103,14 @@ def ncclmem(rank, dev):
 
 def rank_main(rank, port, results):
     dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
     if mode == "pluggable":
+        # before set_device, which initialises the allocator: PyTorch then
+        # refuses the swap ("Can't swap an already initialized allocator",
+        # the first GPU run)
         alloc = torch.cuda.memory.CUDAPluggableAllocator(
             os.environ["VPMM_LIB"], "vpmm_torch_malloc", "vpmm_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
+    torch.cuda.set_device(dev)
     kw = dict(backend="nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         torch.distributed.init_process_group(device_id=dev, **kw)
