@@ -395,7 +395,7 @@ void vpmm_context_ended(CUresult r)
  * memory out of the pool. That is expected, so it is said at the info
  * level (VPMM_LOG=info), once per process, for whoever wonders why the
  * pool serves little: a warning worried every NCCL user for nothing
- * (docs/design.md, "Programs that map their own memory"). */
+ * (docs/shim.md, "Programs that map their own memory"). */
 void vpmm_own_mapping(const CUmemAllocationProp *prop, size_t size)
 {
 	static atomic_flag told = ATOMIC_FLAG_INIT;
