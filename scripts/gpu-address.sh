@@ -40,30 +40,23 @@ export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
 FAILED=0
 
 say() { echo "$*" | tee -a "$LOG"; }
+# shellcheck source=scripts/gpu-step.sh
+. "$ROOT/scripts/gpu-step.sh"
 
 # step NAME COMMAND...: one PASS/FAIL/SKIP line in the summary (SKIP when the
 # command said SKIP and nothing failed), its output in the log.
 step() {
 	local name=$1
-	shift
-	[[ $name =~ $ONLY ]] || return 0
-	say "== $name: $*"
-	local t0=$SECONDS
-	if declare -F "$1" >/dev/null; then # a function: timeout cannot run it
-		"$@" >"$W/step.txt" 2>&1
-	else
-		timeout 300 "$@" >"$W/step.txt" 2>&1
-	fi
-	local rc=$?
-	cat "$W/step.txt" >>"$LOG"
+	STEP_TAIL=0 vpmm_step_run "$@" || return 0
+	local rc=$STEP_RC t=$STEP_SECS
 	grep -E '^(PASS|FAIL|SKIP)' "$W/step.txt" | tail -n 40
 	if [ "$rc" -ne 0 ]; then
-		echo "FAIL $name (exit $rc, $((SECONDS - t0)) s): $(grep -m1 -E '^FAIL' "$W/step.txt")" | tee -a "$SUMMARY"
+		echo "FAIL $name (exit $rc, $t s): $(grep -m1 -E '^FAIL' "$W/step.txt")" | tee -a "$SUMMARY"
 		FAILED=1
 	elif grep -q '^SKIP' "$W/step.txt"; then
 		echo "SKIP $name: $(grep -m1 '^SKIP' "$W/step.txt")" | tee -a "$SUMMARY"
 	else
-		echo "PASS $name ($((SECONDS - t0)) s, $(grep -c '^PASS' "$W/step.txt") checks)" | tee -a "$SUMMARY"
+		echo "PASS $name ($t s, $(grep -c '^PASS' "$W/step.txt") checks)" | tee -a "$SUMMARY"
 	fi
 }
 

@@ -33,27 +33,19 @@ RESULTS=()
 FAILED=0
 
 say() { echo "$*" | tee -a "$LOG"; }
+# shellcheck source=scripts/gpu-step.sh
+. "$ROOT/scripts/gpu-step.sh"
 
 # step NAME COMMAND...: one PASS or FAIL line for the step, and under it
 # the PASS/FAIL/SKIP lines the command printed itself (graphs_torch.py's).
 step() {
 	local name=$1
-	shift
-	[[ $name =~ $ONLY ]] || return 0
-	say "== $name: $*"
-	local t0=$SECONDS
-	if declare -F "$1" >/dev/null; then
-		"$@" >"$W/step.txt" 2>&1
-	else
-		timeout 300 "$@" >"$W/step.txt" 2>&1
-	fi
-	local rc=$?
-	cat "$W/step.txt" >>"$LOG"
-	tail -n 3 "$W/step.txt"
+	vpmm_step_run "$@" || return 0
+	local rc=$STEP_RC t=$STEP_SECS
 	if [ "$rc" -eq 0 ]; then
-		RESULTS+=("PASS    $name ($((SECONDS - t0)) s)")
+		RESULTS+=("PASS    $name ($t s)")
 	else
-		RESULTS+=("FAIL    $name (exit $rc, $((SECONDS - t0)) s): $(grep -m1 -E '^FAIL' "$W/step.txt" | cut -c1-160)")
+		RESULTS+=("FAIL    $name (exit $rc, $t s): $(grep -m1 -E '^FAIL' "$W/step.txt" | cut -c1-160)")
 		FAILED=1
 	fi
 	while IFS= read -r line; do

@@ -25,27 +25,19 @@ RESULTS=()
 FAILED=0
 
 say() { echo "$*" | tee -a "$LOG"; }
+# shellcheck source=scripts/gpu-step.sh
+. "$ROOT/scripts/gpu-step.sh"
 
 step() { # NAME COMMAND...
 	local name=$1
-	shift
-	[[ $name =~ $ONLY ]] || return 0
-	say "== $name: $*"
-	local t0=$SECONDS
-	if declare -F "$1" >/dev/null; then
-		"$@" >"$W/step.txt" 2>&1
-	else
-		timeout 300 "$@" >"$W/step.txt" 2>&1
-	fi
-	local rc=$?
-	cat "$W/step.txt" >>"$LOG"
-	tail -n 3 "$W/step.txt"
+	vpmm_step_run "$@" || return 0
+	local rc=$STEP_RC t=$STEP_SECS
 	local note=""
 	grep -q '^SKIP' "$W/step.txt" && note=" (skipped: $(grep -m1 '^SKIP' "$W/step.txt"))"
 	if [ "$rc" -eq 0 ]; then
-		RESULTS+=("ok      $name ($((SECONDS - t0)) s)$note")
+		RESULTS+=("ok      $name ($t s)$note")
 	else
-		RESULTS+=("FAILED  $name (exit $rc, $((SECONDS - t0)) s)")
+		RESULTS+=("FAILED  $name (exit $rc, $t s)")
 		FAILED=1
 	fi
 }
