@@ -47,6 +47,19 @@ static bool ctx_gone(struct host_driver *h, const void *ev, CUstream s)
 	return true;
 }
 
+/* Event `e`, checked as every event call checks it: refused while the
+ * context is destroyed (naming `st` too, where the call has a stream), or
+ * unknown. */
+static CUresult event_live(struct host_driver *h, CUevent e, CUstream st,
+			   struct host_event **ev)
+{
+	*ev = NULL;
+	if (ctx_gone(h, e, st))
+		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+	*ev = event_find(h, e);
+	return *ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* The stream object behind `s`; the special streams are made on first use. */
 CUresult vpi_host_stream_find(struct host_driver *h, CUstream s,
 			    struct host_stream **out)
@@ -196,18 +209,11 @@ static CUresult host_event_record(vpmm_driver *d, CUevent e, CUstream st)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_RECORD);
-	if (ctx_gone(h, e, st)) {
-		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
-		goto out;
-	}
-	struct host_event *ev = event_find(h, e);
+	struct host_event *ev;
 	struct host_stream *s;
 	struct host_record *rec;
-	if (!ev) {
-		r_ = CUDA_ERROR_INVALID_HANDLE;
-		goto out;
-	}
-	if ((r_ = vpi_host_stream_find(h, st, &s)) != CUDA_SUCCESS)
+	if ((r_ = event_live(h, e, st, &ev)) != CUDA_SUCCESS ||
+	    (r_ = vpi_host_stream_find(h, st, &s)) != CUDA_SUCCESS)
 		goto out;
 	if (!queue_reserve(s) || !(rec = calloc(1, sizeof *rec))) {
 		r_ = CUDA_ERROR_OUT_OF_MEMORY;
@@ -231,14 +237,8 @@ static CUresult host_event_query(vpmm_driver *d, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_QUERY);
-	if (ctx_gone(h, e, NULL)) {
-		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
-		goto out;
-	}
-	struct host_event *ev = event_find(h, e);
-	if (!ev)
-		r_ = CUDA_ERROR_INVALID_HANDLE;
-	else if (ev->rec && !ev->rec->done)
+	struct host_event *ev;
+	if ((r_ = event_live(h, e, NULL, &ev)) == CUDA_SUCCESS && ev->rec && !ev->rec->done)
 		r_ = CUDA_ERROR_NOT_READY;
 out:
 	pthread_mutex_unlock(&h->lock);
@@ -249,14 +249,8 @@ static CUresult host_event_sync(vpmm_driver *d, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_EVENT_SYNC);
-	if (ctx_gone(h, e, NULL)) {
-		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
-		goto out;
-	}
-	struct host_event *ev = event_find(h, e);
-	if (!ev)
-		r_ = CUDA_ERROR_INVALID_HANDLE;
-	else if (ev->rec && !ev->rec->done)
+	struct host_event *ev;
+	if ((r_ = event_live(h, e, NULL, &ev)) == CUDA_SUCCESS && ev->rec && !ev->rec->done)
 		r_ = stream_run_until(ev->rec->stream, ev->rec);
 out:
 	pthread_mutex_unlock(&h->lock);
@@ -295,17 +289,10 @@ static CUresult host_stream_wait(vpmm_driver *d, CUstream st, CUevent e)
 {
 	struct host_driver *h = host_of(d);
 	ENTER(h, VPMM_OP_STREAM_WAIT);
-	if (ctx_gone(h, e, st)) {
-		r_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
-		goto out;
-	}
-	struct host_event *ev = event_find(h, e);
+	struct host_event *ev;
 	struct host_stream *s;
-	if (!ev) {
-		r_ = CUDA_ERROR_INVALID_HANDLE;
-		goto out;
-	}
-	if ((r_ = vpi_host_stream_find(h, st, &s)) != CUDA_SUCCESS)
+	if ((r_ = event_live(h, e, st, &ev)) != CUDA_SUCCESS ||
+	    (r_ = vpi_host_stream_find(h, st, &s)) != CUDA_SUCCESS)
 		goto out;
 	/* Waiting on a complete or never-recorded event is a no-op on the
 	 * device: nothing to queue. */
