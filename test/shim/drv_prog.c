@@ -387,8 +387,6 @@ static void destroy_elsewhere(void)
 
 /* ---- contexts that come and go (review) ------------------------------------- */
 
-/* Not in CUDA 13's cuda.h (cuCtxCreate is _v4 there); the fake offers it. */
-CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 
 /* Device 1's memory freed on a stream of device 0 (the stream-ordered
  * allocator allows it). The pool of device 1 records that free's event in

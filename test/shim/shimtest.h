@@ -18,6 +18,9 @@
 
 #include "vpmm.h"
 
+/* Not in CUDA 13's cuda.h (cuCtxCreate is _v4 there); the fake offers it. */
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+
 #define CHECK(cond)                                                           \
 	do {                                                                  \
 		if (!(cond)) {                                                \
