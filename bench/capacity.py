@@ -36,7 +36,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+# vpmm_probe.pool_stats: libvpmm's counters, as the GPU checks read them
+sys.path.insert(0, os.path.join(HERE, "..", "test", "gpu"))
 
 MODES = ("native", "expandable", "pluggable", "preload")
 
@@ -85,26 +88,18 @@ def train(batch, steps, seq, lib, mode):
     # the first steps load kernels and fill caches: the median of the rest
     return {"batch": batch, "step_ms": 1000 * statistics.median(times[2:] or times),
             "tokens_max": batch * max(lens), "free_after": free,
-            "pool": pool_stats(lib if mode == "pluggable" else None)}
+            "pool": pool_counters(lib if mode == "pluggable" else None)}
 
 
-def pool_stats(lib):
-    """libvpmm's counters for device 0 (the preloaded library's, or the one
-    loaded by path), or None where it does not serve."""
-    import ctypes
-    try:
-        fn = ctypes.CDLL(lib).vpmm_shim_stats_json
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_long
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    buf = ctypes.create_string_buffer(8192)
-    if fn(0, buf, len(buf)) < 0:
-        return None
-    s = json.loads(buf.value.decode())
+def pool_counters(lib):
+    """The counters of libvpmm's pool on device 0 that say where a step's
+    time went (the preloaded library's, or the one loaded by path), or None
+    where it does not serve."""
+    from vpmm_probe import pool_stats
+    s = pool_stats(lib)
     keep = ("mapped_peak", "live_peak", "mallocs", "defrags", "room_growths",
             "growth_refusals", "handles_created", "handles_remapped", "failures")
-    return {k: s[k] for k in keep if k in s}
+    return {k: s[k] for k in keep if k in s} if s else None
 
 
 def is_oom(e):
@@ -234,9 +229,9 @@ def orchestrate(args):
     for m in modes:
         if m not in MODES:
             raise SystemExit("unknown mode %r (modes: %s)" % (m, ", ".join(MODES)))
-    import subprocess as sp
-    card = sp.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                  stdout=sp.PIPE, universal_newlines=True).stdout.strip().splitlines()[:1]
+    card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                          stdout=subprocess.PIPE,
+                          universal_newlines=True).stdout.strip().splitlines()[:1]
     print("capacity %s on %s: budget %.1f GiB, %d steps, seq %d/2..%d" % (
         time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), card[0] if card else "?",
         budget / 2**30, args.steps, args.seq, args.seq), flush=True)
