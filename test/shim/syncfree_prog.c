@@ -37,16 +37,18 @@ static CUevent work_on(CUstream s)
 	return ev;
 }
 
-/* a: allocated, written late on `late` (work pending), freed; then the
- * same size allocated again and written on `next`. The device runs `next`
- * first: the new write must not complete before the late one. Returns
- * whether the memory was reused. */
-static bool late_write(CUstream late, CUstream next)
+/* a: allocated, written late on `late` (work pending), freed (and `late`
+ * destroyed, if asked); then the same size allocated again and written on
+ * `next`. The device runs `next` first: the new write must not complete
+ * before the late one. Returns whether the memory was reused. */
+static bool late_write_then(CUstream late, CUstream next, bool destroy_late)
 {
 	CUdeviceptr a, b;
 	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
 	CUevent old = work_on(late);
 	CHECK_EQ(cuMemFree(a), 0);
+	if (destroy_late)
+		CHECK_EQ(cuStreamDestroy(late), 0);
 	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
 	CUevent young = work_on(next);
 	CHECK_EQ(cuStreamSynchronize(next), 0);
@@ -59,6 +61,11 @@ static bool late_write(CUstream late, CUstream next)
 	cuEventDestroy(old);
 	cuEventDestroy(young);
 	return a == b;
+}
+
+static bool late_write(CUstream late, CUstream next)
+{
+	return late_write_then(late, next, false);
 }
 
 /* The context synchronisations since `from`, as the shim and the fake
@@ -162,22 +169,10 @@ static void gpa(void)
 static void destroyed(void)
 {
 	CUstream late, next;
-	CUdeviceptr a, b;
 	start();
 	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
 	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CUevent old = work_on(late);
-	CHECK_EQ(cuMemFree(a), 0);
-	CHECK_EQ(cuStreamDestroy(late), 0);
-	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
-	CUevent young = work_on(next);
-	CHECK_EQ(cuStreamSynchronize(next), 0);
-	if (cuEventQuery(young) == CUDA_SUCCESS)
-		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	CHECK_EQ(cuEventSynchronize(young), 0);
-	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	CHECK_EQ(cuMemFree(b), 0);
+	late_write_then(late, next, true);
 	/* the destroyed stream is out of the fences: still no sync */
 	late_write(next, next);
 	if (!device_mode())
