@@ -67,6 +67,7 @@ say "gpu-address ($PART): $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gp
 VPMM_BUILD_CFLAGS=-g
 build() {
 	vpmm_build_lib "$W/libvpmm.so" &&
+		gcc -O2 -fPIC -shared -o "$W/libsegv_trace.so" "$ROOT/test/gpu/segv_trace.c" &&
 		nvcc -O2 -arch="$ARCH" -cudart shared -o "$W/address" "$ROOT/test/gpu/address.cu" -lcuda
 }
 step build build
@@ -85,21 +86,29 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 	if [ "$ngpu" -lt 2 ]; then
 		echo "SKIP multi: $ngpu GPU(s) here, 2 needed" | tee -a "$SUMMARY"
 	else
-		P="env PYTORCH_NO_CUDA_MEMORY_CACHING=1 EXPECT_POOL=1 LD_PRELOAD=$LIB"
+		# every rank that dies of a signal prints its native stack
+		# (test/gpu/segv_trace.c) and its Python one
+		T=$W/libsegv_trace.so
+		export PYTHONFAULTHANDLER=1
+		P="env PYTORCH_NO_CUDA_MEMORY_CACHING=1 EXPECT_POOL=1 LD_PRELOAD=$LIB:$T"
 		step dist-native python3 multi_torch.py dist
 		step dist-preload $P python3 multi_torch.py dist
 		step dist-preload-nocumem $P NCCL_CUMEM_ENABLE=0 python3 multi_torch.py dist
-		step pluggable env EXPECT_POOL=1 VPMM_LIB="$LIB" python3 multi_torch.py pluggable
-		R="env EXPECT_POOL=1 LD_PRELOAD=$LIB TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG"
+		step pluggable env EXPECT_POOL=1 LD_PRELOAD="$T" VPMM_LIB="$LIB" python3 multi_torch.py pluggable
+		R="env EXPECT_POOL=1 LD_PRELOAD=$LIB:$T TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG"
 		step register $R python3 multi_torch.py register
 		step register-legacy $R NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
-		step ncclmem env LD_PRELOAD="$LIB" python3 multi_torch.py ncclmem
+		step ncclmem env LD_PRELOAD="$LIB:$T" python3 multi_torch.py ncclmem
 		step peer-native python3 multi_torch.py peer
 		step peer-preload $P python3 multi_torch.py peer
 		# What NCCL said about registering pool memory (not a check: the
 		# copy path is as right as zero-copy).
 		grep -E 'IPC (register|reuse)|legacy|Skipping registration|register comm' "$LOG" |
 			sort | uniq -c | sort -rn | head -n 8 | sed 's/^/  nccl: /' | tee -a "$SUMMARY"
+		# A native stack through libvpmm.so: its frames as functions and lines.
+		grep -E '^segv_trace: ' "$LOG" | head -n 4 | sed 's/^/  /' | tee -a "$SUMMARY"
+		grep -oE 'libvpmm\.so\(\+0x[0-9a-f]+\)' "$LOG" | grep -oE '0x[0-9a-f]+' | head -n 24 |
+			addr2line -f -i -p -e "$LIB" | sed 's/^/  libvpmm frame: /' | tee -a "$SUMMARY"
 	fi
 fi
 rm -rf "$W"

@@ -148,7 +148,7 @@ if part step; then
 	OUT=$W/logs/step ROUNDS=${STEP_ROUNDS:-1} MODES=${STEP_MODES:-pluggable pluggable:VPMM_GROWTH_SPLIT=1 shim} \
 		bash "$ROOT/scripts/gpu-torch-step.sh" >"$W/logs/step.txt" 2>&1
 	note "PyTorch step, native, pluggable and the preload without caching alternated: exit $? ($((SECONDS - t0)) s)"
-	grep -E '^(round|median|preload)|per step' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+	grep -E '^(round|median|preload)|per step|calls by duration' "$W/logs/step.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
 if part capacity; then

@@ -16,7 +16,9 @@
 # pool (test/gpu/torch_timed.c): the time inside the pool per step, and the
 # calls by duration, so that cache hits, misses and defragmentations show
 # apart; pluggable-cache-timed the same clock around the exact-size cache,
-# what the calls cost at least; native-timed the same clock around
+# what the calls cost at least; shim-timed the same clock around the
+# preload's cudaMalloc and cudaFree (the shim's hooks, as PyTorch without
+# caching calls them); native-timed the same clock around
 # PyTorch's own caching allocator behind the same interface
 # (test/gpu/torch_native.cpp), so that the pool's calls are weighed against
 # native's in the same rounds ("calls a step", free of the hosts' spread);
@@ -70,6 +72,8 @@ print("TI=\"%s\" TL=%s ABI=%d" % (" ".join("-I" + p for p in e.include_paths()),
 esac
 case " $MODES " in *"-timed"*)
 	gcc -O2 -std=gnu11 -fPIC -shared -o "$W/libtorch_timed.so" \
+		"$ROOT/test/gpu/torch_timed.c" -ldl -lpthread || exit 1
+	gcc -O2 -std=gnu11 -fPIC -shared -DTIMED_RUNTIME -o "$W/libshim_timed.so" \
 		"$ROOT/test/gpu/torch_timed.c" -ldl -lpthread || exit 1 ;;
 esac
 echo "gpu-torch-step $(date -u +%FT%H:%MZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $ROUNDS rounds of $STEPS steps"
@@ -79,9 +83,13 @@ run_mode() {
 	shift 2
 	# MODE:VAR=VALUE runs MODE with VAR=VALUE in its environment
 	[ "$mode" != "$m" ] && IFS=, read -r -a envs <<<"${m#*:}"
+	local timed=$W/libtorch_timed.so
 	[ "$mode" = shim ] && envs+=(LD_PRELOAD="$W/libvpmm.so" PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-	"$@" env "${envs[@]}" VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
-		TIMED_LIB="$W/libtorch_timed.so" NATIVE_LIB="$W/libtorch_native.so" \
+	# shim-timed: the shim with a clock around its cudaMalloc and cudaFree
+	[ "$mode" = shim-timed ] && timed=$W/libshim_timed.so &&
+		envs+=(LD_PRELOAD="$timed $W/libvpmm.so" PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+	"$@" env VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
+		TIMED_LIB="$timed" NATIVE_LIB="$W/libtorch_native.so" "${envs[@]}" \
 		python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
 		>"$OUT/$(echo "$m" | tr ':=,' '___')-$r.json"
 }
@@ -133,6 +141,9 @@ for m in modes:
     per = [runs[m][r].get("pool_per_step") for r in range(rounds)]
     if per[0]:
         print("%s per step (round 1): %s" % (m, ", ".join("%s %.2f" % kv for kv in per[0].items())))
+    hooks = runs[m][0].get("hooks_per_step")
+    if hooks:
+        print("%s hooks per step (round 1): %s" % (m, ", ".join("%s %.2f" % kv for kv in hooks.items())))
     hist = runs[m][0].get("histogram")
     for w in hist or {}:
         print("%s %s calls by duration (round 1, whole run; calls, ms): %s" % (

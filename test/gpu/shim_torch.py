@@ -8,6 +8,8 @@ MODE says how memory is allocated; the environment must match it:
   expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   nocache     PYTORCH_NO_CUDA_MEMORY_CACHING=1 (cudaMalloc/cudaFree per tensor)
   shim        nocache, with LD_PRELOAD=libvpmm.so
+  shim-timed  shim, with a clock around the shim's cudaMalloc and cudaFree
+              (TIMED_LIB preloaded ahead of libvpmm.so)
   pluggable   CUDAPluggableAllocator over libvpmm.so (VPMM_LIB), no preload
   pluggable-async  CUDAPluggableAllocator over cudaMallocAsync (ASYNC_LIB)
   pluggable-cache  CUDAPluggableAllocator over an exact-size cache on
@@ -43,6 +45,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
 
 from vpmm_probe import NvmlPeak  # noqa: E402
+from vpmm_probe import hook_calls  # noqa: E402
 from vpmm_probe import pool_stats as probe_stats  # noqa: E402
 
 mode = sys.argv[1]
@@ -133,7 +136,7 @@ gen = torch.Generator(device="cpu").manual_seed(1)
 data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
 
 timed = None
-if mode in ("pluggable-timed", "pluggable-cache-timed", "native-timed"):
+if mode in ("pluggable-timed", "pluggable-cache-timed", "native-timed", "shim-timed"):
     timed = ctypes.CDLL(os.environ["TIMED_LIB"]).timed_read
     timed.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
 
@@ -145,6 +148,21 @@ def timed_now():
 
 
 WARMUP = 10
+# the shim's hooks and counters a preloaded run reports per step
+HOOKS = ("cudaMalloc", "cudaFree", "fence_free", "fence_malloc", "sync_free", "passthrough",
+         "cuPointerGetAttribute", "cuPointerGetAttributes", "cuMemGetAddressRange_v2",
+         "cudaMemGetInfo", "cuMemGetInfo_v2", "cuStreamCreate", "cuMemAlloc_v2", "cuMemFree_v2",
+         "proc_wrapped", "dlsym_wrapped")
+
+
+def hooks_now():
+    """The preloaded shim's counters (an empty dict without the preload)."""
+    if not mode.startswith("shim"):
+        return {}
+    return {h: hook_calls(h) for h in HOOKS if hook_calls(h) is not None}
+
+
+hooks0 = {}
 losses, times, enqueue, inside = [], [], [], []
 st0 = None
 for step in range(steps):
@@ -152,6 +170,7 @@ for step in range(steps):
     torch.cuda.synchronize()
     if step == WARMUP:
         st0 = pool_stats()
+        hooks0 = hooks_now()
     c0 = timed_now() if timed else None
     t0 = time.perf_counter()
     logits = model(batch[:, :-1])
@@ -177,7 +196,7 @@ out = {
     "layers": LAYERS,
     "batch": BATCH,
 }
-if mode in ("native", "expandable", "nocache", "shim"):
+if mode in ("native", "expandable", "nocache", "shim", "shim-timed"):
     out["max_allocated"] = torch.cuda.max_memory_allocated()
     out["max_reserved"] = torch.cuda.max_memory_reserved()
 st = pool_stats()
@@ -194,6 +213,10 @@ if st:
             "mallocs", "frees", "front_hits", "defrags", "handles_created", "handles_remapped",
             "zombies_reclaimed", "events_recorded", "stream_waits", "driver_calls")
             if k in st and k in st0}
+if hooks0 and steps > WARMUP:
+    hooks1 = hooks_now()
+    out["hooks_per_step"] = {h: round((hooks1[h] - hooks0[h]) / (steps - WARMUP), 2)
+                             for h in hooks0 if hooks1.get(h, 0) != hooks0[h]}
 if inside[WARMUP:]:
     per = inside[WARMUP:]
     out["inside_ms"] = statistics.median((x[1] + x[3]) / 1e6 for x in per)

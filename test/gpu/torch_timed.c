@@ -9,6 +9,7 @@
  * and nanoseconds so far, split by malloc and free; timed_histogram() the
  * same per power of two of a call's nanoseconds, so that the many quick
  * calls and the few long ones (a defragmentation) show apart. */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -81,6 +82,37 @@ __attribute__((visibility("default"))) void timed_free(void *ptr, ssize_t size, 
 	real_free(ptr, size, device, stream);
 	account(1, now_ns() - t);
 }
+
+#ifdef TIMED_RUNTIME
+typedef int (*rt_malloc_fn)(void **, size_t);
+typedef int (*rt_free_fn)(void *);
+
+__attribute__((visibility("default"))) int cudaMalloc(void **ptr, size_t size)
+{
+	static rt_malloc_fn next;
+	if (!next)
+		*(void **)&next = dlsym(RTLD_NEXT, "cudaMalloc");
+	if (!next)
+		return 3; /* cudaErrorInitializationError */
+	uint64_t t = now_ns();
+	int r = next(ptr, size);
+	account(0, now_ns() - t);
+	return r;
+}
+
+__attribute__((visibility("default"))) int cudaFree(void *ptr)
+{
+	static rt_free_fn next;
+	if (!next)
+		*(void **)&next = dlsym(RTLD_NEXT, "cudaFree");
+	if (!next)
+		return 3;
+	uint64_t t = now_ns();
+	int r = next(ptr);
+	account(1, now_ns() - t);
+	return r;
+}
+#endif
 
 /* out: malloc calls, malloc ns, free calls, free ns (the histogram summed). */
 __attribute__((visibility("default"))) void timed_read(uint64_t out[4])
