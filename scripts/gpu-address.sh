@@ -98,6 +98,10 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 		R="env EXPECT_POOL=1 LD_PRELOAD=$LIB:$T TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG"
 		step register $R python3 multi_torch.py register
 		step register-legacy $R NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
+		# the same without libvpmm: whether NCCL's legacy registration
+		# ends cleanly on memory of PyTorch's own
+		step register-legacy-native env LD_PRELOAD="$T" TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 \
+			NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
 		step ncclmem env LD_PRELOAD="$LIB:$T" python3 multi_torch.py ncclmem
 		step peer-native python3 multi_torch.py peer
 		step peer-preload $P python3 multi_torch.py peer

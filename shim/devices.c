@@ -35,8 +35,9 @@ static struct {
 	atomic_int ndev;       /* 1 + highest device with a pool */
 	struct dev_pool dev[VPMM_MAX_DEVICES];
 	/* peers[d]: devices the program let access device d's memory; a pool
-	 * made later grants them too. Under lock. */
-	uint64_t peers[VPMM_MAX_DEVICES];
+	 * made later grants them too. Written under lock; read without it by
+	 * every synchronous malloc and free (vpmm_device_alone). */
+	_Atomic uint64_t peers[VPMM_MAX_DEVICES];
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static CUcontext active_primary(int dev);
@@ -77,12 +78,7 @@ bool vpmm_device_alone(int dev)
 	bool alone = true;
 	for (int i = 0; alone && i < n; i++)
 		alone = i == dev || !existing_pool(i);
-	if (alone) {
-		pthread_mutex_lock(&st.lock);
-		alone = st.peers[dev] == 0;
-		pthread_mutex_unlock(&st.lock);
-	}
-	return alone;
+	return alone && atomic_load_explicit(&st.peers[dev], memory_order_acquire) == 0;
 }
 
 static int owner_of(CUdeviceptr ptr)
@@ -180,7 +176,7 @@ vpmm_pool *vpmm_pool_for(int dev)
 			p = NULL;
 		} else {
 			for (int d = 0; d < VPMM_MAX_DEVICES; d++)
-				if (st.peers[dev] >> d & 1)
+				if (atomic_load(&st.peers[dev]) >> d & 1)
 					grant_peer(p, dev, d);
 			atomic_store_explicit(&st.dev[dev].ctx, ctx, memory_order_relaxed);
 			atomic_store_explicit(&st.dev[dev].pool, p, memory_order_release);
@@ -292,7 +288,7 @@ void vpmm_peer_enabled(CUcontext peer)
 	    (int)me < 0 || (int)me >= VPMM_MAX_DEVICES || me == owner)
 		return;
 	pthread_mutex_lock(&st.lock);
-	st.peers[owner] |= (uint64_t)1 << (int)me;
+	atomic_fetch_or(&st.peers[owner], (uint64_t)1 << (int)me);
 	vpmm_pool *p = existing_pool((int)owner);
 	pthread_mutex_unlock(&st.lock);
 	/* A pool made meanwhile granted it already; a second grant is a no-op. */
@@ -417,6 +413,7 @@ void vpmm_devices_forget(void)
 		atomic_store(&st.dev[i].ctx, NULL);
 	}
 	st.lock = fresh;
-	memset(st.peers, 0, sizeof st.peers);
+	for (int i = 0; i < VPMM_MAX_DEVICES; i++)
+		atomic_store(&st.peers[i], 0);
 	atomic_store(&st.ndev, 0);
 }

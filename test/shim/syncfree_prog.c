@@ -241,6 +241,37 @@ static void capture(void)
 	printf("capture ok\n");
 }
 
+/* A stream of another context on the device does not wait for this
+ * context's legacy stream: while one lives, a free synchronises; once it is
+ * destroyed, frees are fenced again (the table's verdict follows it). */
+static void other(void)
+{
+	CUcontext primary, mine;
+	CUstream theirs, s;
+	CUdeviceptr a;
+	start();
+	CHECK_EQ(cuCtxGetCurrent(&primary), 0);
+	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
+	for (int round = 0; round < 2; round++) {
+		long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
+		late_write(s, s); /* fenced: the table's verdict is cached */
+		expect_syncs(h, f, device_mode() ? 2 : 0);
+		CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
+		CHECK_EQ(cuStreamCreate(&theirs, 0), 0);
+		CHECK_EQ(cuCtxSetCurrent(primary), 0);
+		h = hook_calls("sync_free");
+		f = fake_calls("cuCtxSynchronize");
+		CHECK_EQ(cuMemAlloc(&a, P), 0);
+		CHECK_EQ(cuMemFree(a), 0);
+		expect_syncs(h, f, 1);
+		CHECK_EQ(cuStreamDestroy(theirs), 0);
+		CHECK_EQ(cuCtxDestroy(mine), 0);
+		CHECK_EQ(cuCtxSetCurrent(primary), 0);
+	}
+	CHECK_EQ(pool_stats(0).failures, 0);
+	printf("other ok\n");
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -249,7 +280,7 @@ int main(int argc, char **argv)
 	} scenarios[] = {
 		{"late", late},           {"many", many},     {"gpa", gpa},
 		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
-		{"blocking", blocking},
+		{"blocking", blocking},   {"other", other},
 	};
 	for (size_t i = 0; argc > 1 && i < sizeof scenarios / sizeof scenarios[0]; i++)
 		if (!strcmp(argv[1], scenarios[i].name)) {

@@ -357,6 +357,7 @@ SYNCFREE_SCENARIO(destroyed)
 SYNCFREE_SCENARIO(unseen)
 SYNCFREE_SCENARIO(capture)
 SYNCFREE_SCENARIO(blocking)
+SYNCFREE_SCENARIO(other)
 
 Test(shim_ipc, share_pool, .timeout = 60)
 {
