@@ -46,9 +46,13 @@ say() { echo "$*" | tee -a "$LOG"; }
 # step NAME COMMAND...: one PASS/FAIL/SKIP line in the summary (SKIP when the
 # command said SKIP and nothing failed), its output in the log.
 step() {
-	local name=$1
 	STEP_TAIL=0 vpmm_step_run "$@" || return 0
-	local rc=$STEP_RC t=$STEP_SECS
+	step_result "$1" "$STEP_RC" "$STEP_SECS"
+}
+
+# step_result NAME RC SECS: the summary's line for the step just run.
+step_result() {
+	local name=$1 rc=$2 t=$3
 	grep -E '^(PASS|FAIL|SKIP)' "$W/step.txt" | tail -n 40
 	if [ "$rc" -ne 0 ]; then
 		echo "FAIL $name (exit $rc, $t s): $(grep -m1 -E '^FAIL' "$W/step.txt")" | tee -a "$SUMMARY"
@@ -81,6 +85,35 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(address|all)$ ]]; then
 	step torch-async-shim env EXPECT_POOL=1 LD_PRELOAD="$LIB" python3 address_torch.py
 fi
 
+# NCCL's legacy IPC registration (NCCL_LEGACY_CUDA_REGISTER=1), natively
+# first: NCCL 2.28.9 with PyTorch 2.11 dies of SIGSEGV in ncclCommDestroy
+# after every collective passed, on PyTorch's own memory too (the same
+# stack, without libvpmm). Where native dies so, the preload's death at the
+# same point is NCCL's: XFAIL, provided every collective passed and the
+# rank died in ncclCommDestroy. Where native ends cleanly, the preload must.
+legacy_register() {
+	local preload=$1 nrc nstack prc
+	STEP_TAIL=0 vpmm_step_run register-legacy-native env LD_PRELOAD="$T" \
+		TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 NCCL_LEGACY_CUDA_REGISTER=1 \
+		python3 multi_torch.py register || return 0
+	nrc=$STEP_RC
+	nstack=$(grep -c 'ncclCommDestroy' "$W/step.txt")
+	if [ "$nrc" -eq 0 ] || grep -q '^FAIL' "$W/step.txt" || [ "$nstack" -eq 0 ]; then
+		step_result register-legacy-native "$nrc" "$STEP_SECS"
+		step register-legacy $preload NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
+		return 0
+	fi
+	echo "XFAIL register-legacy-native (exit $nrc, $STEP_SECS s): NCCL dies in ncclCommDestroy after $(grep -c '^PASS' "$W/step.txt") checks passed, without libvpmm" | tee -a "$SUMMARY"
+	STEP_TAIL=0 vpmm_step_run register-legacy $preload NCCL_LEGACY_CUDA_REGISTER=1 \
+		python3 multi_torch.py register || return 0
+	prc=$STEP_RC
+	if [ "$prc" -ne 0 ] && ! grep -q '^FAIL' "$W/step.txt" && grep -q 'ncclCommDestroy' "$W/step.txt"; then
+		echo "XFAIL register-legacy (exit $prc, $STEP_SECS s): as natively, after $(grep -c '^PASS' "$W/step.txt") checks passed" | tee -a "$SUMMARY"
+	else
+		step_result register-legacy "$prc" "$STEP_SECS"
+	fi
+}
+
 if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 	ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 	if [ "$ngpu" -lt 2 ]; then
@@ -97,11 +130,7 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 		step pluggable env EXPECT_POOL=1 LD_PRELOAD="$T" VPMM_LIB="$LIB" python3 multi_torch.py pluggable
 		R="env EXPECT_POOL=1 LD_PRELOAD=$LIB:$T TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG"
 		step register $R python3 multi_torch.py register
-		step register-legacy $R NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
-		# the same without libvpmm: whether NCCL's legacy registration
-		# ends cleanly on memory of PyTorch's own
-		step register-legacy-native env LD_PRELOAD="$T" TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 \
-			NCCL_LEGACY_CUDA_REGISTER=1 python3 multi_torch.py register
+		legacy_register "$R"
 		step ncclmem env LD_PRELOAD="$LIB:$T" python3 multi_torch.py ncclmem
 		step peer-native python3 multi_torch.py peer
 		step peer-preload $P python3 multi_torch.py peer
