@@ -36,7 +36,8 @@ say() { printf '==> %s\n' "$*" | tee -a "$SETUP"; }
 # shellcheck source=scripts/gpu-build.sh
 . "$ROOT/scripts/gpu-build.sh"
 VPMM_BUILD_CFLAGS=-g
-CFLAGS=(-O2 -g -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden
+# -ftls-model=initial-exec as allocator/meson.build builds the core
+CFLAGS=(-O2 -g -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -ftls-model=initial-exec
 	-Wno-unused-parameter -I"$ROOT/allocator" -I"$ROOT/include" -I"$CUDA_HOME/include")
 
 # libvpmm.so as shim/meson.build makes it (scripts/gpu-build.sh). Prints the
