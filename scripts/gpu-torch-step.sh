@@ -31,6 +31,11 @@
 # peak), e.g. MODES='pluggable shim shim:VPMM_SYNC_FREE=device' for the
 # synchronous frees by fences against the synchronisation.
 #
+# STEP_TRACE=1 writes the allocation traces of round 1's pluggable and shim
+# runs (OUT/trace-MODE.csv, vpmm-replay's format): why the preload's run
+# defragments in most steps where the pluggable allocator's does not is
+# to be found on the CPU from them.
+#
 # Environment: ROUNDS (4), STEPS (200), MODES (pluggable), CPUS, OUT
 # (build-gpu-torch-step), CUDA_HOME; STEP_LAYERS (6) and STEP_BATCH (16)
 # reach every mode's model (shim_torch.py). Needs gcc, nvcc and python3
@@ -88,6 +93,10 @@ run_mode() {
 	# shim-timed: the shim with a clock around its cudaMalloc and cudaFree
 	[ "$mode" = shim-timed ] && timed=$W/libshim_timed.so &&
 		envs+=(LD_PRELOAD="$timed $W/libvpmm.so" PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+	# STEP_TRACE=1: round 1 of pluggable and shim records every malloc and
+	# free (VPMM_TRACE), for vpmm-replay on the CPU
+	[ -n "${STEP_TRACE:-}" ] && [ "$r" = 1 ] && [[ $mode =~ ^(pluggable|shim)$ ]] &&
+		envs+=(VPMM_TRACE="$OUT/trace-$mode.csv")
 	"$@" env VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
 		TIMED_LIB="$timed" NATIVE_LIB="$W/libtorch_native.so" "${envs[@]}" \
 		python3 "$ROOT/test/gpu/shim_torch.py" "$mode" "$STEPS" \
