@@ -19,8 +19,11 @@
 #   dist-preload-nocumem (NCCL's buffers from the pool too, shared by the
 #   shim's IPC), pluggable, register and register-legacy (the caching
 #   allocator on pool memory, every segment registered with NCCL; legacy:
-#   NCCL_LEGACY_CUDA_REGISTER=1), ncclmem (NCCL's own memory under the
-#   preload), peer-native and peer-preload.
+#   NCCL_LEGACY_CUDA_REGISTER=1; natively first, see legacy_register),
+#   ncclmem (NCCL's own memory under the preload), graph-native and
+#   graph-preload (collectives captured in a CUDA graph, on pool memory
+#   under the preload, where NCCL registers captured buffers itself or
+#   copies), peer-native and peer-preload.
 # PART=all: both. Environment: CUDA_HOME (default /usr/local/cuda), GPU_ARCH
 # (sm_90), ADDRESS_ONLY (a regex of step names).
 set -u
@@ -151,11 +154,14 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 		step register $R python3 multi_torch.py register
 		legacy_register "$R"
 		step ncclmem env LD_PRELOAD="$LIB:$T" python3 multi_torch.py ncclmem
+		step graph-native env LD_PRELOAD="$T" python3 multi_torch.py graph
+		step graph-preload env EXPECT_POOL=1 LD_PRELOAD="$LIB:$T" NCCL_DEBUG=INFO \
+			NCCL_DEBUG_SUBSYS=REG python3 multi_torch.py graph
 		step peer-native python3 multi_torch.py peer
 		step peer-preload $P python3 multi_torch.py peer
 		# What NCCL said about registering pool memory (not a check: the
 		# copy path is as right as zero-copy).
-		grep -E 'IPC (register|reuse)|legacy|Skipping registration|register comm' "$LOG" |
+		grep -E 'IPC (register|reuse)|legacy|Skipping registration|register comm|egister.*[Gg]raph|[Gg]raph.*egister' "$LOG" |
 			sort | uniq -c | sort -rn | head -n 8 | sed 's/^/  nccl: /' | tee -a "$SUMMARY"
 		# A native stack through libvpmm.so: its frames as functions and lines.
 		grep -E '^segv_trace: ' "$LOG" | head -n 4 | sed 's/^/  /' | tee -a "$SUMMARY"

@@ -18,6 +18,11 @@ MODE (the environment must match it; EXPECT_POOL=1: the pool must serve):
                 refused, and NCCL registers through legacy IPC
                 (NCCL_LEGACY_CUDA_REGISTER=1, served by the shim) or not at
                 all (its copy path). Results must be right either way.
+  graph         all-reduce and all-gather captured in a CUDA graph
+                (torch.cuda.graph) on tensors of PyTorch's caching allocator
+                (under LD_PRELOAD: on pool memory), replayed 5 times with new
+                inputs, every result checked: NCCL registers a captured
+                buffer itself (NCCL_GRAPH_REGISTER) or copies through its own
   ncclmem       collectives on a torch.cuda.MemPool over NCCL's own allocator
                 (ncclMemAlloc: memory NCCL maps itself, under the preload),
                 registered with the communicator
@@ -101,6 +106,39 @@ def ncclmem(rank, dev):
     return ok
 
 
+def graph(rank, dev):
+    x = torch.empty(N, device=dev)
+    mine = torch.empty(N, device=dev)
+    flat = torch.empty(2 * N, device=dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):  # the warm-up PyTorch asks for, uncaptured
+        for _ in range(3):
+            x.fill_(1.0)
+            mine.fill_(0.0)
+            torch.distributed.all_reduce(x)
+            torch.distributed.all_gather_into_tensor(flat, mine)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.distributed.all_reduce(x)
+        torch.distributed.all_gather_into_tensor(flat, mine)
+    ok = True
+    for it in range(5):
+        x.fill_(float(rank + 1 + it))
+        mine.fill_(float(10 * rank + it))
+        g.replay()
+        torch.cuda.synchronize(dev)
+        ok &= say(bool(torch.all(x == float(3 + 2 * it))),
+                  f"rank {rank} captured all_reduce replay {it}")
+        ok &= say(bool(torch.all(flat[:N] == float(it))) and bool(torch.all(flat[N:] == float(10 + it))),
+                  f"rank {rank} captured all_gather_into_tensor replay {it}")
+    del g
+    torch.cuda.synchronize(dev)
+    return ok
+
+
 def rank_main(rank, port, results):
     dev = torch.device("cuda", rank)
     if mode == "pluggable":
@@ -118,7 +156,7 @@ def rank_main(rank, port, results):
         torch.distributed.init_process_group(**kw)
     ok = True
     try:
-        ok = ncclmem(rank, dev) if mode == "ncclmem" else collectives(rank, dev)
+        ok = {"ncclmem": ncclmem, "graph": graph}.get(mode, collectives)(rank, dev)
         if expect_pool and mode != "ncclmem":
             s, n = served(rank)
             ok &= say(s, f"rank {rank} tensors served by the pool", f"mallocs {n}")
