@@ -29,7 +29,9 @@
 # graphs|address|multi; "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
 # (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
-# preload without caching, compared with pluggable; see gpu-torch-step.sh),
+# preload without caching, compared with pluggable; see gpu-torch-step.sh,
+# whose BASE, PAIRED and STEP_TRACE pass through the environment: on two
+# GPUs, PAIRED=1 BASE=pluggable STEP_MODES=shim times the two side by side),
 # DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
 # process leaves free, 12G; bench/capacity.py), CAPACITY_TRIES (its tries
 # an allocator at most, 10); pressure and soak read gpu-pressure.sh's own
