@@ -59,11 +59,10 @@ static int run(long pairs, int use_stream)
 	vpmm_config_default(&cfg);
 	cfg.event_interval_ns = UINT64_MAX;
 	/* The layout below built by remapping, as the budget was set on. With
-	 * VPMM_REMAP=pressure the setup grows one handle per allocation, the
-	 * warm passes' defragmentations repeat with the cycle, and the loop
-	 * hints (loop.c) then send every malloc through the lock (1970
-	 * instructions a pair): not understood yet, written up in
-	 * docs/design.md ("Growth follows the headroom"). */
+	 * VPMM_REMAP=pressure the 8- and 32-page requests of the cycle share
+	 * one free range, and each cycle's 8-page malloc flushes the stream's
+	 * cache: 6 mallocs of 8 go through the lock (1970 instructions a
+	 * pair; docs/design.md, "Growth follows the headroom"). */
 	cfg.remap = VPMM_REMAP_ALWAYS;
 	rc = vpmm_pool_create(&cfg, drv, &pool);
 	if (rc)
