@@ -494,6 +494,10 @@ def device_name():
 
 
 def run_one(name, trace_path, libvpmm, max_ops=0):
+    for var, want in VPMM_ENV.get(name, {}).items():
+        if os.environ.get(var) != want:
+            raise RuntimeError("%s is %r, %s needs %r (matrix sets it)"
+                               % (var, os.environ.get(var), name, want))
     ops, nslots, peak_live = load_trace(trace_path, max_ops)
     # NVML before the context: what the process itself adds is the
     # difference (setup_used), the figure another process must leave free.

@@ -154,7 +154,8 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 		step register $R python3 multi_torch.py register
 		legacy_register "$R"
 		step ncclmem env LD_PRELOAD="$LIB:$T" python3 multi_torch.py ncclmem
-		step graph-native env LD_PRELOAD="$T" python3 multi_torch.py graph
+		step graph-native env LD_PRELOAD="$T" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG \
+			python3 multi_torch.py graph
 		step graph-preload env EXPECT_POOL=1 LD_PRELOAD="$LIB:$T" NCCL_DEBUG=INFO \
 			NCCL_DEBUG_SUBSYS=REG python3 multi_torch.py graph
 		step peer-native python3 multi_torch.py peer
@@ -162,7 +163,7 @@ if [ -f "$LIB" ] && [[ $PART =~ ^(multi|all)$ ]]; then
 		# What NCCL said about registering pool memory (not a check: the
 		# copy path is as right as zero-copy).
 		grep -E 'IPC (register|reuse)|legacy|Skipping registration|register comm|egister.*[Gg]raph|[Gg]raph.*egister' "$LOG" |
-			sort | uniq -c | sort -rn | head -n 8 | sed 's/^/  nccl: /' | tee -a "$SUMMARY"
+			sort | uniq -c | sort -rn | head -n 14 | sed 's/^/  nccl: /' | tee -a "$SUMMARY"
 		# A native stack through libvpmm.so: its frames as functions and lines.
 		grep -E '^segv_trace: ' "$LOG" | head -n 4 | sed 's/^/  /' | tee -a "$SUMMARY"
 		grep -oE 'libvpmm\.so\(\+0x[0-9a-f]+\)' "$LOG" | grep -oE '0x[0-9a-f]+' | head -n 24 |

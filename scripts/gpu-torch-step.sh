@@ -51,8 +51,10 @@ MODES=${MODES:-pluggable}
 # against; PAIRED=1 BASE=pluggable MODES=shim runs the pluggable allocator
 # and the preload side by side, the comparison of issue 22's target.
 BASE=${BASE:-native}
+# the base runs once a round: a mode equal to it is dropped from MODES
+MODES=$(for m in $MODES; do [ "$m" != "$BASE" ] && echo "$m"; done | paste -sd ' ')
 # CPUS=LIST pins every run to those CPUs (taskset), the same for every mode.
-# PAIRED=1 (one mode only) runs native and the mode at the same time instead,
+# PAIRED=1 (one mode only) runs BASE and the mode at the same time instead,
 # each on half of the CPUs: the rounds' ratios then compare runs that saw
 # the same host, where runs one after another differ by 10-20 %. With two
 # GPUs or more each also gets a GPU of its own (the halves and the GPUs
@@ -66,11 +68,11 @@ export PYTHONUNBUFFERED=1
 # shellcheck source=scripts/gpu-build.sh
 . "$ROOT/scripts/gpu-build.sh"
 vpmm_build_lib "$W/libvpmm.so" || exit 1
-case " $MODES " in *" pluggable-async "*|*" pluggable-cache"*)
+case " $BASE $MODES " in *" pluggable-async "*|*" pluggable-cache"*)
 	"$CUDA/bin/nvcc" -O2 -shared -Xcompiler -fPIC -cudart shared \
 		-o "$W/libtorch_async.so" "$ROOT/test/gpu/torch_async_alloc.cu" || exit 1 ;;
 esac
-case " $MODES " in *" pluggable-native"*|*" native-timed"*)
+case " $BASE $MODES " in *" pluggable-native"*|*" native-timed"*)
 	# against the torch in use: its headers, its C++ ABI, its libc10s
 	eval "$(python3 -c 'import torch, torch.utils.cpp_extension as e
 print("TI=\"%s\" TL=%s ABI=%d" % (" ".join("-I" + p for p in e.include_paths()),
@@ -79,7 +81,7 @@ print("TI=\"%s\" TL=%s ABI=%d" % (" ".join("-I" + p for p in e.include_paths()),
 		$TI -I"$CUDA/include" "$ROOT/test/gpu/torch_native.cpp" -L"$TL" -Wl,-rpath,"$TL" \
 		-lc10_cuda -lc10 -o "$W/libtorch_native.so" || exit 1 ;;
 esac
-case " $MODES " in *"-timed"*)
+case " $BASE $MODES " in *"-timed"*)
 	gcc -O2 -std=gnu11 -fPIC -shared -o "$W/libtorch_timed.so" \
 		"$ROOT/test/gpu/torch_timed.c" -ldl -lpthread || exit 1
 	gcc -O2 -std=gnu11 -fPIC -shared -DTIMED_RUNTIME -o "$W/libshim_timed.so" \
@@ -99,7 +101,7 @@ run_mode() {
 		envs+=(LD_PRELOAD="$timed $W/libvpmm.so" PYTORCH_NO_CUDA_MEMORY_CACHING=1)
 	# STEP_TRACE=1: round 1 of pluggable and shim records every malloc and
 	# free (VPMM_TRACE), for vpmm-replay on the CPU
-	[ -n "${STEP_TRACE:-}" ] && [ "$r" = 1 ] && [[ $mode =~ ^(pluggable|shim)$ ]] &&
+	[ -n "${STEP_TRACE:-}" ] && [ "$r" = 1 ] && [[ $m =~ ^(pluggable|shim)$ ]] &&
 		envs+=(VPMM_TRACE="$OUT/trace-$mode.csv")
 	"$@" env VPMM_LIB="$W/libvpmm.so" ASYNC_LIB="$W/libtorch_async.so" \
 		TIMED_LIB="$timed" NATIVE_LIB="$W/libtorch_native.so" "${envs[@]}" \
@@ -139,6 +141,8 @@ for r in range(rounds):
     line = "round %d: %s %.2f ms (enqueue %.2f), peak %s MiB, NVML %s" % (
         r + 1, base, n["step_ms"], n["enqueue_ms"],
         mib(n.get("max_reserved") or n.get("pool_mapped_peak")), mib(n.get("nvml_peak")))
+    if n.get("pool_defrags") is not None:
+        line += ", %d defrags, %s handles remapped" % (n["pool_defrags"], n.get("pool_handles_remapped"))
     for m in modes:
         x = runs[m][r]
         line += "; %s %.2f ms (%.3f, enqueue %.2f), peak %s MiB, NVML %s" % (
@@ -151,7 +155,7 @@ for r in range(rounds):
                 x["inside_ms"], x["inside_max_step_ms"], x["calls_per_step"],
                 x["inside_malloc_ns"], x["inside_free_ns"])
     print(line)
-for m in modes:
+for m in [base] + modes:
     per = [runs[m][r].get("pool_per_step") for r in range(rounds)]
     if per[0]:
         print("%s per step (round 1): %s" % (m, ", ".join("%s %.2f" % kv for kv in per[0].items())))

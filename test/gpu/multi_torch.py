@@ -23,6 +23,7 @@ MODE (the environment must match it; EXPECT_POOL=1: the pool must serve):
                 (under LD_PRELOAD: on pool memory), replayed 5 times with new
                 inputs, every result checked: NCCL registers a captured
                 buffer itself (NCCL_GRAPH_REGISTER) or copies through its own
+                buffers; results must be right either way
   ncclmem       collectives on a torch.cuda.MemPool over NCCL's own allocator
                 (ncclMemAlloc: memory NCCL maps itself, under the preload),
                 registered with the communicator
