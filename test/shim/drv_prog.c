@@ -743,10 +743,7 @@ static void user_context_waits(void)
 
 int main(int argc, char **argv)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} scenarios[] = {
+	static const struct scenario scenarios[] = {
 		{"gpa", gpa_path},
 		{"dlsym", dlsym_path},
 		{"linked", linked},
@@ -765,12 +762,5 @@ int main(int argc, char **argv)
 		{"free_without_context", free_without_context},
 		{"user_context_waits", user_context_waits},
 	};
-	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
-		if (!strcmp(argv[1], scenarios[i].name)) {
-			scenarios[i].fn();
-			printf("ok %s\n", argv[1]);
-			return 0;
-		}
-	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
-	return 2;
+	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -452,10 +452,7 @@ static void torch(void)
 
 int main(int argc, char **argv)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} scenarios[] = {
+	static const struct scenario scenarios[] = {
 		{"async_free", async_free},
 		{"sync_free_own", sync_free_own},
 		{"sync_free_other_thread", sync_free_other_thread},
@@ -469,12 +466,5 @@ int main(int argc, char **argv)
 		{"to_graph", to_graph},
 		{"torch", torch},
 	};
-	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
-		if (!strcmp(argv[1], scenarios[i].name)) {
-			scenarios[i].fn();
-			printf("ok %s\n", argv[1]);
-			return 0;
-		}
-	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
-	return 2;
+	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -578,10 +578,7 @@ static void device_reset(void)
 
 int main(int argc, char **argv)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} scenarios[] = {
+	static const struct scenario scenarios[] = {
 		{"basic", basic},     {"async", async},     {"foreign", foreign},
 		{"capture", capture}, {"oom", oom},         {"devices", devices},
 		{"thread", thread},   {"exit", teardown},   {"fork", forked},
@@ -589,12 +586,5 @@ int main(int argc, char **argv)
 		{"oom_flood", oom_flood}, {"stream_per_request", stream_per_request},
 		{"device_reset", device_reset},
 	};
-	for (size_t i = 0; argc == 2 && i < sizeof scenarios / sizeof scenarios[0]; i++)
-		if (!strcmp(argv[1], scenarios[i].name)) {
-			scenarios[i].fn();
-			printf("ok %s\n", argv[1]);
-			return 0;
-		}
-	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
-	return 2;
+	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -112,4 +112,24 @@ static inline void touch(void *p, size_t n, unsigned char seed)
 		CHECK(b[i] == (unsigned char)(seed + i * 7));
 }
 
+/* A program's scenarios, by name: `prog SCENARIO` runs one. */
+struct scenario {
+	const char *name;
+	void (*fn)(void);
+};
+
+/* Runs the scenario argv[1] names and prints "ok NAME" after it (0); with
+ * no such scenario, the usage (2). */
+static inline int run_scenario(int argc, char **argv, const struct scenario *list, size_t n)
+{
+	for (size_t i = 0; argc == 2 && i < n; i++)
+		if (!strcmp(argv[1], list[i].name)) {
+			list[i].fn();
+			printf("ok %s\n", argv[1]);
+			return 0;
+		}
+	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
+	return 2;
+}
+
 #endif

@@ -98,7 +98,6 @@ static void late(void)
 			CHECK_EQ(hook_calls("fence_free"), 6);
 	}
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("late ok\n");
 }
 
 /* At most VPMM_FENCE_STREAMS_MAX (64) non-blocking streams: with more, a
@@ -134,7 +133,6 @@ static void many(void)
 	for (int i = 0; i < BL; i++)
 		CHECK_EQ(cuStreamDestroy(bl[i]), 0);
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("many ok\n");
 }
 
 /* Streams made through cuGetProcAddress, as the runtime makes them. */
@@ -162,7 +160,6 @@ static void gpa(void)
 		}
 	}
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("gpa ok\n");
 }
 
 /* The late stream is destroyed between the free and the reuse. */
@@ -178,7 +175,6 @@ static void destroyed(void)
 	if (!device_mode())
 		expect_syncs(0, 0, 0);
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("destroyed ok\n");
 }
 
 /* Blocking streams and the per-thread default stream: no fence of their
@@ -202,7 +198,6 @@ static void blocking(void)
 		}
 	}
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("blocking ok\n");
 }
 
 /* A stream the shim never saw made: once a hook meets it, every
@@ -223,7 +218,6 @@ static void unseen(void)
 	late_write(hidden, known);
 	expect_syncs(h, f, 2); /* both frees */
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("unseen ok\n");
 }
 
 /* A capturing non-blocking stream gets no event: the free synchronises. */
@@ -238,7 +232,6 @@ static void capture(void)
 	expect_syncs(0, 0, 2); /* both frees */
 	st_fake_set_capturing(cap, 0);
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("capture ok\n");
 }
 
 /* A stream of another context on the device does not wait for this
@@ -269,24 +262,14 @@ static void other(void)
 		CHECK_EQ(cuCtxSetCurrent(primary), 0);
 	}
 	CHECK_EQ(pool_stats(0).failures, 0);
-	printf("other ok\n");
 }
 
 int main(int argc, char **argv)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} scenarios[] = {
+	static const struct scenario scenarios[] = {
 		{"late", late},           {"many", many},     {"gpa", gpa},
 		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
 		{"blocking", blocking},   {"other", other},
 	};
-	for (size_t i = 0; argc > 1 && i < sizeof scenarios / sizeof scenarios[0]; i++)
-		if (!strcmp(argv[1], scenarios[i].name)) {
-			scenarios[i].fn();
-			return 0;
-		}
-	fprintf(stderr, "usage: %s SCENARIO\n", argv[0]);
-	return 2;
+	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

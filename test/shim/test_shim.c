@@ -341,7 +341,7 @@ Test(shim_drv, own_without_shim, .timeout = 30)
 	{                                                                     \
 		run(SYNCFREE_PROG, #name, true, NULL);                        \
 		EXPECT_OK();                                                  \
-		cr_expect(strstr(R.out, #name " ok"), "%s", R.out);           \
+		cr_expect(strstr(R.out, "ok " #name), "%s", R.out);           \
 	}                                                                     \
 	Test(shim_syncfree, name##_device, .timeout = 30)                     \
 	{                                                                     \
