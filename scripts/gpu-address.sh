@@ -28,23 +28,12 @@
 # (sm_90), ADDRESS_ONLY (a regex of step names).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-$ROOT/build-gpu-address}
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-ARCH=${GPU_ARCH:-sm_90}
-PART=${PART:-all}
-ONLY=${ADDRESS_ONLY:-.}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-LOG=$OUT/address.log
-SUMMARY=$OUT/summary.txt
-: >"$LOG"
-: >"$SUMMARY"
-export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
-FAILED=0
-
-say() { echo "$*" | tee -a "$LOG"; }
 # shellcheck source=scripts/gpu-step.sh
 . "$ROOT/scripts/gpu-step.sh"
+vpmm_step_setup address
+PART=${PART:-all}
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
 
 # step NAME COMMAND...: one PASS/FAIL/SKIP line in the summary (SKIP when the
 # command said SKIP and nothing failed), its output in the log.

@@ -20,21 +20,10 @@
 # GRAPHS_ONLY (a regex of step names).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-$ROOT/build-gpu-graphs}
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-ARCH=${GPU_ARCH:-sm_90}
-ONLY=${GRAPHS_ONLY:-.}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-LOG=$OUT/graphs.log
-: >"$LOG"
-export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
-RESULTS=()
-FAILED=0
-
-say() { echo "$*" | tee -a "$LOG"; }
 # shellcheck source=scripts/gpu-step.sh
 . "$ROOT/scripts/gpu-step.sh"
+vpmm_step_setup graphs
+RESULTS=()
 
 # step NAME COMMAND...: one PASS or FAIL line for the step, and under it
 # the PASS/FAIL/SKIP lines the command printed itself (graphs_torch.py's).

@@ -12,21 +12,10 @@
 # SHARE_ONLY (a regex of step names).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-$ROOT/build-gpu-share}
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-ARCH=${GPU_ARCH:-sm_90}
-ONLY=${SHARE_ONLY:-.}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-LOG=$OUT/share.log
-: >"$LOG"
-export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
-RESULTS=()
-FAILED=0
-
-say() { echo "$*" | tee -a "$LOG"; }
 # shellcheck source=scripts/gpu-step.sh
 . "$ROOT/scripts/gpu-step.sh"
+vpmm_step_setup share
+RESULTS=()
 
 step() { # NAME COMMAND...
 	local name=$1

@@ -1,6 +1,17 @@
 # gpu-step.sh — sourced by the GPU check scripts (gpu-share.sh,
-# gpu-graphs.sh, gpu-address.sh): the one way they run a step. Each script
-# then words the step's outcome for its own summary.
+# gpu-graphs.sh, gpu-address.sh): their common set-up and the one way they
+# run a step. Each script then words the step's outcome for its own summary.
+#
+#   vpmm_step_setup NAME
+#     The set-up of the check script NAME (share, graphs, address), ROOT
+#     set: OUT (default $ROOT/build-gpu-NAME), CUDA (CUDA_HOME, default
+#     /usr/local/cuda), ARCH (GPU_ARCH, sm_90), ONLY (NAME_ONLY in
+#     capitals, a regex of step names; default every step), W (a fresh
+#     folder), LOG ($OUT/NAME.log, emptied), FAILED=0, nvcc on PATH and
+#     Python unbuffered.
+#
+#   say TEXT...
+#     echo to the terminal and $LOG.
 #
 #   vpmm_step_run NAME COMMAND...
 #     Returns 1 without running when NAME does not match $ONLY. Else runs
@@ -8,7 +19,24 @@
 #     timeout), its output into $W/step.txt and appended to $LOG, prints
 #     its last STEP_TAIL lines (3; 0: none), and sets STEP_RC (its exit
 #     status) and STEP_SECS.
-# Needs: ONLY, W, LOG, and say() (echo to the terminal and $LOG).
+# Needs: ONLY, W, LOG (vpmm_step_setup).
+
+vpmm_step_setup() {
+	local name=$1 only
+	only=$(echo "$1" | tr '[:lower:]' '[:upper:]')_ONLY
+	OUT=${OUT:-$ROOT/build-gpu-$name}
+	CUDA=${CUDA_HOME:-/usr/local/cuda}
+	ARCH=${GPU_ARCH:-sm_90}
+	ONLY=${!only:-.}
+	W=$(mktemp -d)
+	mkdir -p "$OUT"
+	LOG=$OUT/$name.log
+	: >"$LOG"
+	export PATH=$CUDA/bin:$PATH PYTHONUNBUFFERED=1
+	FAILED=0
+}
+
+say() { echo "$*" | tee -a "$LOG"; }
 
 vpmm_step_run() {
 	local name=$1
