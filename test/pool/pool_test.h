@@ -238,6 +238,16 @@ static inline void pt_assert_unchanged_at(struct pt *t, const struct pt_snap *s,
 }
 #define PT_UNCHANGED(t, s, what) pt_assert_unchanged_at((t), (s), (what), __LINE__)
 
+/* What a synchronous free does around its synchronisation: every stream's
+ * frees join an epoch an event closes, the device completes all of its
+ * work, and the completed events settle them. */
+static inline void pt_synchronise(struct pt *t)
+{
+	cr_assert_geq(vpmm_pool_poll(t->pool, true), 0);
+	vpmm_host_complete_all(t->drv);
+	cr_assert_geq(vpmm_pool_poll(t->pool, false), 0);
+}
+
 /* Complete every stream's work and reclaim the zombies it released. */
 static inline int pt_settle(struct pt *t)
 {

@@ -127,9 +127,7 @@ Test(gone, a_failed_last_record_settles_at_the_next_synchronisation)
 	PT_FREE(&t, b, s); /* in the open epoch */
 	vpmm_host_fail(t.drv, VPMM_OP_EVENT_RECORD, 1, CUDA_ERROR_INVALID_HANDLE);
 	cr_assert_lt(vpmm_pool_stream_gone(t.pool, s), 0);
-	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
-	vpmm_host_complete_all(t.drv); /* the synchronisation */
-	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	pt_synchronise(&t);
 	PT_CHECK(&t);
 	struct vpmm_region_info r;
 	cr_assert(pt_region_at(&t, b, &r));

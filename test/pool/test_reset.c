@@ -72,9 +72,7 @@ Test(reset, pending_frees_settle_and_dead_events_are_not_named)
 	cr_assert_eq(*(volatile uint32_t *)x, 0x5eed);
 	PT_FREE(&t, x, c);
 	PT_FREE(&t, p, c);
-	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
-	vpmm_host_complete_all(t.drv);
-	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	pt_synchronise(&t);
 	cr_assert_geq(vpmm_pool_trim(t.pool, 0), 0);
 	NO_DEAD_CALL(&t);
 	/* The program's stream handles of before are gone from the pool. */
@@ -104,9 +102,7 @@ Test(reset, parked_frees_and_small_blocks_settle)
 	PT_FREE(&t, p, c);
 	CUdeviceptr q = small_malloc(&t, 1024, c);
 	PT_FREE(&t, q, c);
-	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
-	vpmm_host_complete_all(t.drv);
-	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	pt_synchronise(&t);
 	cr_assert_geq(vpmm_pool_reclaim(t.pool), 0);
 	NO_DEAD_CALL(&t);
 	pt_close(&t);
@@ -133,9 +129,7 @@ Test(reset, destroyed_until_made_again)
 	PT_FREE(&t, q, c); /* recorded in the new context */
 	PT_FREE(&t, p, VPMM_NO_STREAM);
 	cr_assert_eq(pt_stats(&t).streams, 1, "c was forgotten as if the context ended twice");
-	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
-	vpmm_host_complete_all(t.drv);
-	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	pt_synchronise(&t);
 	NO_DEAD_CALL(&t);
 	pt_close(&t);
 }
