@@ -2,38 +2,11 @@
  * built on it (host_device.h): the hook runs before every call and may use
  * the controls; the model keeps its tenant within bounds, completes work on
  * its own, falls quiet and stops. */
-#include <criterion/criterion.h>
-
 #include <errno.h>
 #include <unistd.h>
 
-#include "driver_host.h"
 #include "host_device.h"
-
-#define G ((size_t)64 << 10)
-
-#define OK(expr) cr_assert_eq((expr), CUDA_SUCCESS, "%s", #expr)
-#define FAILS(expr, code)                                                     \
-	do {                                                                  \
-		CUresult r__ = (expr);                                        \
-		cr_assert_eq(r__, (code), "%s returned %d, expected %d",      \
-			     #expr, (int)r__, (int)(code));                   \
-	} while (0)
-
-static vpmm_driver *mk(size_t gran, size_t capacity, bool unbacked)
-{
-	struct vpmm_host_options o = { gran, capacity, unbacked };
-	vpmm_driver *d = NULL;
-	OK(vpmm_driver_host_create(&o, &d));
-	return d;
-}
-
-static void assert_nothing_live(vpmm_driver *d)
-{
-	struct vpmm_host_live l;
-	vpmm_host_live(d, &l);
-	cr_assert_eq(l.handles + l.reservations + l.mappings + l.events, 0);
-}
+#include "host_test.h"
 
 /* The hook runs before every operation, before the driver's lock: it may
  * use the controls (here: complete the stream the call waits for). */
