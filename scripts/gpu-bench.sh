@@ -36,9 +36,8 @@ say() { printf '==> %s\n' "$*" | tee -a "$SETUP"; }
 # shellcheck source=scripts/gpu-build.sh
 . "$ROOT/scripts/gpu-build.sh"
 VPMM_BUILD_CFLAGS=-g
-# -ftls-model=initial-exec as allocator/meson.build builds the core
-CFLAGS=(-O2 -g -std=gnu11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -ftls-model=initial-exec
-	-Wno-unused-parameter -I"$ROOT/allocator" -I"$ROOT/include" -I"$CUDA_HOME/include")
+# the allocator's objects for bench/hotpath.cu, with the flags of the library
+read -r -a CFLAGS <<<"$(vpmm_build_cflags "$ROOT") -fPIC -Wno-unused-parameter"
 
 # libvpmm.so as shim/meson.build makes it (scripts/gpu-build.sh). Prints the
 # path, or nothing.

@@ -74,9 +74,12 @@ vpmm_build_cflags() {
 	local tree=$1 gen
 	gen=$(vpmm_generated_dir "$tree") || return 1
 	# The project's own arguments (meson.build): gnu11, hidden visibility,
-	# _GNU_SOURCE; -O2 as debugoptimized. The public headers' folder
-	# (include/) and the generated one.
-	echo -O2 -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden \
+	# _GNU_SOURCE; -O2 as debugoptimized; the TLS model allocator/ and
+	# shim/ are built with (without it every thread-local access of a hook
+	# is a call of __tls_get_addr: an async pair through the shim measured
+	# 100-250 ns slower on an H200). The public headers' folder (include/)
+	# and the generated one.
+	echo -O2 -std=gnu11 -D_GNU_SOURCE -fvisibility=hidden -ftls-model=initial-exec \
 		-I"$tree/allocator" -I"$tree/shim" -I"$tree/include" ${gen:+-I"$gen"} \
 		-I"$VPMM_BUILD_CUDA/include" ${VPMM_BUILD_CFLAGS:-}
 }
@@ -85,11 +88,8 @@ vpmm_build_lib() {
 	local out=$1 tree=${2:-$VPMM_BUILD_TREE}
 	mkdir -p "$(dirname "$out")"
 	# shellcheck disable=SC2046
-	# -fexceptions and -ftls-model=initial-exec as shim/meson.build:
-	# vpmm_torch_malloc throws through it, and without the TLS model every
-	# thread-local access of a hook is a call of __tls_get_addr (an async
-	# pair through the shim measured 100-250 ns slower on an H200)
-	gcc $(vpmm_build_cflags "$tree") -fPIC -shared -fexceptions -ftls-model=initial-exec \
+	# -fexceptions as shim/meson.build: vpmm_torch_malloc throws through it
+	gcc $(vpmm_build_cflags "$tree") -fPIC -shared -fexceptions \
 		$(vpmm_sources "$tree" allocator) $(vpmm_sources "$tree" shim) \
 		-Wl,--version-script="$tree/shim/libvpmm.map" -Wl,-Bsymbolic \
 		-Wl,-z,defs -Wl,-z,nodelete -lpthread -ldl -o "$out"

@@ -159,7 +159,7 @@ def hooks_now():
     """The preloaded shim's counters (an empty dict without the preload)."""
     if not mode.startswith("shim"):
         return {}
-    return {h: hook_calls(h) for h in HOOKS if hook_calls(h) is not None}
+    return {h: n for h in HOOKS if (n := hook_calls(h)) is not None}
 
 
 hooks0 = {}
