@@ -18,6 +18,9 @@ struct vpmm_host_device {
 	struct vpmm_host_device_opts o;
 	uint64_t draws;       /* atomic: how many draws were made */
 	bool quiet, stopping; /* atomic */
+	/* atomic: the thread is past its check of quiet, acting; quiet waits
+	 * for it to finish, so that nothing moves once quiet returns */
+	bool acting;
 	pthread_t thread;
 	bool thread_running;
 	uint64_t completed, tenant_moves, yields, sleeps, interludes; /* atomic */
@@ -124,15 +127,19 @@ static void *device_main(void *arg)
 	struct vpmm_host_device *dev = arg;
 	while (!__atomic_load_n(&dev->stopping, __ATOMIC_ACQUIRE)) {
 		sleep_us((unsigned)(draw(dev) % dev->o.period_us));
-		if (__atomic_load_n(&dev->quiet, __ATOMIC_ACQUIRE))
-			continue;
-		uint64_t r = draw(dev);
-		if (r % 8 == 0)
-			complete_all(dev);
-		else
-			complete_one(dev);
-		if (dev->o.tenant_hi && (r >> 8) % 4 == 0)
-			tenant_move(dev);
+		/* acting before the check, both sequentially consistent: either
+		 * this thread sees quiet or quiet sees it acting, and waits */
+		__atomic_store_n(&dev->acting, true, __ATOMIC_SEQ_CST);
+		if (!__atomic_load_n(&dev->quiet, __ATOMIC_SEQ_CST)) {
+			uint64_t r = draw(dev);
+			if (r % 8 == 0)
+				complete_all(dev);
+			else
+				complete_one(dev);
+			if (dev->o.tenant_hi && (r >> 8) % 4 == 0)
+				tenant_move(dev);
+		}
+		__atomic_store_n(&dev->acting, false, __ATOMIC_RELEASE);
 	}
 	return NULL;
 }
@@ -162,7 +169,10 @@ int vpmm_host_device_start(vpmm_driver *d, const struct vpmm_host_device_opts *o
 
 void vpmm_host_device_quiet(struct vpmm_host_device *dev, bool quiet)
 {
-	__atomic_store_n(&dev->quiet, quiet, __ATOMIC_RELEASE);
+	__atomic_store_n(&dev->quiet, quiet, __ATOMIC_SEQ_CST);
+	/* A turn of the thread that began before it saw quiet ends first. */
+	while (quiet && __atomic_load_n(&dev->acting, __ATOMIC_SEQ_CST))
+		sched_yield();
 }
 
 void vpmm_host_device_stop(struct vpmm_host_device *dev,
