@@ -239,16 +239,20 @@ class Nvml:
         _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
                     ("used", ctypes.c_ulonglong)]
 
-    def __init__(self, index=0):
+    def __init__(self, index=0, uuid=None):
         lib = ctypes.CDLL("libnvidia-ml.so.1")
         init = getattr(lib, "nvmlInit_v2", None) or lib.nvmlInit
         if init() != 0:
             raise RuntimeError("nvmlInit failed")
-        get = getattr(lib, "nvmlDeviceGetHandleByIndex_v2", None) or \
-            lib.nvmlDeviceGetHandleByIndex
         self.dev = ctypes.c_void_p()
-        if get(ctypes.c_uint(index), ctypes.byref(self.dev)) != 0:
-            raise RuntimeError("nvmlDeviceGetHandleByIndex(%d) failed" % index)
+        if uuid:
+            if lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self.dev)) != 0:
+                raise RuntimeError("nvmlDeviceGetHandleByUUID(%s) failed" % uuid)
+        else:
+            get = getattr(lib, "nvmlDeviceGetHandleByIndex_v2", None) or \
+                lib.nvmlDeviceGetHandleByIndex
+            if get(ctypes.c_uint(index), ctypes.byref(self.dev)) != 0:
+                raise RuntimeError("nvmlDeviceGetHandleByIndex(%d) failed" % index)
         self.fn = lib.nvmlDeviceGetMemoryInfo
         self.fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(Nvml.MemInfo)]
         self.info = Nvml.MemInfo()
@@ -260,11 +264,28 @@ class Nvml:
         return self.info.used
 
 
+def nvml_device():
+    """(index, uuid) of the device CUDA calls 0 here, as NVML knows it. NVML
+    numbers GPUs by PCI bus whatever CUDA_VISIBLE_DEVICES says, so its first
+    entry names the device: a UUID as such, a number as NVML's index (which
+    is CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID, as gpu-bench.sh sets).
+    Read on another GPU, a replay measured what ran there (a whole run's
+    peaks read 0 beside a second job on GPU 0). VPMM_BENCH_NVML_INDEX
+    overrides."""
+    forced = os.environ.get("VPMM_BENCH_NVML_INDEX")
+    if forced is not None:
+        return int(forced), None
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith(("GPU-", "MIG-")):
+        return 0, first
+    return (int(first) if first.isdigit() else 0), None
+
+
 def make_nvml():
-    """NVML for the device of the CUDA ordinal 0: by index, which matches on a
-    machine with one visible GPU; None when NVML is missing or unusable."""
+    """NVML for the device of the CUDA ordinal 0 (nvml_device); None when
+    NVML is missing or unusable."""
     try:
-        n = Nvml(int(os.environ.get("VPMM_BENCH_NVML_INDEX", "0")))
+        n = Nvml(*nvml_device())
         n.used()
         return n
     except Exception:

@@ -27,7 +27,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$B/obj"
 # Never let a benchmark turn on NVLink multicast on a shared host.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 VPMM_SOCKET=off
+export PYTHONUNBUFFERED=1 VPMM_SOCKET=off CUDA_DEVICE_ORDER=PCI_BUS_ID
 
 SETUP=$OUT/setup.log
 : >"$SETUP"
