@@ -263,9 +263,11 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		ps = NULL;
 	}
 	e = vpmm_pool_malloc(pool, size, ps, out);
-	if (!e && fence_ctx) {
-		vpmm_count(VPMM_HOOK_fence_malloc);
-		r = vpmm_fence_malloc(fence_ctx);
+	if (!e && (fence_ctx || (!ps && !pool_pushed))) {
+		/* On the legacy stream: the record synchronous frees owe it. */
+		if (fence_ctx)
+			vpmm_count(VPMM_HOOK_fence_malloc);
+		r = fence_ctx ? vpmm_fence_malloc(fence_ctx) : vpmm_fence_owed(sc.stream_ctx);
 		/* A fence left half made: the synchronisation it stood for. */
 		if (r != CUDA_SUCCESS && (r = sync_context(dev)) != CUDA_SUCCESS) {
 			vpmm_pool_free(pool, *out, ps);

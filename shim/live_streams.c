@@ -17,14 +17,15 @@
  *    synchronous free becomes a free on the legacy stream after it waited
  *    for each non-blocking stream (an event recorded there, one per stream,
  *    reused: a wait captures the record it sees, so re-recording later is
- *    harmless) and recorded an event of its own (the blocking streams
- *    order against the legacy stream only through its actions: without
- *    one between the free and the malloc, two blocking streams would not
- *    be ordered); a synchronous malloc is a malloc on the legacy stream
- *    after which each non-blocking stream waits for it. Programs without
- *    non-blocking streams (PyTorch without side streams) pay one event
- *    record a free and nothing a malloc, and reuse memory at once in stream
- *    order, as through the pluggable allocator.
+ *    harmless), and it owes the legacy stream an event record (the
+ *    blocking streams order against the legacy stream only through its
+ *    actions: without one between the free and the malloc, two blocking
+ *    streams would not be ordered), which the next malloc on the legacy
+ *    stream makes, once for all the frees before it; a synchronous malloc
+ *    is a malloc on the legacy stream after which each non-blocking stream
+ *    waits for it. Programs without non-blocking streams (PyTorch without
+ *    side streams) pay one event record for each run of frees, and reuse
+ *    memory at once in stream order, as through the pluggable allocator.
  *  - That holds only while every non-blocking stream is known. The table is
  *    trusted only if the shim was interposed before CUDA was initialised
  *    (checked once at load); a stream a hook meets that the table never saw
@@ -75,10 +76,13 @@ static struct {
 	/* The non-blocking streams, dense, every context's. */
 	struct live **nb;
 	unsigned n_nb, cap_nb;
-	/* The legacy stream's event of each context, for the malloc fence. */
+	/* The legacy stream's event of each context, for the fences. owed:
+	 * a synchronous free was made on the legacy stream since the last
+	 * record there (the record the next malloc on it makes). */
 	struct {
 		CUcontext ctx;
 		CUevent ev;
+		bool owed;
 	} legacy[CTX_MAX];
 	/* The contexts with streams in the table, their devices and counts;
 	 * overflow: more contexts than that (each device then synchronises). */
@@ -115,6 +119,9 @@ static atomic_bool untrusted;
  * made meanwhile waits for the legacy stream by itself
  * (vpmm_fence_new_stream). */
 static atomic_uint nb_count;
+/* How many T.legacy[] are owed a record; read without the lock, as
+ * nb_count, by the mallocs on the legacy stream. */
+static atomic_uint owed_count;
 
 static unsigned hash(CUstream s)
 {
@@ -283,6 +290,15 @@ void vpmm_live_stream_destroying(CUstream s)
 		distrust("a stream made without the shim seeing it");
 }
 
+/* The record owed on T.legacy[k] made, or no longer due. */
+static void settle_locked(unsigned k)
+{
+	if (T.legacy[k].owed) {
+		T.legacy[k].owed = false;
+		atomic_fetch_sub_explicit(&owed_count, 1, memory_order_relaxed);
+	}
+}
+
 /* Forgets `ctx`'s streams and legacy event; their events died with it. */
 static void ctx_end_locked(CUcontext ctx)
 {
@@ -296,8 +312,10 @@ static void ctx_end_locked(CUcontext ctx)
 			}
 		}
 	for (unsigned i = 0; i < CTX_MAX; i++)
-		if (T.legacy[i].ctx == ctx)
+		if (T.legacy[i].ctx == ctx) {
+			settle_locked(i);
 			T.legacy[i].ctx = NULL, T.legacy[i].ev = NULL;
+		}
 }
 
 /* Compares ctx's id with the one it had when last seen: a new id means
@@ -365,6 +383,7 @@ void vpmm_live_streams_forget(void)
 	T.nb = NULL;
 	T.n_nb = T.cap_nb = 0;
 	atomic_store(&nb_count, 0);
+	atomic_store(&owed_count, 0);
 	T.gen++;
 }
 
@@ -425,7 +444,7 @@ bool vpmm_fence_possible(CUcontext ctx, int dev)
 	return ok;
 }
 
-static CUevent *legacy_event_locked(CUcontext ctx);
+static int legacy_slot_locked(CUcontext ctx);
 
 CUresult vpmm_fence_free(CUcontext ctx)
 {
@@ -442,38 +461,63 @@ CUresult vpmm_fence_free(CUcontext ctx)
 		if (r == CUDA_SUCCESS)
 			r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, e->ev, 0);
 	}
-	/* One action on the legacy stream in any case: the blocking streams
-	 * order against it only through its actions. Work on two blocking
-	 * streams, one before the free and one after the malloc, with
-	 * nothing queued on the legacy stream between, would run unordered. */
+	/* One action on the legacy stream before the memory is handed out
+	 * again: the blocking streams order against it only through its
+	 * actions. Work on two blocking streams, one before the free and one
+	 * after the malloc, with nothing queued on the legacy stream between,
+	 * would run unordered. The next malloc on the legacy stream records
+	 * it (vpmm_fence_malloc, vpmm_fence_owed), once for every free made
+	 * since: a record every free cost a PyTorch step about one in three
+	 * of them (frees come in runs). Any other reuse, by another stream or
+	 * settled, waits for an event the pool records on the legacy stream
+	 * after the free: an action too. The event is made here, so that the
+	 * malloc does not fail for want of one. */
 	if (r == CUDA_SUCCESS) {
-		CUevent *ev = legacy_event_locked(ctx);
-		r = ev ? vpmm_real.event_record(*ev, CU_STREAM_LEGACY) : CUDA_ERROR_OUT_OF_MEMORY;
+		int k = legacy_slot_locked(ctx);
+		if (k < 0)
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		else if (!T.legacy[k].owed) {
+			T.legacy[k].owed = true;
+			atomic_fetch_add_explicit(&owed_count, 1, memory_order_relaxed);
+		}
 	}
 	pthread_mutex_unlock(&T.lock);
 	return r;
 }
 
-/* The legacy stream's event of `ctx`, made on first use; NULL: none. */
-static CUevent *legacy_event_locked(CUcontext ctx)
+/* The slot in T.legacy of `ctx`, its event made on first use; -1: none. */
+static int legacy_slot_locked(CUcontext ctx)
 {
 	unsigned k, none = CTX_MAX;
 	for (k = 0; k < CTX_MAX && T.legacy[k].ctx != ctx; k++)
 		if (!T.legacy[k].ctx && none == CTX_MAX)
 			none = k;
 	if (k < CTX_MAX)
-		return &T.legacy[k].ev;
+		return (int)k;
 	if (none == CTX_MAX ||
 	    vpmm_real.event_create(&T.legacy[none].ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-		return NULL;
+		return -1;
 	T.legacy[none].ctx = ctx;
-	return &T.legacy[none].ev;
+	T.legacy[none].owed = false;
+	return (int)none;
+}
+
+/* Records on the legacy stream of `ctx` (the current context), which pays
+ * what the frees before owed it. */
+static CUresult legacy_record_locked(CUcontext ctx)
+{
+	int k = legacy_slot_locked(ctx);
+	if (k < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = vpmm_real.event_record(T.legacy[k].ev, CU_STREAM_LEGACY);
+	if (r == CUDA_SUCCESS)
+		settle_locked((unsigned)k);
+	return r;
 }
 
 void vpmm_fence_new_stream(CUstream s)
 {
 	CUcontext ctx = NULL;
-	CUevent *ev;
 	if (atomic_load_explicit(&untrusted, memory_order_relaxed) || !have_event_calls() ||
 	    vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
 		return;
@@ -483,9 +527,9 @@ void vpmm_fence_new_stream(CUstream s)
 	}
 	pthread_mutex_lock(&T.lock);
 	check_id_locked(ctx);
-	ev = legacy_event_locked(ctx);
-	bool ok = ev && vpmm_real.event_record(*ev, CU_STREAM_LEGACY) == CUDA_SUCCESS &&
-		  vpmm_real.stream_wait_event(s, *ev, 0) == CUDA_SUCCESS;
+	bool ok = legacy_record_locked(ctx) == CUDA_SUCCESS &&
+		  vpmm_real.stream_wait_event(s, T.legacy[legacy_slot_locked(ctx)].ev, 0) ==
+			  CUDA_SUCCESS;
 	pthread_mutex_unlock(&T.lock);
 	if (!ok)
 		distrust("a new non-blocking stream could not wait for the legacy stream");
@@ -494,26 +538,39 @@ void vpmm_fence_new_stream(CUstream s)
 CUresult vpmm_fence_malloc(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
-	CUevent *ev = NULL;
-	if (!atomic_load_explicit(&nb_count, memory_order_acquire))
+	bool owed = false, nb = false;
+	if (!atomic_load_explicit(&nb_count, memory_order_acquire) &&
+	    !atomic_load_explicit(&owed_count, memory_order_acquire))
 		return CUDA_SUCCESS;
 	pthread_mutex_lock(&T.lock);
-	for (unsigned i = 0; r == CUDA_SUCCESS && i < T.n_nb; i++) {
-		struct live *e = T.nb[i];
-		if (e->ctx != ctx)
-			continue;
-		if (!ev) {
-			ev = legacy_event_locked(ctx);
-			if (!ev) {
-				r = CUDA_ERROR_OUT_OF_MEMORY;
-				break;
-			}
-			r = vpmm_real.event_record(*ev, CU_STREAM_LEGACY);
-			if (r != CUDA_SUCCESS)
-				break;
-		}
-		r = vpmm_real.stream_wait_event(e->s, *ev, 0);
+	for (unsigned k = 0; k < CTX_MAX; k++)
+		if (T.legacy[k].ctx == ctx)
+			owed = T.legacy[k].owed;
+	for (unsigned i = 0; !nb && i < T.n_nb; i++)
+		nb = T.nb[i]->ctx == ctx;
+	if (owed || nb)
+		r = legacy_record_locked(ctx);
+	if (r == CUDA_SUCCESS && nb) {
+		CUevent ev = T.legacy[legacy_slot_locked(ctx)].ev; /* just recorded */
+		for (unsigned i = 0; r == CUDA_SUCCESS && i < T.n_nb; i++)
+			if (T.nb[i]->ctx == ctx)
+				r = vpmm_real.stream_wait_event(T.nb[i]->s, ev, 0);
 	}
+	pthread_mutex_unlock(&T.lock);
+	return r;
+}
+
+CUresult vpmm_fence_owed(CUcontext ctx)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (!atomic_load_explicit(&owed_count, memory_order_acquire))
+		return CUDA_SUCCESS;
+	if (!ctx && vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&T.lock);
+	for (unsigned k = 0; ctx && k < CTX_MAX; k++)
+		if (T.legacy[k].ctx == ctx && T.legacy[k].owed)
+			r = legacy_record_locked(ctx);
 	pthread_mutex_unlock(&T.lock);
 	return r;
 }

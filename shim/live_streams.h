@@ -41,16 +41,24 @@ void vpmm_live_streams_forget(void);
 bool vpmm_fence_possible(CUcontext ctx, int dev);
 /* Before a free on the legacy default stream: the legacy stream waits for
  * the work queued so far on every non-blocking stream of `ctx` (the current
- * context); the blocking streams it waits for by itself. CUDA_SUCCESS, or
- * the driver's error (the caller synchronises instead). */
+ * context); the blocking streams it waits for by itself, at the record the
+ * free leaves owed to the next malloc on the legacy stream. CUDA_SUCCESS,
+ * or the driver's error (the caller synchronises instead). */
 CUresult vpmm_fence_free(CUcontext ctx);
 /* A non-blocking stream `s` was just made in the current context: it
  * waits for the legacy stream's work so far, since memory handed out
  * before may still be pending there (a fence it missed). */
 void vpmm_fence_new_stream(CUstream s);
-/* After a malloc on the legacy default stream: every non-blocking stream
- * of `ctx` (current) waits for the work queued so far on the legacy
- * stream; the blocking streams wait for it by themselves. */
+/* After a synchronous malloc on the legacy default stream: the record the
+ * frees owed (vpmm_fence_owed), and every non-blocking stream of `ctx`
+ * (current) waits for the work queued so far on the legacy stream; the
+ * blocking streams wait for it by themselves. */
 CUresult vpmm_fence_malloc(CUcontext ctx);
+/* After any other malloc on the legacy default stream of `ctx` (the
+ * current context; NULL: asks which it is):
+ * the record on it that the synchronous frees since the last one owe, if
+ * any, so that work queued later on a blocking stream waits for the work
+ * queued on any blocking stream before those frees. */
+CUresult vpmm_fence_owed(CUcontext ctx);
 
 #endif

@@ -12,7 +12,9 @@
 //             new pattern: the late write must not land on the new owner;
 //   syncfree_blocking / _many / _gpa / _destroyed  the same with the late
 //             and the new writer on two blocking streams and the per-thread
-//             default stream (ordered by the legacy stream alone); on 64
+//             default stream (ordered by the legacy stream alone; the new
+//             owner's memory from cudaMalloc and from cudaMallocAsync on
+//             the legacy stream); on 64
 //             and on 70 non-blocking streams (fenced; past the shim's limit,
 //             synchronised); on streams made through
 //             cudaGetDriverEntryPointByVersion("cuStreamCreate"...); with
@@ -214,9 +216,11 @@ static bool expect_pool, sync_device;
 
 // A late write on `late`, cudaFree, cudaMalloc of the same size, a new
 // pattern on `next`: checked once both ran. destroy_late: `late` is
-// destroyed between the free and the reuse.
+// destroyed between the free and the reuse. on_legacy: cudaMallocAsync on
+// the legacy stream instead of cudaMalloc (the record the shim's free owes
+// the legacy stream is made by either).
 static bool late_then_new(cudaStream_t late, cudaStream_t next, unsigned long long ns,
-			  bool destroy_late = false)
+			  bool destroy_late = false, bool on_legacy = false)
 {
 	size_t bytes = 16 * MiB;
 	void *a, *b;
@@ -226,7 +230,10 @@ static bool late_then_new(cudaStream_t late, cudaStream_t next, unsigned long lo
 	CK(cudaFree(a));
 	if (destroy_late)
 		CK(cudaStreamDestroy(late));
-	CK(cudaMalloc(&b, bytes));
+	if (on_legacy)
+		CK(cudaMallocAsync(&b, bytes, cudaStreamLegacy));
+	else
+		CK(cudaMalloc(&b, bytes));
 	fill_on(b, bytes, 0xbeef, next);
 	CK(cudaDeviceSynchronize());
 	REQUIRE(check_on(b, bytes, 0xbeef) == 0);
@@ -262,9 +269,11 @@ static void syncfree_blocking_phase(void)
 	reused += late_then_new(b2, b1, ns);
 	reused += late_then_new(cudaStreamPerThread, b2, ns);
 	reused += late_then_new(b1, cudaStreamPerThread, ns);
+	reused += late_then_new(b1, b2, ns, false, true);
+	reused += late_then_new(cudaStreamPerThread, b1, ns, false, true);
 	CK(cudaStreamDestroy(b1));
 	CK(cudaStreamDestroy(b2));
-	printf("syncfree_blocking: ok, %d of 4 reused\n", reused);
+	printf("syncfree_blocking: ok, %d of 6 reused\n", reused);
 	expect_frees("syncfree_blocking", f0, s0, true);
 }
 

@@ -200,6 +200,55 @@ static void blocking(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* The record a synchronous free owes the legacy stream is made by the
+ * next malloc on it, once for a run of frees: the sync malloc, a
+ * stream-ordered one on the legacy stream (as CU_STREAM_LEGACY and as 0).
+ * Each time, two allocations written late on blocking stream `late`, both
+ * freed, then one of the same size taken on the legacy stream and written
+ * on blocking stream `next`, which the device runs first: with no action on
+ * the legacy stream between the frees and the new write, it would not wait
+ * for the late one. */
+static bool owed_write(CUstream late, CUstream next, int how)
+{
+	CUdeviceptr a[2], b;
+	for (int i = 0; i < 2; i++)
+		CHECK_EQ(cuMemAlloc(&a[i], 4 * P), 0);
+	CUevent old = work_on(late);
+	for (int i = 0; i < 2; i++)
+		CHECK_EQ(cuMemFree(a[i]), 0);
+	if (how == 0)
+		CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	else
+		CHECK_EQ(cuMemAllocAsync(&b, 4 * P, how == 1 ? CU_STREAM_LEGACY : NULL), 0);
+	CUevent young = work_on(next);
+	CHECK_EQ(cuStreamSynchronize(next), 0);
+	if (cuEventQuery(young) == CUDA_SUCCESS)
+		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	CHECK_EQ(cuEventSynchronize(young), 0);
+	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	CHECK_EQ(cuMemFree(b), 0);
+	cuEventDestroy(old);
+	cuEventDestroy(young);
+	return b == a[0] || b == a[1];
+}
+
+static void owed(void)
+{
+	CUstream b1, b2;
+	start();
+	CHECK_EQ(cuStreamCreate(&b1, 0), 0);
+	CHECK_EQ(cuStreamCreate(&b2, 0), 0);
+	for (int how = 0; how < 3; how++) {
+		bool reused = owed_write(b1, b2, how);
+		reused &= owed_write(b2, b1, how);
+		if (!device_mode() && expect_pool())
+			CHECK(reused);
+	}
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 /* A stream the shim never saw made: once a hook meets it, every
  * synchronous free synchronises. */
 static void unseen(void)
@@ -269,7 +318,7 @@ int main(int argc, char **argv)
 	static const struct scenario scenarios[] = {
 		{"late", late},           {"many", many},     {"gpa", gpa},
 		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
-		{"blocking", blocking},   {"other", other},
+		{"blocking", blocking},   {"other", other},   {"owed", owed},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

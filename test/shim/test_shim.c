@@ -358,6 +358,7 @@ SYNCFREE_SCENARIO(unseen)
 SYNCFREE_SCENARIO(capture)
 SYNCFREE_SCENARIO(blocking)
 SYNCFREE_SCENARIO(other)
+SYNCFREE_SCENARIO(owed)
 
 Test(shim_ipc, share_pool, .timeout = 60)
 {
