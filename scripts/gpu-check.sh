@@ -34,7 +34,8 @@
 # GPUs, PAIRED=1 BASE=pluggable STEP_MODES=shim times the two side by side),
 # DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
 # process leaves free, 12G; bench/capacity.py), CAPACITY_TRIES (its tries
-# an allocator at most, 10); pressure and soak read gpu-pressure.sh's own
+# an allocator at most, 10), CAPACITY_MODES (its allocators, all four), CAPACITY_START (native's first
+# batch, 16); pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
@@ -138,8 +139,8 @@ if part costs; then
 		note "driver costs, us per handle (second pass; bench/vmm_costs.cu): exit $?"
 		sed -n '/^pass 1/,$p' "$W/logs/vmm_costs.txt" | grep '^cost' | sed 's/^cost /  /' | tee -a "$SUMMARY"
 		"$W/driver_queries" >"$W/logs/driver_queries.txt" 2>&1
-		note "driver queries, 8 threads over 1 (bench/driver_queries.cu): exit $?"
-		tail -n 6 "$W/logs/driver_queries.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+		note "driver queries, 8 threads over 1, then the fences' calls on one (bench/driver_queries.cu): exit $?"
+		tail -n 12 "$W/logs/driver_queries.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 	else
 		note "driver costs: build failed (logs/costs-build.txt)"
 	fi
@@ -162,7 +163,8 @@ if part capacity; then
 	if vpmm_build_lib "$W/libvpmm-cap.so" >"$W/logs/capacity-build.txt" 2>&1 &&
 		nvcc -O2 -o "$W/hold" "$ROOT/test/gpu/hold.cu" >>"$W/logs/capacity-build.txt" 2>&1; then
 		python3 "$ROOT/bench/capacity.py" --hold "$W/hold" --lib "$W/libvpmm-cap.so" \
-			--budget "${CAPACITY_BUDGET:-12G}" --tries "${CAPACITY_TRIES:-10}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
+			--budget "${CAPACITY_BUDGET:-12G}" --tries "${CAPACITY_TRIES:-10}" --start "${CAPACITY_START:-16}" \
+			--modes "${CAPACITY_MODES:-native,expandable,pluggable,preload}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
 		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
 		sed -n '/^capacity /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 	else
