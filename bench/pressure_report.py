@@ -19,7 +19,6 @@ OUTCOMES = ["completed", "oom", "error", "crash", "hang"]
 ALLOC_HEAD = {"cudaMalloc": "cudaMalloc", "cuda_pool": "CUDA pool",
               "torch_native": "torch native", "torch_expandable": "torch expandable",
               "torch_async": "torch async", "vpmm_torch": "vpmm pluggable",
-              "vpmm_preload_h64m": "vpmm preload, handles ≤ 64M",
               "vpmm_preload": "vpmm preload",
               "vpmm_preload_always": "vpmm preload, REMAP=always"}
 

@@ -27,9 +27,6 @@ Allocators (NAME):
   vpmm_torch        libvpmm's vpmm_torch_malloc/vpmm_torch_free (ctypes),
                     stream-ordered: the pluggable-allocator entry points
   vpmm_preload      plain cudaMalloc/cudaFree with libvpmm.so in LD_PRELOAD
-  vpmm_preload_h64m  the same with VPMM_HANDLE_SIZE=64M: no handle above 64
-                    MiB, the CPU replays' better peaks for more handle
-                    operations (docs/design.md, "Handles with room")
   vpmm_preload_always  the same with VPMM_REMAP=always: remapping before
                     every growth, the least memory at every moment
 
@@ -84,19 +81,16 @@ import sys
 import time
 
 ALLOCATORS = ["cudaMalloc", "cuda_pool", "torch_native", "torch_expandable",
-              "torch_async", "vpmm_torch", "vpmm_preload_h64m", "vpmm_preload",
-              "vpmm_preload_always"]
+              "torch_async", "vpmm_torch", "vpmm_preload", "vpmm_preload_always"]
 TORCH_CONF = {
     "torch_native": None,
     "torch_expandable": "expandable_segments:True",
     "torch_async": "backend:cudaMallocAsync",
 }
-VPMM_ALLOCATORS = ("vpmm_torch", "vpmm_preload_h64m", "vpmm_preload",
-                   "vpmm_preload_always")
-PRELOAD_ALLOCATORS = ("vpmm_preload", "vpmm_preload_h64m", "vpmm_preload_always")
+VPMM_ALLOCATORS = ("vpmm_torch", "vpmm_preload", "vpmm_preload_always")
+PRELOAD_ALLOCATORS = ("vpmm_preload", "vpmm_preload_always")
 # Environment of the libvpmm variants (VPMM_* options of the library).
-VPMM_ENV = {"vpmm_preload_h64m": {"VPMM_HANDLE_SIZE": "64M"},
-            "vpmm_preload_always": {"VPMM_REMAP": "always"}}
+VPMM_ENV = {"vpmm_preload_always": {"VPMM_REMAP": "always"}}
 UINT64_MAX = (1 << 64) - 1
 SLOW_NS = 20000    # calls slower than this went to the driver (growth, defrag)
 CUDA_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4   # cudaMemPoolAttrReleaseThreshold

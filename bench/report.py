@@ -21,11 +21,10 @@ import json
 import sys
 
 COLS = ["cudaMalloc", "cuda_pool", "torch_native", "torch_expandable", "torch_async",
-        "vpmm_torch", "vpmm_preload_h64m", "vpmm_preload", "direct", "driver"]
+        "vpmm_torch", "vpmm_preload", "direct", "driver"]
 HEAD = ["cudaMalloc", "CUDA pool", "torch native", "torch expandable", "torch async",
-        "vpmm pluggable", "vpmm preload, handles ≤ 64M", "vpmm preload", "vpmm direct",
-        "driver"]
-REPLAY_COLS = COLS[:8]
+        "vpmm pluggable", "vpmm preload", "vpmm direct", "driver"]
+REPLAY_COLS = COLS[:7]
 
 
 def fmt(v, unit="", digits=None):
