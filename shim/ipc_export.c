@@ -196,7 +196,9 @@ int vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream)
 		return 0;
 	/* Where the free's stream is now, before the export says "freed": the
 	 * pool must not hand the memory out before that work is done. Without
-	 * an event, the CPU waits now. */
+	 * an event, the CPU waits now: for the whole context where the free
+	 * was on the legacy stream, whose order over the blocking streams
+	 * holds through its actions only (a fenced free queues none). */
 	vpmm_driver *drv = vpmm_shim_driver();
 	CUevent ev = NULL;
 	if (stream != VPMM_NO_STREAM) {
@@ -206,8 +208,10 @@ int vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream)
 			drv->event_destroy(drv, ev);
 			ev = NULL;
 		}
-		if (!ev)
+		if (!ev && stream)
 			vpmm_real.stream_synchronize(stream);
+		else if (!ev)
+			vpmm_real.ctx_synchronize();
 	}
 	/* Looked up again: the last opener may have closed meanwhile. */
 	pthread_mutex_lock(&own.lock);

@@ -44,7 +44,7 @@
  *    id (cuCtxGetId), and ends its streams and events. The id is compared
  *    whenever a stream is made or a fence is asked for; a new one drops the
  *    context's entries without destroying their dead events.
- * May call: resolve.h, the log.
+ * May call: resolve.h, the log and the hook counters (shim.h).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -295,7 +295,9 @@ static void settle_locked(unsigned k)
 {
 	if (T.legacy[k].owed) {
 		T.legacy[k].owed = false;
-		atomic_fetch_sub_explicit(&owed_count, 1, memory_order_relaxed);
+		/* release: a malloc that reads the count without the lock and
+		 * finds nothing owed sees the record made before */
+		atomic_fetch_sub_explicit(&owed_count, 1, memory_order_release);
 	}
 }
 
@@ -478,7 +480,7 @@ CUresult vpmm_fence_free(CUcontext ctx)
 			r = CUDA_ERROR_OUT_OF_MEMORY;
 		else if (!T.legacy[k].owed) {
 			T.legacy[k].owed = true;
-			atomic_fetch_add_explicit(&owed_count, 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&owed_count, 1, memory_order_release);
 		}
 	}
 	pthread_mutex_unlock(&T.lock);
@@ -510,8 +512,10 @@ static CUresult legacy_record_locked(CUcontext ctx)
 	if (k < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUresult r = vpmm_real.event_record(T.legacy[k].ev, CU_STREAM_LEGACY);
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS && T.legacy[k].owed) {
+		vpmm_count(VPMM_HOOK_fence_owed);
 		settle_locked((unsigned)k);
+	}
 	return r;
 }
 
@@ -568,9 +572,20 @@ CUresult vpmm_fence_owed(CUcontext ctx)
 	if (!ctx && vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&T.lock);
+	/* A context reset since the frees ended their work and its events:
+	 * nothing is owed then, and the old event must not be recorded (its
+	 * handle may be another event's by now). The synchronous paths check
+	 * the id in vpmm_fence_possible. */
+	check_id_locked(ctx);
 	for (unsigned k = 0; ctx && k < CTX_MAX; k++)
 		if (T.legacy[k].ctx == ctx && T.legacy[k].owed)
 			r = legacy_record_locked(ctx);
+	/* Reset and not yet made again (the runtime remakes it at its next
+	 * call, after this one): its work ended with it, nothing is owed. */
+	if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+		ctx_end_locked(ctx);
+		r = CUDA_SUCCESS;
+	}
 	pthread_mutex_unlock(&T.lock);
 	return r;
 }

@@ -524,7 +524,8 @@ static void stream_per_request(void)
 
 /* cudaDeviceReset as the CUDA 13 runtime does it: through the driver's
  * private table, which no hook of the shim sees. Frees pending on two
- * streams and memory live across it; after it, allocations on several new
+ * streams, a synchronous free's legacy record owed, and memory live across
+ * it; after it, allocations on several new
  * streams, and a second reset among them. No stream or event of the ended
  * context may be named again (the fake counts each as dead_handle: a crash
  * inside libcuda on a GPU), and the live memory keeps its bytes. */
@@ -544,8 +545,23 @@ static void device_reset(void)
 		CHECK_EQ(cudaFreeAsync(a, s), 0);
 		CHECK_EQ(cudaFreeAsync(b, t), 0); /* pending on s and t at the reset */
 	}
+	/* a synchronous free owes the legacy stream a record at the reset; the
+	 * first malloc on the legacy stream after it must not make it */
+	CHECK_EQ(cudaMalloc(&a, P), 0);
+	CHECK_EQ(cudaFree(a), 0);
 	CHECK_EQ(cudaDeviceReset(), 0);
+	CHECK_EQ(cudaMallocAsync(&a, P, NULL), 0);
+	touch(a, P, 3);
+	CHECK_EQ(cudaFreeAsync(a, NULL), 0);
 	for (int round = 0; round < 8; round++) {
+		if (round == 4) {
+			/* made again by a call the shim does not see, a record
+			 * still owed to the old one */
+			CHECK_EQ(cudaDeviceSynchronize(), 0);
+			CHECK_EQ(cudaMallocAsync(&a, P, NULL), 0);
+			touch(a, P, 5);
+			CHECK_EQ(cudaFreeAsync(a, NULL), 0);
+		}
 		for (int k = 0; k < 3; k++)
 			CHECK_EQ(cudaStreamCreate(&u[k]), 0);
 		for (int k = 0; k < 3; k++) {

@@ -179,7 +179,7 @@ static void destroyed(void)
 
 /* Blocking streams and the per-thread default stream: no fence of their
  * own, only the legacy stream's implicit order (one event recorded on it
- * by each free). */
+ * between the frees and the next malloc on it). */
 static void blocking(void)
 {
 	CUstream b1, b2;
@@ -214,12 +214,16 @@ static bool owed_write(CUstream late, CUstream next, int how)
 	for (int i = 0; i < 2; i++)
 		CHECK_EQ(cuMemAlloc(&a[i], 4 * P), 0);
 	CUevent old = work_on(late);
+	long long records = hook_calls("fence_owed");
 	for (int i = 0; i < 2; i++)
 		CHECK_EQ(cuMemFree(a[i]), 0);
 	if (how == 0)
 		CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
 	else
 		CHECK_EQ(cuMemAllocAsync(&b, 4 * P, how == 1 ? CU_STREAM_LEGACY : NULL), 0);
+	/* one record for the two frees, made by this malloc */
+	if (!device_mode() && expect_pool())
+		CHECK_EQ(hook_calls("fence_owed") - records, 1);
 	CUevent young = work_on(next);
 	CHECK_EQ(cuStreamSynchronize(next), 0);
 	if (cuEventQuery(young) == CUDA_SUCCESS)
