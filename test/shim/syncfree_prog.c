@@ -37,6 +37,23 @@ static CUevent work_on(CUstream s)
 	return ev;
 }
 
+/* The new owner's write of b on `next`, which the device runs first: it
+ * must not complete before `old`, the old owner's late write. Then b is
+ * freed. */
+static void new_write(CUevent old, CUstream next, CUdeviceptr b)
+{
+	CUevent young = work_on(next);
+	CHECK_EQ(cuStreamSynchronize(next), 0);
+	if (cuEventQuery(young) == CUDA_SUCCESS)
+		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	/* the host waits: the device runs everything the new write waits for */
+	CHECK_EQ(cuEventSynchronize(young), 0);
+	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+	CHECK_EQ(cuMemFree(b), 0);
+	cuEventDestroy(old);
+	cuEventDestroy(young);
+}
+
 /* a: allocated, written late on `late` (work pending), freed (and `late`
  * destroyed, if asked); then the same size allocated again and written on
  * `next`. The device runs `next` first: the new write must not complete
@@ -50,16 +67,7 @@ static bool late_write_then(CUstream late, CUstream next, bool destroy_late)
 	if (destroy_late)
 		CHECK_EQ(cuStreamDestroy(late), 0);
 	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
-	CUevent young = work_on(next);
-	CHECK_EQ(cuStreamSynchronize(next), 0);
-	if (cuEventQuery(young) == CUDA_SUCCESS)
-		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	/* the host waits: the device runs everything the new write waits for */
-	CHECK_EQ(cuEventSynchronize(young), 0);
-	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	CHECK_EQ(cuMemFree(b), 0);
-	cuEventDestroy(old);
-	cuEventDestroy(young);
+	new_write(old, next, b);
 	return a == b;
 }
 
@@ -224,15 +232,7 @@ static bool owed_write(CUstream late, CUstream next, int how)
 	/* one record for the two frees, made by this malloc */
 	if (!device_mode() && expect_pool())
 		CHECK_EQ(hook_calls("fence_owed") - records, 1);
-	CUevent young = work_on(next);
-	CHECK_EQ(cuStreamSynchronize(next), 0);
-	if (cuEventQuery(young) == CUDA_SUCCESS)
-		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	CHECK_EQ(cuEventSynchronize(young), 0);
-	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	CHECK_EQ(cuMemFree(b), 0);
-	cuEventDestroy(old);
-	cuEventDestroy(young);
+	new_write(old, next, b);
 	return b == a[0] || b == a[1];
 }
 
