@@ -21,6 +21,7 @@ struct vpmm_host_device {
 	/* atomic: the thread is past its check of quiet, acting; quiet waits
 	 * for it to finish, so that nothing moves once quiet returns */
 	bool acting;
+	unsigned hooks_in; /* atomic: hooks past their check of quiet, likewise */
 	pthread_t thread;
 	bool thread_running;
 	uint64_t completed, tenant_moves, yields, sleeps, interludes; /* atomic */
@@ -90,11 +91,21 @@ static bool slow_op(enum vpmm_op op)
 	}
 }
 
+static void hook_act(struct vpmm_host_device *dev, enum vpmm_op op);
+
+/* Counted in before its check of quiet, as the thread's turn (device_main),
+ * so that quiet also waits for hooks running on other threads. */
 static void hook(void *arg, enum vpmm_op op)
 {
 	struct vpmm_host_device *dev = arg;
-	if (__atomic_load_n(&dev->quiet, __ATOMIC_ACQUIRE))
-		return;
+	__atomic_add_fetch(&dev->hooks_in, 1, __ATOMIC_SEQ_CST);
+	if (!__atomic_load_n(&dev->quiet, __ATOMIC_SEQ_CST))
+		hook_act(dev, op);
+	__atomic_sub_fetch(&dev->hooks_in, 1, __ATOMIC_RELEASE);
+}
+
+static void hook_act(struct vpmm_host_device *dev, enum vpmm_op op)
+{
 	if (dev->o.tenant_hi &&
 	    (chance(dev, dev->o.tenant_move) ||
 	     (op == VPMM_OP_MEM_CREATE && chance(dev, dev->o.tenant_create))))
@@ -170,8 +181,11 @@ int vpmm_host_device_start(vpmm_driver *d, const struct vpmm_host_device_opts *o
 void vpmm_host_device_quiet(struct vpmm_host_device *dev, bool quiet)
 {
 	__atomic_store_n(&dev->quiet, quiet, __ATOMIC_SEQ_CST);
-	/* A turn of the thread that began before it saw quiet ends first. */
-	while (quiet && __atomic_load_n(&dev->acting, __ATOMIC_SEQ_CST))
+	/* A turn of the thread, and hooks on other threads, that began before
+	 * they saw quiet end first. Not from inside a hook (interlude_fn):
+	 * it would wait for itself. */
+	while (quiet && (__atomic_load_n(&dev->acting, __ATOMIC_SEQ_CST) ||
+			 __atomic_load_n(&dev->hooks_in, __ATOMIC_SEQ_CST)))
 		sched_yield();
 }
 

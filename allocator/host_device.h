@@ -73,7 +73,8 @@ int vpmm_host_device_start(vpmm_driver *d, const struct vpmm_host_device_opts *o
 			   struct vpmm_host_device **out);
 /* Quiet (true): the hook and the thread do nothing more until quiet is
  * false again; the tenant stays where it is. Returns once a turn of the
- * thread begun before is over. Any thread. */
+ * thread and the hooks begun before are over. Any thread, but not from
+ * inside a hook (an interlude). */
 void vpmm_host_device_quiet(struct vpmm_host_device *dev, bool quiet);
 /* Stops the thread, takes the hook off and frees the model; its counts into
  * *st (may be NULL). No other thread may use the driver meanwhile (destroy
