@@ -80,6 +80,10 @@ import subprocess
 import sys
 import time
 
+# vpmm_probe: which GPU NVML should read (test/gpu, beside the GPU checks)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test", "gpu"))
+from vpmm_probe import cuda_pci_bus_id, visible_index  # noqa: E402
+
 ALLOCATORS = ["cudaMalloc", "cuda_pool", "torch_native", "torch_expandable",
               "torch_async", "vpmm_torch", "vpmm_preload", "vpmm_preload_always"]
 TORCH_CONF = {
@@ -233,16 +237,14 @@ class Nvml:
         _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
                     ("used", ctypes.c_ulonglong)]
 
-    def __init__(self, index=0, uuid=None):
+    def __init__(self, index=0, bus=None):
         lib = ctypes.CDLL("libnvidia-ml.so.1")
         init = getattr(lib, "nvmlInit_v2", None) or lib.nvmlInit
         if init() != 0:
             raise RuntimeError("nvmlInit failed")
         self.dev = ctypes.c_void_p()
-        if uuid:
-            if lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(self.dev)) != 0:
-                raise RuntimeError("nvmlDeviceGetHandleByUUID(%s) failed" % uuid)
-        else:
+        by_bus = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
+        if not (bus and by_bus and by_bus(bus.encode(), ctypes.byref(self.dev)) == 0):
             get = getattr(lib, "nvmlDeviceGetHandleByIndex_v2", None) or \
                 lib.nvmlDeviceGetHandleByIndex
             if get(ctypes.c_uint(index), ctypes.byref(self.dev)) != 0:
@@ -259,20 +261,16 @@ class Nvml:
 
 
 def nvml_device():
-    """(index, uuid) of the device CUDA calls 0 here, as NVML knows it. NVML
-    numbers GPUs by PCI bus whatever CUDA_VISIBLE_DEVICES says, so its first
-    entry names the device: a UUID as such, a number as NVML's index (which
-    is CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID, as gpu-bench.sh sets).
-    Read on another GPU, a replay measured what ran there (a whole run's
-    peaks read 0 beside a second job on GPU 0). VPMM_BENCH_NVML_INDEX
-    overrides."""
+    """(index, PCI bus id) of the device CUDA calls 0 here, as NVML knows it:
+    by the bus id CUDA gives (vpmm_probe.cuda_pci_bus_id), else by the
+    first entry of CUDA_VISIBLE_DEVICES as NVML's index. NVML numbers GPUs
+    by PCI bus whatever CUDA_VISIBLE_DEVICES says: read on another GPU, a
+    replay measured what ran there (a whole run's peaks read 0 beside a
+    second job on GPU 0). VPMM_BENCH_NVML_INDEX overrides."""
     forced = os.environ.get("VPMM_BENCH_NVML_INDEX")
     if forced is not None:
         return int(forced), None
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if first.startswith(("GPU-", "MIG-")):
-        return 0, first
-    return (int(first) if first.isdigit() else 0), None
+    return visible_index(), cuda_pci_bus_id()
 
 
 def make_nvml():

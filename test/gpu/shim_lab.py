@@ -15,7 +15,7 @@ import sys
 import pynvml
 import torch
 
-from vpmm_probe import pool_stats
+from vpmm_probe import nvml_handle, pool_stats
 
 MiB, GiB = 1 << 20, 1 << 30
 CASES = {
@@ -37,7 +37,7 @@ dev = torch.device("cuda:0")
 torch.empty(1, dtype=torch.uint8, device=dev).fill_(1)  # context, fill kernel loaded
 torch.cuda.synchronize()
 pynvml.nvmlInit()
-nv = pynvml.nvmlDeviceGetHandleByIndex(0)
+nv = nvml_handle(pynvml)
 
 
 def nv_used():

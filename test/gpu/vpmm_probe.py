@@ -20,6 +20,43 @@ def _export(lib, name):
         return None
 
 
+def cuda_pci_bus_id():
+    """The PCI bus id of the device CUDA calls 0 in this process (after
+    CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER), from the driver, which makes
+    no context for it; None where libcuda cannot say."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, buf = ctypes.c_int(), ctypes.create_string_buffer(64)
+        if (cu.cuInit(0) != 0 or cu.cuDeviceGet(ctypes.byref(dev), 0) != 0
+                or cu.cuDeviceGetPCIBusId(buf, 64, dev) != 0):
+            return None
+        return buf.value.decode()
+    except (OSError, AttributeError):
+        return None
+
+
+def visible_index():
+    """NVML's index of the device CUDA calls 0, by the first entry of
+    CUDA_VISIBLE_DEVICES (which is NVML's numbering with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID); 0 without one. The fallback where the
+    PCI bus id is not to be had."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def nvml_handle(pynvml):
+    """pynvml's handle of the device CUDA calls 0 here. NVML numbers GPUs
+    by PCI bus whatever CUDA_VISIBLE_DEVICES says: read on another GPU, a
+    peak measured whatever ran there."""
+    bus = cuda_pci_bus_id()
+    if bus:
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except Exception:  # noqa: B902 -- any NVML failure: the fallback
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(visible_index())
+
+
 def pool_stats(lib=None, device=0):
     """The stats of `device`'s pool as a dict, or None without libvpmm.so or
     without a pool on that device yet."""
@@ -54,12 +91,7 @@ class NvmlPeak:
     def __init__(self):
         import pynvml
         pynvml.nvmlInit()
-        # NVML numbers GPUs by PCI bus, whatever CUDA_VISIBLE_DEVICES says:
-        # the one CUDA calls 0 here is its first entry (with
-        # CUDA_DEVICE_ORDER=PCI_BUS_ID, which gpu-torch-step.sh sets).
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-        index = int(first) if first.strip().isdigit() else 0
-        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.nvml, self.h = pynvml, nvml_handle(pynvml)
         self.base = self.used()
         self.peak, self.stop = 0, False
         self.t = threading.Thread(target=self.run, daemon=True)
