@@ -26,16 +26,20 @@
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
 # shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak|
-# graphs|address|multi; "all" for every part; the default is shim|dump|share|reliab|bench), SHIM_STEPS
-# (100), SHIM_JAX_STEPS (30), SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
+# graphs|address|multi; "all" for every part; the default is
+# shim|dump|share|reliab|bench), SHIM_STEPS (100), SHIM_JAX_STEPS (30),
+# SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
 # preload without caching, compared with pluggable; see gpu-torch-step.sh,
 # whose BASE, PAIRED and STEP_TRACE pass through the environment: on two
 # GPUs, PAIRED=1 BASE=pluggable STEP_MODES=shim times the two side by side),
 # DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
 # process leaves free, 12G; bench/capacity.py), CAPACITY_TRIES (its tries
-# an allocator at most, 10), CAPACITY_MODES (its allocators, all four), CAPACITY_START (native's first
-# batch, 16); pressure and soak read gpu-pressure.sh's own
+# an allocator at most, 10), CAPACITY_MODES (its allocators, all four),
+# CAPACITY_START (native's first batch, 16), CAPACITY_ROUNDS (the alternated
+# runs at the common batch, 3; a run takes about 15 s on an H200, so the
+# defaults' 4 x 10 tries and 3 x 4 runs pass a 10-minute call: fewer tries
+# or modes there); pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
@@ -140,7 +144,7 @@ if part costs; then
 		sed -n '/^pass 1/,$p' "$W/logs/vmm_costs.txt" | grep '^cost' | sed 's/^cost /  /' | tee -a "$SUMMARY"
 		"$W/driver_queries" >"$W/logs/driver_queries.txt" 2>&1
 		note "driver queries, 8 threads over 1, then the fences' calls on one (bench/driver_queries.cu): exit $?"
-		tail -n 12 "$W/logs/driver_queries.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+		sed 's/^/  /' "$W/logs/driver_queries.txt" | tee -a "$SUMMARY"
 	else
 		note "driver costs: build failed (logs/costs-build.txt)"
 	fi
@@ -164,6 +168,7 @@ if part capacity; then
 		nvcc -O2 -o "$W/hold" "$ROOT/test/gpu/hold.cu" >>"$W/logs/capacity-build.txt" 2>&1; then
 		python3 "$ROOT/bench/capacity.py" --hold "$W/hold" --lib "$W/libvpmm-cap.so" \
 			--budget "${CAPACITY_BUDGET:-12G}" --tries "${CAPACITY_TRIES:-10}" --start "${CAPACITY_START:-16}" \
+			--rounds "${CAPACITY_ROUNDS:-3}" \
 			--modes "${CAPACITY_MODES:-native,expandable,pluggable,preload}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
 		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
 		sed -n '/^capacity /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
