@@ -25,6 +25,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaDeviceReset(void);
+cudaError_t cudaDeviceSynchronize(void);
 
 #define P ((size_t)64 << 10) /* the fake driver's granularity: one pool page */
 
@@ -489,11 +490,14 @@ static uint64_t cpu_ns(void)
 
 /* A stream per request, 20 000 times: created, 1 MiB allocated and freed
  * on it, synchronised, destroyed. What the pool keeps for the destroyed
- * streams stays bounded, and no thousand streams cost four times the CPU
- * time of the second thousand (the first makes the pool). */
+ * streams stays bounded, and no two thousands of streams in a row cost four
+ * times the CPU time of the cheapest thousand after the first (which makes
+ * the pool): a cost that grows with the streams seen fails, one slow block
+ * on a loaded machine does not. */
 static void stream_per_request(void)
 {
 	uint64_t t0 = cpu_ns(), ref = 0;
+	int slow = 0;
 	for (int i = 1; i <= 20000; i++) {
 		cudaStream_t s;
 		void *p;
@@ -506,9 +510,10 @@ static void stream_per_request(void)
 			continue;
 		uint64_t t = cpu_ns(), spent = t - t0;
 		t0 = t;
-		if (i == 2000)
+		if (i == 2000 || (i > 2000 && spent < ref))
 			ref = spent;
-		if (i > 2000 && spent > 4 * ref) {
+		slow = i > 2000 && spent > 4 * ref ? slow + 1 : 0;
+		if (slow == 2) {
 			fprintf(stderr, "FAIL streams %d-%d: %llu ns a stream, %llu at 1001-2000\n",
 				i - 999, i, (unsigned long long)spent / 1000,
 				(unsigned long long)ref / 1000);
