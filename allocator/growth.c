@@ -1,7 +1,7 @@
 /* growth.c — how the pool grows: whether a request that finds no free range
  * is served by new memory alone or by a defragmentation, and how large the
  * new handles are, from the memory the device and VPMM_LIMIT leave
- * (docs/design.md, "Growth follows the headroom").
+ * (docs/policy.md, "Growth follows the headroom").
  *
  * Owns: the headroom estimate (the device's free bytes, read at most every
  * GROWTH_READ_NS on the growth path, less what the pool created since) and

@@ -16,7 +16,7 @@
  * address each malloc got. Mallocs the stream's cache serves are counted as
  * well as those through the pool lock: which of them the cache serves
  * changes from step to step (a flush empties it), so counting only the
- * others hid most loops (docs/design.md, "Loops").
+ * others hid most loops (docs/policy.md, "Loops").
  *
  * Per stream, under the front's lock that the cache's fast path holds
  * anyway: threads on their own streams share nothing. 128 KiB a stream,

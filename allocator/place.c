@@ -137,7 +137,7 @@ struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need
  * Giving back only the one allocation let the step's placement drift: over
  * 20 settings of cache entries and loop growth, the PyTorch step's trace
  * still defragmented after 30 steps at 11 of them, against 4 (18 without
- * the places; docs/design.md, "Loops"). */
+ * the places; docs/policy.md, "Loops"). */
 struct region *vpi_place_at(vpmm_pool *p, struct stream *caller, size_t need,
 			       CUdeviceptr x, bool *flushed)
 {

@@ -6,7 +6,7 @@
 // checks that the kernel after the wait sees the memory (no fault, its
 // writes read back).
 //
-// The question it answers is in docs/design.md ("What peak <= 1.01 costs in
+// The question it answers is in docs/policy.md ("What peak <= 1.01 costs in
 // driver time"): cuMemSetAccess is most of a handle operation, and stream
 // order could move it off the calling thread for cudaMallocAsync callers.
 // Build: nvcc -O2 -o async_map bench/async_map.cu -lcuda -lpthread

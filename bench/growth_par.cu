@@ -1,7 +1,7 @@
 // growth_par.cu — does the driver's per-handle cost of growing (cuMemCreate,
 // cuMemMap, cuMemSetAccess) shrink when several threads share the handles of
 // one growth? Decides whether the pool should grow with helper threads
-// (docs/design.md, "Handles"). For 64 MiB and 1 GiB grown as 16 handles: one
+// (docs/policy.md, "Handles"). For 64 MiB and 1 GiB grown as 16 handles: one
 // thread, then 2, 4 and 8 threads each creating, mapping and granting their
 // share of the handles into one reservation; cudaMalloc of the same size for
 // reference. Medians of REPS runs, µs. Build: nvcc -O2 growth_par.cu -lcuda.

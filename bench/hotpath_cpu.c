@@ -62,7 +62,7 @@ static int run(long pairs, int use_stream)
 	 * VPMM_REMAP=pressure the 8- and 32-page requests of the cycle share
 	 * one free range, and each cycle's 8-page malloc flushes the stream's
 	 * cache: 6 mallocs of 8 go through the lock (2154 instructions a
-	 * pair; docs/design.md, "Growth follows the headroom"). */
+	 * pair; docs/policy.md, "Growth follows the headroom"). */
 	cfg.remap = VPMM_REMAP_ALWAYS;
 	rc = vpmm_pool_create(&cfg, drv, &pool);
 	if (rc)

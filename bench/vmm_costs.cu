@@ -4,7 +4,7 @@
 // mapped, handle size, the GPU busy with a kernel, and how many handles the
 // context holds mapped already (the pool's replays hold thousands).
 //
-// The pool's replay time is made of these operations (docs/design.md,
+// The pool's replay time is made of these operations (docs/policy.md,
 // "What peak <= 1.01 costs in driver time"); this program decides whether
 // the pool can make them cheaper rather than fewer.
 // Build: nvcc -O2 -o vmm_costs bench/vmm_costs.cu -lcuda
