@@ -209,13 +209,16 @@ static void blocking(void)
 }
 
 /* The record a synchronous free owes the legacy stream is made by the
- * next malloc on it, once for a run of frees: the sync malloc, a
- * stream-ordered one on the legacy stream (as CU_STREAM_LEGACY and as 0).
- * Each time, two allocations written late on blocking stream `late`, both
- * freed, then one of the same size taken on the legacy stream and written
- * on blocking stream `next`, which the device runs first: with no action on
- * the legacy stream between the frees and the new write, it would not wait
- * for the late one. */
+ * next malloc on it, once for a run of frees: the sync malloc (how 0), a
+ * stream-ordered one on the legacy stream (1: CU_STREAM_LEGACY, 2: 0), one
+ * on the per-thread default stream (3), which the shim serves as a
+ * synchronous caller. (A malloc on another stream does not get the memory
+ * here before it settled.) Each time, two allocations written
+ * late on blocking stream `late`, both freed, then one of the same size
+ * taken and written on blocking stream `next`, which the device runs
+ * first: with no action on the legacy stream between the frees and the new
+ * write, it would not wait for the late one. Returns whether the memory
+ * was reused. */
 static bool owed_write(CUstream late, CUstream next, int how)
 {
 	CUdeviceptr a[2], b;
@@ -225,10 +228,11 @@ static bool owed_write(CUstream late, CUstream next, int how)
 	long long records = hook_calls("fence_owed");
 	for (int i = 0; i < 2; i++)
 		CHECK_EQ(cuMemFree(a[i]), 0);
+	static const CUstream on[] = {NULL, CU_STREAM_LEGACY, NULL, CU_STREAM_PER_THREAD};
 	if (how == 0)
 		CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
 	else
-		CHECK_EQ(cuMemAllocAsync(&b, 4 * P, how == 1 ? CU_STREAM_LEGACY : NULL), 0);
+		CHECK_EQ(cuMemAllocAsync(&b, 4 * P, on[how]), 0);
 	/* one record for the two frees, made by this malloc */
 	if (!device_mode() && expect_pool())
 		CHECK_EQ(hook_calls("fence_owed") - records, 1);
@@ -242,9 +246,10 @@ static void owed(void)
 	start();
 	CHECK_EQ(cuStreamCreate(&b1, 0), 0);
 	CHECK_EQ(cuStreamCreate(&b2, 0), 0);
-	for (int how = 0; how < 3; how++) {
+	for (int how = 0; how < 4; how++) {
 		bool reused = owed_write(b1, b2, how);
 		reused &= owed_write(b2, b1, how);
+		/* at once, in the legacy stream's order */
 		if (!device_mode() && expect_pool())
 			CHECK(reused);
 	}
