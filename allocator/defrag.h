@@ -1,6 +1,6 @@
 /* defrag.h — defragmentation (defrag.c): gathering free handles into a hole
- * by remapping them, or creating what is lacking. defrag.c calls region.c,
- * handle.c, chunk.c and stream.c.
+ * by remapping them, or creating what is lacking. defrag.c calls harvest.c,
+ * region.c, handle.c, chunk.c, stream.c and growth.c.
  */
 #ifndef VPMM_DEFRAG_H
 #define VPMM_DEFRAG_H
