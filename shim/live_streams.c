@@ -505,8 +505,8 @@ static int legacy_slot_locked(CUcontext ctx)
 }
 
 /* Records on the legacy stream of `ctx` (the current context), which pays
- * what the frees before owed it. */
-static CUresult legacy_record_locked(CUcontext ctx)
+ * what the frees before owed it; *ev (may be NULL): the event recorded. */
+static CUresult legacy_record_locked(CUcontext ctx, CUevent *ev)
 {
 	int k = legacy_slot_locked(ctx);
 	if (k < 0)
@@ -516,7 +516,18 @@ static CUresult legacy_record_locked(CUcontext ctx)
 		vpmm_count(VPMM_HOOK_fence_owed);
 		settle_locked((unsigned)k);
 	}
+	if (ev)
+		*ev = T.legacy[k].ev;
 	return r;
+}
+
+/* Whether the frees of `ctx` owe its legacy stream a record. */
+static bool owed_locked(CUcontext ctx)
+{
+	for (unsigned k = 0; k < CTX_MAX; k++)
+		if (T.legacy[k].ctx == ctx)
+			return T.legacy[k].owed;
+	return false;
 }
 
 void vpmm_fence_new_stream(CUstream s)
@@ -531,9 +542,9 @@ void vpmm_fence_new_stream(CUstream s)
 	}
 	pthread_mutex_lock(&T.lock);
 	check_id_locked(ctx);
-	bool ok = legacy_record_locked(ctx) == CUDA_SUCCESS &&
-		  vpmm_real.stream_wait_event(s, T.legacy[legacy_slot_locked(ctx)].ev, 0) ==
-			  CUDA_SUCCESS;
+	CUevent ev;
+	bool ok = legacy_record_locked(ctx, &ev) == CUDA_SUCCESS &&
+		  vpmm_real.stream_wait_event(s, ev, 0) == CUDA_SUCCESS;
 	pthread_mutex_unlock(&T.lock);
 	if (!ok)
 		distrust("a new non-blocking stream could not wait for the legacy stream");
@@ -542,20 +553,17 @@ void vpmm_fence_new_stream(CUstream s)
 CUresult vpmm_fence_malloc(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
-	bool owed = false, nb = false;
+	bool nb = false;
+	CUevent ev;
 	if (!atomic_load_explicit(&nb_count, memory_order_acquire) &&
 	    !atomic_load_explicit(&owed_count, memory_order_acquire))
 		return CUDA_SUCCESS;
 	pthread_mutex_lock(&T.lock);
-	for (unsigned k = 0; k < CTX_MAX; k++)
-		if (T.legacy[k].ctx == ctx)
-			owed = T.legacy[k].owed;
 	for (unsigned i = 0; !nb && i < T.n_nb; i++)
 		nb = T.nb[i]->ctx == ctx;
-	if (owed || nb)
-		r = legacy_record_locked(ctx);
+	if (owed_locked(ctx) || nb)
+		r = legacy_record_locked(ctx, &ev);
 	if (r == CUDA_SUCCESS && nb) {
-		CUevent ev = T.legacy[legacy_slot_locked(ctx)].ev; /* just recorded */
 		for (unsigned i = 0; r == CUDA_SUCCESS && i < T.n_nb; i++)
 			if (T.nb[i]->ctx == ctx)
 				r = vpmm_real.stream_wait_event(T.nb[i]->s, ev, 0);
@@ -577,9 +585,8 @@ CUresult vpmm_fence_owed(CUcontext ctx)
 	 * handle may be another event's by now). The synchronous paths check
 	 * the id in vpmm_fence_possible. */
 	check_id_locked(ctx);
-	for (unsigned k = 0; ctx && k < CTX_MAX; k++)
-		if (T.legacy[k].ctx == ctx && T.legacy[k].owed)
-			r = legacy_record_locked(ctx);
+	if (ctx && owed_locked(ctx))
+		r = legacy_record_locked(ctx, NULL);
 	/* Reset and not yet made again (the runtime remakes it at its next
 	 * call, after this one): its work ended with it, nothing is owed. */
 	if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
