@@ -46,50 +46,69 @@ static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
 	return b ? plan_push(pl, (struct harvest){.r = r, .a = a, .b = b}) : 0;
 }
 
-/* VPMM_DEFRAG_ALL: every free handle that fits the hole, the caller's
- * regions first, then settled ones (smallest first), then other streams'
- * (oldest free first); within a region, lowest address first. */
-static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller,
-			    const struct region *skip, const struct region *skip2)
+/* Visits the free regions a defragmentation may take from, in the order it
+ * prefers them: the caller's (in free order), the settled ones (smallest
+ * first), then other streams' (`others`), oldest free first across all of
+ * them: each fifo is in free order already, so their heads are merged; past
+ * 64 streams the rest go each in turn, before the merge. visit() answers 0
+ * to go on; anything else stops the visit, which answers it. */
+static int each_free_region(vpmm_pool *p, struct stream *caller,
+			    int (*visit)(vpmm_pool *p, struct region *r, bool others, void *arg),
+			    void *arg)
 {
 	int rc = 0;
 	if (caller)
 		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
-			if (r != skip && r != skip2 && pl->taken < pl->target)
-				rc = plan_region(p, pl, r);
-	for (struct vpi_tnode *n = vpi_tree_first(&p->settled); n && !rc;
-	     n = vpi_tree_next(n)) {
-		struct region *r = REG(n, by_size);
-		if (r != skip && r != skip2 && pl->taken < pl->target)
-			rc = plan_region(p, pl, r);
-	}
-	/* Other streams: oldest free first across all of them (each fifo is in
-	 * free order already, so this merges their heads). */
+			rc = visit(p, r, false, arg);
+	for (struct vpi_tnode *t = vpi_tree_first(&p->settled); t && !rc; t = vpi_tree_next(t))
+		rc = visit(p, REG(t, by_size), false, arg);
 	struct region *cur[64];
-	unsigned n = 0;
-	for (struct stream *s = p->streams; s; s = s->next) {
+	unsigned ns = 0;
+	for (struct stream *s = p->streams; s && !rc; s = s->next) {
 		if (s == caller || !s->fifo_head)
 			continue;
-		if (n == 64) { /* more streams than the merge holds: in turn */
+		if (ns == 64) { /* more streams than the merge holds: in turn */
 			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
-				if (r != skip && r != skip2 && pl->taken < pl->target)
-					rc = plan_region(p, pl, r);
+				rc = visit(p, r, true, arg);
 			continue;
 		}
-		cur[n++] = s->fifo_head;
+		cur[ns++] = s->fifo_head;
 	}
-	while (!rc && pl->taken < pl->target) {
-		unsigned best = n;
-		for (unsigned i = 0; i < n; i++)
-			if (cur[i] && (best == n || cur[i]->seq < cur[best]->seq))
-				best = i;
-		if (best == n)
+	while (!rc) {
+		unsigned best = ns;
+		for (unsigned j = 0; j < ns; j++)
+			if (cur[j] && (best == ns || cur[j]->seq < cur[best]->seq))
+				best = j;
+		if (best == ns)
 			break;
-		if (cur[best] != skip && cur[best] != skip2)
-			rc = plan_region(p, pl, cur[best]);
+		rc = visit(p, cur[best], true, arg);
 		cur[best] = cur[best]->next;
 	}
 	return rc;
+}
+
+struct all_visit {
+	struct plan *pl;
+	const struct region *skip, *skip2;
+};
+
+static int all_region(vpmm_pool *p, struct region *r, bool others, void *arg)
+{
+	struct all_visit *v = arg;
+	(void)others;
+	if (v->pl->taken >= v->pl->target)
+		return 1; /* enough */
+	return r == v->skip || r == v->skip2 ? 0 : plan_region(p, v->pl, r);
+}
+
+/* VPMM_DEFRAG_ALL: every free handle that fits the hole, in the order of
+ * each_free_region(); within a region, lowest address first. */
+static int plan_harvest_all(vpmm_pool *p, struct plan *pl, struct stream *caller,
+			    const struct region *skip, const struct region *skip2)
+{
+	struct all_visit v = {pl, skip, skip2};
+	int rc = each_free_region(p, caller, all_region, &v);
+	return rc > 0 ? 0 : rc;
 }
 
 struct handle_cand { /* a handle a defragmentation may move */
@@ -128,16 +147,23 @@ static int cand_push(struct handle_cand **c, size_t *n, size_t *cap, struct regi
 	return 0;
 }
 
-static int cand_region(vpmm_pool *p, struct handle_cand **c, size_t *n, size_t *cap,
-		       struct region *r, const struct region *const *skip, bool others)
+struct cand_visit {
+	struct handle_cand *c;
+	size_t n, cap;
+	const struct region *skip, *skip2;
+};
+
+/* Every handle lying wholly inside r becomes a candidate. */
+static int cand_region(vpmm_pool *p, struct region *r, bool others, void *arg)
 {
+	struct cand_visit *v = arg;
 	CUdeviceptr end = r->va + r->size;
 	int rc = 0;
-	if (r == skip[0] || r == skip[1])
+	if (r == v->skip || r == v->skip2)
 		return 0;
 	for (struct mapping *m = vpi_mapping_from(p, r->chunk, r->va);
 	     m && m->va + m->handle->size <= end && !rc; m = vpi_mapping_next(m))
-		rc = cand_push(c, n, cap, r, m, others);
+		rc = cand_push(&v->c, &v->n, &v->cap, r, m, others);
 	return rc;
 }
 
@@ -152,43 +178,17 @@ static int cand_region(vpmm_pool *p, struct handle_cand **c, size_t *n, size_t *
 int vpi_plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 		     const struct region *skip1, const struct region *skip2)
 {
-	const struct region *skip[2] = {skip1, skip2};
-	struct handle_cand *c = NULL, **by = NULL;
-	size_t n = 0, cap = 0, lim, i;
-	int rc = 0;
+	struct cand_visit v = {.skip = skip1, .skip2 = skip2};
+	struct handle_cand *c, **by = NULL;
+	size_t n, lim, i;
+	int rc;
 
 	if (p->cfg.defrag == VPMM_DEFRAG_ALL)
 		return plan_harvest_all(p, pl, caller, skip1, skip2);
-	if (caller)
-		for (struct region *r = caller->fifo_head; r && !rc; r = r->next)
-			rc = cand_region(p, &c, &n, &cap, r, skip, false);
-	for (struct vpi_tnode *t = vpi_tree_first(&p->settled); t && !rc;
-	     t = vpi_tree_next(t))
-		rc = cand_region(p, &c, &n, &cap, REG(t, by_size), skip, false);
-	/* Other streams: oldest free first across all of them, as in
-	 * plan_harvest_all(); a wait on each stream is the same price. */
-	struct region *cur[64];
-	unsigned ns = 0;
-	for (struct stream *s = p->streams; s && !rc; s = s->next) {
-		if (s == caller || !s->fifo_head)
-			continue;
-		if (ns == 64) { /* more streams than the merge holds: in turn */
-			for (struct region *r = s->fifo_head; r && !rc; r = r->next)
-				rc = cand_region(p, &c, &n, &cap, r, skip, true);
-			continue;
-		}
-		cur[ns++] = s->fifo_head;
-	}
-	while (!rc) {
-		unsigned best = ns;
-		for (unsigned j = 0; j < ns; j++)
-			if (cur[j] && (best == ns || cur[j]->seq < cur[best]->seq))
-				best = j;
-		if (best == ns)
-			break;
-		rc = cand_region(p, &c, &n, &cap, cur[best], skip, true);
-		cur[best] = cur[best]->next;
-	}
+	/* a wait on each other stream is the same price: oldest first */
+	rc = each_free_region(p, caller, cand_region, &v);
+	c = v.c;
+	n = v.n;
 	if (!rc && n && !(by = malloc(n * sizeof(*by))))
 		rc = -ENOMEM;
 	if (rc || !n)
