@@ -57,12 +57,30 @@ def parse_size(s):
 # ---- the worker: one allocator, one child a try --------------------------------------
 
 
-def train(batch, steps, seq, lib, mode):
-    """One try, in a fresh child: returns the result dict (raises on OOM)."""
+def train(batch, steps, seq, lib, mode, timed_lib=None):
+    """One try, in a fresh child: returns the result dict (raises on OOM).
+    With timed_lib (test/gpu/torch_timed.c, built for the mode: the wrapper
+    of vpmm_torch_malloc/free for pluggable, the preload of cudaMalloc/
+    cudaFree ahead of libvpmm.so for preload), also the time inside the
+    allocator's calls a step."""
+    import ctypes
     import torch
+    timed = None
+    if timed_lib:
+        timed = ctypes.CDLL(timed_lib).timed_read
+        timed.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
+
+    def calls_now():
+        v = (ctypes.c_uint64 * 4)()
+        timed(ctypes.byref(v))
+        return list(v)
+
     if mode == "pluggable":
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "vpmm_torch_malloc",
-                                                         "vpmm_torch_free")
+        path, m, f = lib, "vpmm_torch_malloc", "vpmm_torch_free"
+        if timed_lib:  # the wrapper finds the pool's pair through VPMM_LIB
+            os.environ["VPMM_LIB"] = lib
+            path, m, f = timed_lib, "timed_malloc", "timed_free"
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(path, m, f)
         torch.cuda.memory.change_current_allocator(alloc)
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -73,10 +91,11 @@ def train(batch, steps, seq, lib, mode):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1)
     lens = torch.randint(seq // 2, seq + 1, (steps,), generator=gen).tolist()
-    times = []
+    times, inside, calls = [], [], []
     for n in lens:
         ids = torch.randint(0, cfg.vocab_size, (batch, n), generator=gen).cuda()
         torch.cuda.synchronize()
+        c0 = calls_now() if timed else None
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -84,13 +103,21 @@ def train(batch, steps, seq, lib, mode):
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if timed:
+            c1 = calls_now()
+            inside.append((c1[1] - c0[1] + c1[3] - c0[3]) / 1e6)
+            calls.append(c1[0] - c0[0] + c1[2] - c0[2])
         if not torch.isfinite(loss).item():
             raise RuntimeError("loss is not finite")
     free, total = torch.cuda.mem_get_info()
     # the first steps load kernels and fill caches: the median of the rest
-    return {"batch": batch, "step_ms": 1000 * statistics.median(times[2:] or times),
-            "tokens_max": batch * max(lens), "free_after": free,
-            "pool": pool_counters(lib if mode == "pluggable" else None)}
+    res = {"batch": batch, "step_ms": 1000 * statistics.median(times[2:] or times),
+           "tokens_max": batch * max(lens), "free_after": free,
+           "pool": pool_counters(lib if mode == "pluggable" else None)}
+    if timed:
+        res["inside_ms"] = statistics.median(inside[2:] or inside)
+        res["calls"] = statistics.median(calls[2:] or calls)
+    return res
 
 
 def pool_counters(lib):
@@ -112,6 +139,12 @@ def pool_counters(lib):
         if n is not None:
             out["hook_" + h] = n
     return out
+
+
+def timed_lib(args, mode):
+    """The clock around mode's allocator calls, if asked for (--timed-lib,
+    --timed-shim), else None."""
+    return {"pluggable": args.timed_lib, "preload": args.timed_shim}.get(mode)
 
 
 def is_oom(e):
@@ -138,7 +171,8 @@ def worker(args):
             os.dup2(2, 1)  # the child's own prints must not reach the answers
             code = 0
             try:
-                res = train(batch, args.steps, args.seq, args.lib, args.mode)
+                res = train(batch, args.steps, args.seq, args.lib, args.mode,
+                            timed_lib(args, args.mode))
             except BaseException as e:  # noqa: B902 -- every failure is reported
                 code = 3 if is_oom(e) else 4
                 res = {"batch": batch, "error": "%s: %s" % (type(e).__name__, str(e)[:300])}
@@ -175,10 +209,15 @@ class Worker:
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         if mode == "preload":
             env["LD_PRELOAD"] = args.lib
+            if args.timed_shim:  # the clock first, so that it times the shim
+                env["LD_PRELOAD"] = args.timed_shim + " " + args.lib
             env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         env.setdefault("VPMM_SOCKET", "off")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--lib", args.lib,
                "--steps", str(args.steps), "--seq", str(args.seq)]
+        for opt in ("timed_lib", "timed_shim"):
+            if getattr(args, opt):
+                cmd += ["--" + opt.replace("_", "-"), getattr(args, opt)]
         self.mode = mode
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                   universal_newlines=True, bufsize=1)
@@ -199,6 +238,16 @@ class Worker:
         self.p.wait()
 
 
+def print_try(mode, b, res, what=""):
+    print("%-10s batch %4d%s: %s%s%s%s" % (
+        mode, b, what, res["outcome"],
+        " %.1f ms a step" % res["step_ms"] if res["outcome"] == "ok"
+        else " (%s)" % res.get("error", "")[:160],
+        ", %.2f ms inside %d calls" % (res["inside_ms"], res["calls"])
+        if "inside_ms" in res else "",
+        " pool %s" % json.dumps(res["pool"]) if res.get("pool") else ""), flush=True)
+
+
 def search(w, holder, budget, start, tries, log):
     """The largest batch that completes: doubling (or halving) from start,
     then bisection until the gap is 2 % of the batch or one."""
@@ -208,10 +257,7 @@ def search(w, holder, budget, start, tries, log):
         holder.leave(budget)
         res = w.attempt(b, 600)
         log.append(dict(res, mode=w.mode))
-        print("%-10s batch %4d: %s%s%s" % (w.mode, b, res["outcome"],
-              " %.1f ms a step" % res["step_ms"] if res["outcome"] == "ok"
-              else " (%s)" % res.get("error", "")[:160],
-              " pool %s" % json.dumps(res["pool"]) if res.get("pool") else ""), flush=True)
+        print_try(w.mode, b, res)
         (ok if res["outcome"] == "ok" else bad)[b] = res
         return res["outcome"]
 
@@ -274,6 +320,7 @@ def orchestrate(args):
                 holder.leave(budget)
                 res = workers[m].attempt(common, 600)
                 log.append(dict(res, mode=m, at_common=True, round=rnd + 1))
+                print_try(m, common, res, " (round %d)" % (rnd + 1))
                 at_common[m].append(res)
     finally:
         for w in workers.values():
@@ -282,9 +329,9 @@ def orchestrate(args):
     nat = largest.get("native") or 0
     rows = []
     print("\n| allocator | largest batch | vs native | median step there | "
-          "step at batch %d, median of %d | vs native, median of the rounds |"
-          % (common, args.rounds))
-    print("| --- | --- | --- | --- | --- | --- |")
+          "step at batch %d, median of %d | vs native, median of the rounds | "
+          "inside the allocator's calls there |" % (common, args.rounds))
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for m in modes:
         own = [x for x in log if x["mode"] == m and x.get("batch") == largest[m]
                and x["outcome"] == "ok" and not x.get("at_common")]
@@ -295,17 +342,19 @@ def orchestrate(args):
         ratios = [a["step_ms"] / b["step_ms"] for a, b in
                   zip(runs, at_common.get("native", []))
                   if a.get("outcome") == "ok" and b.get("outcome") == "ok"]
+        inside = [r["inside_ms"] for r in runs if "inside_ms" in r]
         row = {"mode": m, "largest": largest[m],
                "step_ms": own[-1]["step_ms"] if own else None,
-               "common_step_ms": c, "common_ratios": ratios}
+               "common_step_ms": c, "common_ratios": ratios, "common_inside_ms": inside}
         rows.append(row)
-        print("| %s | %s | %s | %s | %s | %s |" % (
+        print("| %s | %s | %s | %s | %s | %s | %s |" % (
             m, largest[m] if largest[m] is not None else "error",
             "%.3f" % (largest[m] / nat) if nat and largest[m] else "-",
             "%.1f ms" % row["step_ms"] if row["step_ms"] else "-",
             "%.1f ms" % c if c else ("failed" if runs else "-"),
             "%.3f (rounds %.3f-%.3f)" % (statistics.median(ratios), min(ratios), max(ratios))
-            if c and len(ratios) == len(runs) else "-"))
+            if c and len(ratios) == len(runs) else "-",
+            "%.2f-%.2f ms a step" % (min(inside), max(inside)) if inside else "-"))
     print("targets: libvpmm's largest >= 1.15 x native's and >= 1.05 x expandable's, "
           "step within 5 % of native's")
     if args.out:
@@ -327,6 +376,10 @@ def main():
     ap.add_argument("--tries", type=int, default=10, help="tries per allocator at most")
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of every allocator at the common batch, alternated (3)")
+    ap.add_argument("--timed-lib", help="test/gpu/torch_timed.c built: a clock around the "
+                    "pluggable allocator's calls (the time inside them a step)")
+    ap.add_argument("--timed-shim", help="test/gpu/torch_timed.c built with -DTIMED_RUNTIME: "
+                    "the same around the preload's cudaMalloc and cudaFree")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.rounds < 1:

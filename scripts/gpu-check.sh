@@ -39,7 +39,8 @@
 # CAPACITY_START (native's first batch, 16), CAPACITY_ROUNDS (the alternated
 # runs at the common batch, 3; a run takes about 15 s on an H200, so the
 # defaults' 4 x 10 tries and 3 x 4 runs pass a 10-minute call: fewer tries
-# or modes there); pressure and soak read gpu-pressure.sh's own
+# or modes there), CAPACITY_TIMED (1: the time inside the pluggable
+# allocator's and the preload's calls, a step); pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
@@ -164,14 +165,23 @@ if part capacity; then
 	t0=$SECONDS
 	# shellcheck source=scripts/gpu-build.sh
 	. "$ROOT/scripts/gpu-build.sh"
+	# CAPACITY_TIMED=1: a clock around the pluggable allocator's and the
+	# preload's calls (test/gpu/torch_timed.c), their time a step reported
+	timed=()
 	if vpmm_build_lib "$W/libvpmm-cap.so" >"$W/logs/capacity-build.txt" 2>&1 &&
-		nvcc -O2 -o "$W/hold" "$ROOT/test/gpu/hold.cu" >>"$W/logs/capacity-build.txt" 2>&1; then
+		nvcc -O2 -o "$W/hold" "$ROOT/test/gpu/hold.cu" >>"$W/logs/capacity-build.txt" 2>&1 &&
+		{ [ -z "${CAPACITY_TIMED:-}" ] ||
+			{ gcc -O2 -std=gnu11 -fPIC -shared -o "$W/libcap_timed.so" "$ROOT/test/gpu/torch_timed.c" \
+				-ldl -lpthread && gcc -O2 -std=gnu11 -fPIC -shared -DTIMED_RUNTIME \
+				-o "$W/libcap_shim_timed.so" "$ROOT/test/gpu/torch_timed.c" -ldl -lpthread &&
+				timed=(--timed-lib "$W/libcap_timed.so" --timed-shim "$W/libcap_shim_timed.so"); } \
+				>>"$W/logs/capacity-build.txt" 2>&1; }; then
 		python3 "$ROOT/bench/capacity.py" --hold "$W/hold" --lib "$W/libvpmm-cap.so" \
 			--budget "${CAPACITY_BUDGET:-12G}" --tries "${CAPACITY_TRIES:-10}" --start "${CAPACITY_START:-16}" \
-			--rounds "${CAPACITY_ROUNDS:-3}" \
+			--rounds "${CAPACITY_ROUNDS:-3}" ${timed[@]+"${timed[@]}"} \
 			--modes "${CAPACITY_MODES:-native,expandable,pluggable,preload}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
 		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
-		sed -n '/^capacity /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+		sed -n '/^capacity /p;/(round /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 	else
 		note "capacity: build failed (logs/capacity-build.txt)"
 	fi
