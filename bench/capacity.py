@@ -23,6 +23,12 @@ a child per try before CUDA starts (a try then costs the CUDA start-up, not
 the imports). A child exits 0 with a JSON line, 3 on out of memory, anything
 else is an error and ends that allocator's search.
 
+A mode may be given as MODE:VAR=VALUE[,VAR=VALUE]: that allocator with
+those variables set (e.g. preload:VPMM_SYNC_FREE=device). With --timed-lib
+and --timed-shim (test/gpu/torch_timed.c built), the pluggable allocator's
+and the preload's runs also report the time inside their calls a step,
+and by each call's duration.
+
 Usage: capacity.py --hold PATH --lib PATH [--budget 12G] [--modes ...]
                    [--steps 20] [--seq 256] [--start 16] [--rounds 3]
                    [--out FILE.json]
@@ -44,6 +50,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "test", "gpu"))
 
 MODES = ("native", "expandable", "pluggable", "preload")
+HIST_BINS = 24  # test/gpu/torch_timed.c's BINS
 
 
 def parse_size(s):
@@ -75,6 +82,15 @@ def train(batch, steps, seq, lib, mode, timed_lib=None):
         timed(ctypes.byref(v))
         return list(v)
 
+    def hist_now():  # [malloc, free][bin: calls in [2^bin, 2^(bin+1)) ns][calls, ns]
+        v = ((ctypes.c_uint64 * 2) * HIST_BINS * 2)()
+        hist(ctypes.byref(v))
+        return [[list(b) for b in w] for w in v]
+
+    if timed_lib:
+        hist = ctypes.CDLL(timed_lib).timed_histogram
+        hist.argtypes = [ctypes.POINTER((ctypes.c_uint64 * 2) * HIST_BINS * 2)]
+
     if mode == "pluggable":
         path, m, f = lib, "vpmm_torch_malloc", "vpmm_torch_free"
         if timed_lib:  # the wrapper finds the pool's pair through VPMM_LIB
@@ -103,6 +119,8 @@ def train(batch, steps, seq, lib, mode, timed_lib=None):
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if timed and len(times) == 3:
+            h0 = hist_now()  # the first two steps are not counted
         if timed:
             c1 = calls_now()
             inside.append((c1[1] - c0[1] + c1[3] - c0[3]) / 1e6)
@@ -117,6 +135,17 @@ def train(batch, steps, seq, lib, mode, timed_lib=None):
     if timed:
         res["inside_ms"] = statistics.median(inside[2:] or inside)
         res["calls"] = statistics.median(calls[2:] or calls)
+        h1 = hist_now()
+        # where the time inside went, over the counted steps: for each
+        # bin of a call's duration that holds 2 % of it, [2^bin ns,
+        # malloc calls, malloc ms, free calls, free ms] a step
+        n = max(1, len(times) - 3)
+        tot = sum(h1[w][b][1] - h0[w][b][1] for w in range(2) for b in range(HIST_BINS)) or 1
+        res["by_duration"] = [
+            [1 << b] + [round((h1[w][b][k] - h0[w][b][k]) / n / (1e6 if k else 1), 3)
+                        for w in range(2) for k in range(2)]
+            for b in range(HIST_BINS)
+            if sum(h1[w][b][1] - h0[w][b][1] for w in range(2)) >= 0.02 * tot]
     return res
 
 
@@ -201,19 +230,27 @@ def worker(args):
 # ---- the orchestrator ---------------------------------------------------------------
 
 
+def base_mode(mode):
+    """MODE:VAR=VALUE[,VAR=VALUE] is MODE with those variables set."""
+    return mode.split(":", 1)[0]
+
+
 class Worker:
     def __init__(self, mode, args):
         env = dict(os.environ)
         env.pop("LD_PRELOAD", None)
-        if mode == "expandable":
+        if ":" in mode:
+            env.update(kv.split("=", 1) for kv in mode.split(":", 1)[1].split(","))
+        base = base_mode(mode)
+        if base == "expandable":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        if mode == "preload":
+        if base == "preload":
             env["LD_PRELOAD"] = args.lib
             if args.timed_shim:  # the clock first, so that it times the shim
                 env["LD_PRELOAD"] = args.timed_shim + " " + args.lib
             env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         env.setdefault("VPMM_SOCKET", "off")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--lib", args.lib,
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", base, "--lib", args.lib,
                "--steps", str(args.steps), "--seq", str(args.seq)]
         for opt in ("timed_lib", "timed_shim"):
             if getattr(args, opt):
@@ -246,6 +283,9 @@ def print_try(mode, b, res, what=""):
         ", %.2f ms inside %d calls" % (res["inside_ms"], res["calls"])
         if "inside_ms" in res else "",
         " pool %s" % json.dumps(res["pool"]) if res.get("pool") else ""), flush=True)
+    if res.get("by_duration"):
+        print("%-10s   a step, by a call's duration [ns from, malloc calls, ms, free calls, ms]: %s"
+              % (mode, json.dumps(res["by_duration"])), flush=True)
 
 
 def search(w, holder, budget, start, tries, log):
@@ -293,7 +333,8 @@ def orchestrate(args):
     budget = parse_size(args.budget)
     modes = args.modes.split(",")
     for m in modes:
-        if m not in MODES:
+        if base_mode(m) not in MODES or (":" in m and not all(
+                "=" in kv for kv in m.split(":", 1)[1].split(","))):
             raise SystemExit("unknown mode %r (modes: %s)" % (m, ", ".join(MODES)))
     card = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                           stdout=subprocess.PIPE,

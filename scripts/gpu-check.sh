@@ -181,7 +181,7 @@ if part capacity; then
 			--rounds "${CAPACITY_ROUNDS:-3}" ${timed[@]+"${timed[@]}"} \
 			--modes "${CAPACITY_MODES:-native,expandable,pluggable,preload}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
 		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
-		sed -n '/^capacity /p;/(round /p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
+		sed -n '/^capacity /p;/(round /p;/by a call/p;/^| /,$p' "$W/logs/capacity.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 	else
 		note "capacity: build failed (logs/capacity-build.txt)"
 	fi
