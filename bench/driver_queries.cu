@@ -5,8 +5,8 @@
 // ratio. Then, on one thread, what the calls of a synchronous malloc and free
 // through the shim's fences cost (shim/live_streams.c): the legacy stream's
 // capture status, the context's id, an event recorded on the legacy stream
-// and on a stream of its own, a wait for an event, an event's query; each
-// on an idle device. Owns nothing but these measurements; calls the CUDA
+// and on a stream of its own, a wait for an event, an event's query, a
+// stream's query; each on an idle device. Owns nothing but these measurements; calls the CUDA
 // driver and runtime only. Build: nvcc -O2 -o driver_queries
 // bench/driver_queries.cu -lcuda
 #include <cuda.h>
@@ -129,6 +129,11 @@ static bool fence_calls(void)
 		 ns_per_call(CU_STREAM_LEGACY,
 			     [&] { return cuStreamWaitEvent(CU_STREAM_LEGACY, ev2, 0); })},
 		{"cuEventQuery(done)", ns_per_call(s, [&] { return cuEventQuery(ev2); })},
+		// whether a non-blocking stream has work left: a fence could skip
+		// the streams that have none
+		{"cuStreamQuery(idle stream)", ns_per_call(s, [&] { return cuStreamQuery(s); })},
+		{"cuStreamQuery(idle legacy)",
+		 ns_per_call(CU_STREAM_LEGACY, [&] { return cuStreamQuery(CU_STREAM_LEGACY); })},
 	};
 	bool ok = true;
 	for (const auto &c : r) {
