@@ -418,6 +418,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		/* The context is gone, so is all of its work: nothing can touch
 		 * the memory any more. Settle it, ignoring the pool's answer. */
 		observe(VPMM_EVENT_FREE, owner, pool, ptr, 0, VPMM_NO_STREAM);
+		vpmm_fence_freeing();
 		vpmm_pool_free(pool, ptr, VPMM_NO_STREAM);
 		goto quiet;
 	default:
@@ -445,6 +446,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}
+	vpmm_fence_freeing();
 	e = vpmm_pool_free(pool, ptr, ps);
 	vpmm_pop_ctx(fence_pushed);
 	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)

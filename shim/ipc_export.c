@@ -47,6 +47,7 @@
 #include "devices.h"
 #include "ipc.h"
 #include "ipc_int.h"
+#include "live_streams.h"
 #include "process.h"
 #include "protocol.h"
 #include "resolve.h"
@@ -156,6 +157,7 @@ static bool try_finish(struct export *e)
 		}
 		drv->event_destroy(drv, e->ev);
 	}
+	vpmm_fence_freeing();
 	int rc = vpmm_pool_free(pool, e->base, VPMM_NO_STREAM);
 	vpmm_pop_ctx(pushed);
 	VPMM_LOGF(VPMM_LOG_DEBUG, "ipc: %#llx freed after its last opener (%d)",

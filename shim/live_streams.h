@@ -39,11 +39,12 @@ void vpmm_live_streams_forget(void);
  * streams or the legacy stream capturing, at most VPMM_FENCE_STREAMS_MAX
  * non-blocking ones, no stream of another context on device `dev`. */
 bool vpmm_fence_possible(CUcontext ctx, int dev);
-/* Before a free on the legacy default stream: the legacy stream waits for
- * the work queued so far on every non-blocking stream of `ctx` (the current
- * context); the blocking streams it waits for by itself, at the record the
- * free leaves owed to the next malloc on the legacy stream. CUDA_SUCCESS,
- * or the driver's error (the caller synchronises instead). */
+/* Before a free on the legacy default stream: the free owes the legacy
+ * stream a wait for the work queued so far on every non-blocking stream of
+ * `ctx` (the current context), made before the next record there or
+ * reuse in its order, and a record, made by the next malloc on it; the
+ * blocking streams it waits for by itself. CUDA_SUCCESS, or the driver's
+ * error (the caller synchronises instead). */
 CUresult vpmm_fence_free(CUcontext ctx);
 /* A non-blocking stream `s` was just made in the current context: it
  * waits for the legacy stream's work so far, since memory handed out
@@ -51,8 +52,9 @@ CUresult vpmm_fence_free(CUcontext ctx);
 void vpmm_fence_new_stream(CUstream s);
 /* After a synchronous malloc on the legacy default stream: the record the
  * frees owed (vpmm_fence_owed), and every non-blocking stream of `ctx`
- * (current) waits for the work queued so far on the legacy stream; the
- * blocking streams wait for it by themselves. */
+ * (current) waits for the work queued so far on the legacy stream, unless
+ * no free and no wait of the pool's on the legacy stream came since they
+ * last did; the blocking streams wait for it by themselves. */
 CUresult vpmm_fence_malloc(CUcontext ctx);
 /* After any other malloc on the legacy default stream of `ctx` (the
  * current context; NULL: asks which it is):
@@ -60,5 +62,14 @@ CUresult vpmm_fence_malloc(CUcontext ctx);
  * any, so that work queued later on a blocking stream waits for the work
  * queued on any blocking stream before those frees. */
 CUresult vpmm_fence_owed(CUcontext ctx);
+
+/* A free through the shim, about to give memory back to the pool: the
+ * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
+void vpmm_fence_freeing(void);
+/* Puts the fences in front of the pool's driver `d` (the shim's, once):
+ * its records on the legacy stream make the wait for the non-blocking
+ * streams that synchronous frees still owe, and its waits on the legacy
+ * stream make the next synchronous malloc's fence due. */
+void vpmm_fence_wrap_driver(vpmm_driver *d);
 
 #endif

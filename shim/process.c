@@ -22,6 +22,7 @@
 #include "devices.h"
 #include "fork.h"
 #include "ipc.h"
+#include "live_streams.h"
 #include "process.h"
 #include "resolve.h"
 #include "server.h"
@@ -141,6 +142,7 @@ static void setup_locked(void)
 			 (int)r);
 		return;
 	}
+	vpmm_fence_wrap_driver(st.drv);
 	vpmm_fork_watch();
 	st.active = true;
 	start_observers(&o);

@@ -132,9 +132,11 @@ static void many(void)
 	expect_syncs(h, f, device_mode() ? 2 : 0);
 	if (expect_pool() && !device_mode()) {
 		CHECK(reused);
-		/* each free: the legacy stream waits for each of 64; each
-		 * malloc: each of 64 waits for it */
-		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 4 * (NB - 1));
+		/* each malloc: each of 64 waits for the legacy stream; the
+		 * second also makes the wait for each of 64 that the first
+		 * free owed the legacy stream (the second free's is owed
+		 * still) */
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 3 * (NB - 1));
 	}
 	for (int i = 0; i < NB - 1; i++)
 		CHECK_EQ(cuStreamDestroy(nb[i]), 0);
@@ -258,6 +260,124 @@ static void owed(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* The waits for the non-blocking streams come once for a run of frees,
+ * at the next malloc, and a malloc with no free since the last one makes
+ * none; the order holds throughout (late_write). */
+static void lazy(void)
+{
+	enum { NB = 4 };
+	CUstream nb[NB];
+	CUdeviceptr a[3], b, c;
+	start();
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ(cuMemAlloc(&a[i], 4 * P), 0);
+	CUevent old = work_on(nb[0]);
+	long long waits = fake_calls("cuStreamWaitEvent");
+	long long records = fake_calls("cuEventRecord");
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ(cuMemFree(a[i]), 0);
+	bool counted = !device_mode() && expect_pool();
+	if (counted) { /* the three frees: no driver call */
+		CHECK_EQ(fake_calls("cuStreamWaitEvent"), waits);
+		CHECK_EQ(fake_calls("cuEventRecord"), records);
+	}
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	if (counted) { /* the legacy stream waits for each, each for it */
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+		CHECK_EQ(fake_calls("cuEventRecord") - records, NB + 1);
+	}
+	waits = fake_calls("cuStreamWaitEvent");
+	records = fake_calls("cuEventRecord");
+	CHECK_EQ(cuMemAlloc(&c, 4 * P), 0);
+	if (counted) { /* nothing freed since: nothing to wait for */
+		CHECK_EQ(fake_calls("cuStreamWaitEvent"), waits);
+		CHECK_EQ(fake_calls("cuEventRecord"), records);
+	}
+	CHECK_EQ(cuMemFree(c), 0);
+	new_write(old, nb[1], b);
+	for (int i = 0; i < 3; i++)
+		late_write(nb[i], nb[i + 1]);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+/* Run with VPMM_LIMIT=256K, four pages. Memory a synchronous free gave back
+ * while a non-blocking stream's work on it was late, taken by a
+ * stream-ordered malloc on another non-blocking stream: the pool can only
+ * move its pages there (to a new address), after an event it records on
+ * the legacy stream (which the other stream waits for), and that
+ * record must come after the legacy stream's wait for the late stream,
+ * which the free left owed. */
+static void pool_record(void)
+{
+	CUstream late, next;
+	CUdeviceptr a, b;
+	start();
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
+	for (int round = 0; round < 2; round++) {
+		CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+		CUevent old = work_on(late);
+		CHECK_EQ(cuMemFree(a), 0);
+		CHECK_EQ(cuMemAllocAsync(&b, 4 * P, next), 0);
+		/* a's pages, moved: nothing else fits the limit */
+		if (expect_pool())
+			CHECK_EQ(pool_stats(0).mapped, 4 * P);
+		CUevent young = work_on(next);
+		CHECK_EQ(cuStreamSynchronize(next), 0);
+		if (cuEventQuery(young) == CUDA_SUCCESS)
+			CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+		CHECK_EQ(cuEventSynchronize(young), 0);
+		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+		CHECK_EQ(cuMemFreeAsync(b, next), 0);
+		CHECK_EQ(cuStreamSynchronize(next), 0);
+		cuEventDestroy(old);
+		cuEventDestroy(young);
+	}
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+/* A synchronous malloc with no free since the last one's fence, which the
+ * pool serves with the pages of a stream-ordered free whose work is late on
+ * a non-blocking stream (a pool holding that much free memory remaps it
+ * rather than grow: growth.c's spare share): the legacy stream waits for
+ * that work first (the pool's wait), and the non-blocking streams must
+ * wait for the legacy stream again. (No synchronous free comes before:
+ * its wait for every non-blocking stream would cover the late work.) */
+static void pool_wait(void)
+{
+	CUstream late, next;
+	CUdeviceptr a, b, c, x;
+	start();
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&x, 4 * P), 0);
+	CHECK_EQ(cuMemAllocAsync(&a, 4 * P, late), 0);
+	CUevent old = work_on(late);
+	CHECK_EQ(cuMemFreeAsync(a, late), 0);
+	CHECK_EQ(cuMemFreeAsync(x, NULL), 0);
+	long long waits = pool_stats(0).stream_waits;
+	CHECK_EQ(cuMemAlloc(&c, 4 * P), 0); /* x's pages, in the legacy order */
+	if (expect_pool() && !device_mode())
+		CHECK_EQ(pool_stats(0).stream_waits, waits);
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0); /* a's pages */
+	if (expect_pool()) {
+		CHECK_EQ(pool_stats(0).mapped, 8 * P);
+		if (!device_mode())
+			CHECK_EQ(pool_stats(0).stream_waits - waits, 1);
+	}
+	new_write(old, next, b);
+	CHECK_EQ(cuMemFree(c), 0);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 /* A stream the shim never saw made: once a hook meets it, every
  * synchronous free synchronises. */
 static void unseen(void)
@@ -328,6 +448,8 @@ int main(int argc, char **argv)
 		{"late", late},           {"many", many},     {"gpa", gpa},
 		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
 		{"blocking", blocking},   {"other", other},   {"owed", owed},
+		{"lazy", lazy},           {"pool_record", pool_record},
+		{"pool_wait", pool_wait},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

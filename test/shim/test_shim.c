@@ -358,6 +358,27 @@ SYNCFREE_SCENARIO(unseen)
 SYNCFREE_SCENARIO(capture)
 SYNCFREE_SCENARIO(blocking)
 SYNCFREE_SCENARIO(other)
+SYNCFREE_SCENARIO(lazy)
+SYNCFREE_SCENARIO(pool_wait)
+
+/* The pool's own record on the legacy stream comes after the wait for the
+ * non-blocking streams that a free left owed (VPMM_LIMIT: the memory can
+ * only be moved to the other stream). */
+Test(shim_syncfree, pool_record_events, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_LIMIT=256K", NULL};
+	run(SYNCFREE_PROG, "pool_record", true, env);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "ok pool_record"), "%s", R.out);
+}
+
+Test(shim_syncfree, pool_record_device, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_LIMIT=256K", "VPMM_SYNC_FREE=device", NULL};
+	run(SYNCFREE_PROG, "pool_record", true, env);
+	EXPECT_OK();
+}
+
 SYNCFREE_SCENARIO(owed)
 
 Test(shim_ipc, share_pool, .timeout = 60)
