@@ -48,7 +48,8 @@
  *    captured: freeing memory inside a capture that a later launch of the
  *    graph reads is the program's error, as it is without the pool.
  * May call: alloc.h (the deferred free, made later), streams.h, resolve.h,
- * process.h, the log.
+ * process.h, live_streams.h (what frees owe is paid before a capture
+ * begins), the log.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -56,6 +57,7 @@
 
 #include "alloc.h"
 #include "capture.h"
+#include "live_streams.h"
 #include "process.h"
 #include "resolve.h"
 #include "shim.h"
@@ -354,6 +356,7 @@ static CUresult began(CUresult r, CUstream s, bool ptsz, CUstreamCaptureMode mod
 		if (!vpmm_real.field)                                         \
 			return CUDA_ERROR_NOT_INITIALIZED;                    \
 		pthread_mutex_lock(&begin_lock);                              \
+		vpmm_fence_capture_begins();                                  \
 		return began(vpmm_real.field(__VA_ARGS__), s, ptsz, mode);    \
 	} while (0)
 

@@ -63,6 +63,10 @@ CUresult vpmm_fence_malloc(CUcontext ctx);
  * queued on any blocking stream before those frees. */
 CUresult vpmm_fence_owed(CUcontext ctx);
 
+/* A stream capture is about to begin in the current context: the waits
+ * that frees still owe the legacy stream are made now, while every stream
+ * may still be recorded on. */
+void vpmm_fence_capture_begins(void);
 /* A free through the shim, about to give memory back to the pool: the
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
 void vpmm_fence_freeing(void);

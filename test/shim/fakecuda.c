@@ -64,6 +64,7 @@ static const char *const counted[] = {
 	"dead_handle", /* a stream or event of an ended context named */
 	"record_refused", /* an event recorded on another context's stream */
 	"capture_violation", /* a call a capture forbade (it was refused) */
+	"record_capturing", /* an event recorded on a capturing stream */
 };
 #define NCOUNTED (sizeof counted / sizeof counted[0])
 static unsigned long counts[NCOUNTED];

@@ -187,6 +187,33 @@ static void destroyed(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* The same, with no context current when the late stream is destroyed
+ * (cuStreamDestroy needs none): the legacy stream that waits for it is
+ * still that of the stream's context. */
+static void destroyed_elsewhere(void)
+{
+	CUstream late, next;
+	CUcontext primary;
+	CUdeviceptr a, b;
+	start();
+	CHECK_EQ(cuCtxGetCurrent(&primary), 0);
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CUevent old = work_on(late);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuCtxSetCurrent(NULL), 0);
+	CHECK_EQ(cuStreamDestroy(late), 0);
+	CHECK_EQ(cuCtxSetCurrent(primary), 0);
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	if (expect_pool())
+		CHECK_EQ(b, a);
+	new_write(old, next, b);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 /* Blocking streams and the per-thread default stream: no fence of their
  * own, only the legacy stream's implicit order (one event recorded on it
  * between the frees and the next malloc on it). */
@@ -378,6 +405,34 @@ static void pool_wait(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* A capture begins on a non-blocking stream while a free still owes the
+ * legacy stream its wait for the non-blocking streams: the wait is made
+ * before the capture begins, so that nothing is recorded on the capturing
+ * stream later (a record would join its graph) and the malloc after needs
+ * no synchronisation. */
+static void capture_owed(void)
+{
+	CUstream late, cap;
+	CUdeviceptr a, b;
+	CUgraph g = NULL;
+	start();
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CUevent old = work_on(late);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_RELAXED), 0);
+	CHECK_EQ(cuMemAllocAsync(&b, 4 * P, NULL), 0);
+	CHECK_EQ(fake_calls("record_capturing"), 0);
+	CHECK_EQ(cuStreamEndCapture(cap, &g), 0); /* the fake's graph: nothing to destroy */
+	CHECK_EQ(cuMemFreeAsync(b, NULL), 0);
+	CHECK_EQ(cuEventSynchronize(old), 0);
+	cuEventDestroy(old);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 /* A stream the shim never saw made: once a hook meets it, every
  * synchronous free synchronises. */
 static void unseen(void)
@@ -449,7 +504,8 @@ int main(int argc, char **argv)
 		{"destroyed", destroyed}, {"unseen", unseen}, {"capture", capture},
 		{"blocking", blocking},   {"other", other},   {"owed", owed},
 		{"lazy", lazy},           {"pool_record", pool_record},
-		{"pool_wait", pool_wait},
+		{"pool_wait", pool_wait}, {"capture_owed", capture_owed},
+		{"destroyed_elsewhere", destroyed_elsewhere},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -360,6 +360,8 @@ SYNCFREE_SCENARIO(blocking)
 SYNCFREE_SCENARIO(other)
 SYNCFREE_SCENARIO(lazy)
 SYNCFREE_SCENARIO(pool_wait)
+SYNCFREE_SCENARIO(capture_owed)
+SYNCFREE_SCENARIO(destroyed_elsewhere)
 
 /* The pool's own record on the legacy stream comes after the wait for the
  * non-blocking streams that a free left owed (VPMM_LIMIT: the memory can
