@@ -135,7 +135,7 @@ static atomic_uint nb_count;
 static atomic_uint owed_count;
 /* How many T.legacy[] are owed the wait for the non-blocking streams;
  * read without the lock by the pool's records on the legacy stream
- * (vpmm_fence_legacy_record). */
+ * (record_for_pool). */
 static atomic_uint nb_owed_count;
 /* What can leave memory that a synchronous malloc hands out pending on
  * the legacy stream, counted: every free through the shim
@@ -559,14 +559,9 @@ CUresult vpmm_fence_free(CUcontext ctx)
 	CUresult r = CUDA_SUCCESS;
 	bool nb = false;
 	pthread_mutex_lock(&T.lock);
-	/* The legacy stream must wait for the non-blocking streams' work
-	 * before the memory is reused in its order or anything recorded there
-	 * stands for it; that wait is left owed too (pay_nb_locked), so that
-	 * a run of frees makes it once, not once a free for each stream: with
-	 * PyTorch's 32 pool streams, 64 driver calls a free. What comes before
-	 * the reuse: the next malloc on the legacy stream, a record there (the
-	 * shim's, or the pool's through vpmm_fence_legacy_record), the end of
-	 * a non-blocking stream (vpmm_live_stream_destroying).
+	/* The wait for the non-blocking streams is left owed (pay_nb_locked:
+	 * before any record on the legacy stream, a capture's begin, a
+	 * non-blocking stream's end), so that a run of frees makes it once.
 	 *
 	 * And one action on the legacy stream before the memory is handed out
 	 * again: the blocking streams order against it only through its
