@@ -8,6 +8,8 @@
  * synchronises instead. `syncfree_prog SCENARIO`; see shimtest.h. */
 #include "shimtest.h"
 
+#include <sys/wait.h>
+
 #define P ((size_t)64 << 10)
 
 CUresult fakecuda_stream_create_unseen(CUstream *s, unsigned int flags);
@@ -338,11 +340,10 @@ static void lazy(void)
  * the legacy stream (which the other stream waits for), and that
  * record must come after the legacy stream's wait for the late stream,
  * which the free left owed. */
-static void pool_record(void)
+static void pool_record_run(void)
 {
 	CUstream late, next;
 	CUdeviceptr a, b;
-	start();
 	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
 	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
 	for (int round = 0; round < 2; round++) {
@@ -367,6 +368,32 @@ static void pool_record(void)
 	if (!device_mode())
 		expect_syncs(0, 0, 0);
 	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+static void pool_record(void)
+{
+	start();
+	pool_record_run();
+}
+
+/* The same in a child forked after the parent's pool was made: the
+ * child's pool has a driver of its own, which must be wrapped too. */
+static void pool_record_forked(void)
+{
+	CUdeviceptr a;
+	int status;
+	start();
+	CHECK_EQ(cuMemAlloc(&a, P), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		start();
+		pool_record_run();
+		_exit(0);
+	}
+	CHECK_EQ(waitpid(pid, &status, 0), pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 /* A synchronous malloc with no free since the last one's fence, which the
@@ -506,6 +533,7 @@ int main(int argc, char **argv)
 		{"lazy", lazy},           {"pool_record", pool_record},
 		{"pool_wait", pool_wait}, {"capture_owed", capture_owed},
 		{"destroyed_elsewhere", destroyed_elsewhere},
+		{"pool_record_forked", pool_record_forked},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

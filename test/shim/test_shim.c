@@ -374,6 +374,14 @@ Test(shim_syncfree, pool_record_events, .timeout = 30)
 	cr_expect(strstr(R.out, "ok pool_record"), "%s", R.out);
 }
 
+Test(shim_syncfree, pool_record_forked, .timeout = 30)
+{
+	const char *const env[] = {"VPMM_LIMIT=256K", NULL};
+	run(SYNCFREE_PROG, "pool_record_forked", true, env);
+	EXPECT_OK();
+	cr_expect(strstr(R.out, "ok pool_record_forked"), "%s", R.out);
+}
+
 Test(shim_syncfree, pool_record_device, .timeout = 30)
 {
 	const char *const env[] = {"VPMM_LIMIT=256K", "VPMM_SYNC_FREE=device", NULL};
