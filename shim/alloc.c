@@ -13,10 +13,10 @@
  *    kernel issued before the free may still touch the memory when it is
  *    handed out again, on any stream. By default (VPMM_SYNC_FREE=events)
  *    without stopping the host: the free is a free on the legacy default
- *    stream after that stream waited for every non-blocking stream of the
- *    context, and a synchronous malloc is a malloc on the legacy stream
- *    after which every non-blocking stream waits for it (live_streams.c
- *    says why that covers every stream). Where the shim cannot know every
+ *    stream, which waits for every non-blocking stream of the context
+ *    before its memory is reused, and a synchronous malloc is a malloc on
+ *    the legacy stream after which every non-blocking stream waits for it
+ *    (fence.c says when those are made, and why that covers every stream). Where the shim cannot know every
  *    stream that may touch the memory (streams made behind its back,
  *    another context or a peer on the device, a capture, more than
  *    VPMM_FENCE_STREAMS_MAX non-blocking streams, a malloc from another

@@ -345,6 +345,7 @@ static CUresult began(CUresult r, CUstream s, bool ptsz, CUstreamCaptureMode mod
 			atomic_fetch_add_explicit(&n_strict, 1, memory_order_release);
 		pthread_mutex_unlock(&lock);
 	}
+	vpmm_fence_capture_began();
 	pthread_mutex_unlock(&begin_lock);
 	return r;
 }

@@ -1,6 +1,7 @@
 /* live_streams.h — every stream the program made, and the fences that let
  * a synchronous free (cudaFree, cuMemFree) keep its promise without
- * stopping the host (live_streams.c). Includes shim.h only.
+ * stopping the host (live_streams.c keeps the table, fence.c the fences).
+ * Includes shim.h only.
  */
 #ifndef VPMM_LIVE_STREAMS_H
 #define VPMM_LIVE_STREAMS_H
@@ -63,10 +64,13 @@ CUresult vpmm_fence_malloc(CUcontext ctx);
  * queued on any blocking stream before those frees. */
 CUresult vpmm_fence_owed(CUcontext ctx);
 
-/* A stream capture is about to begin in the current context: the waits
- * that frees still owe the legacy stream are made now, while every stream
- * may still be recorded on. */
+/* A stream capture is about to begin: the waits that frees still owe the
+ * legacy streams (of every context) are made now, while every stream may
+ * still be recorded on, and until vpmm_fence_capture_began a synchronous
+ * free makes its waits at once. */
 void vpmm_fence_capture_begins(void);
+/* The capture's begin returned (begun or refused). */
+void vpmm_fence_capture_began(void);
 /* A free through the shim, about to give memory back to the pool: the
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
 void vpmm_fence_freeing(void);

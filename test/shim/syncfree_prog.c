@@ -460,6 +460,38 @@ static void capture_owed(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* The same with another context current when the capture begins on the
+ * pool's context's stream: the wait that context's frees owe is made all
+ * the same. */
+static void capture_owed_elsewhere(void)
+{
+	CUstream late, cap;
+	CUcontext primary, mine;
+	CUdeviceptr a, b;
+	CUgraph g = NULL;
+	start();
+	CHECK_EQ(cuCtxGetCurrent(&primary), 0);
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CUevent old = work_on(late);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
+	CHECK_EQ(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_RELAXED), 0);
+	CHECK_EQ(cuCtxSetCurrent(primary), 0);
+	CHECK_EQ(cuMemAllocAsync(&b, 4 * P, NULL), 0);
+	CHECK_EQ(fake_calls("record_capturing"), 0);
+	CHECK_EQ(cuStreamEndCapture(cap, &g), 0); /* the fake's graph: nothing to destroy */
+	CHECK_EQ(cuMemFreeAsync(b, NULL), 0);
+	CHECK_EQ(cuEventSynchronize(old), 0);
+	cuEventDestroy(old);
+	CHECK_EQ(cuCtxDestroy(mine), 0);
+	CHECK_EQ(cuCtxSetCurrent(primary), 0);
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 /* A stream the shim never saw made: once a hook meets it, every
  * synchronous free synchronises. */
 static void unseen(void)
@@ -534,6 +566,7 @@ int main(int argc, char **argv)
 		{"pool_wait", pool_wait}, {"capture_owed", capture_owed},
 		{"destroyed_elsewhere", destroyed_elsewhere},
 		{"pool_record_forked", pool_record_forked},
+		{"capture_owed_elsewhere", capture_owed_elsewhere},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

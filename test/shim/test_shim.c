@@ -361,6 +361,7 @@ SYNCFREE_SCENARIO(other)
 SYNCFREE_SCENARIO(lazy)
 SYNCFREE_SCENARIO(pool_wait)
 SYNCFREE_SCENARIO(capture_owed)
+SYNCFREE_SCENARIO(capture_owed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_elsewhere)
 
 /* The pool's own record on the legacy stream comes after the wait for the

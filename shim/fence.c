@@ -1,0 +1,465 @@
+/* fence.c — the fences that let a synchronous free keep cudaFree's
+ * promise without stopping the host, on the table of live streams
+ * (live_streams.c).
+ *
+ * Owns: the per-context event the fences record on the legacy default
+ * stream, what synchronous frees owe it (a record, a wait for the
+ * non-blocking streams), the count of what the malloc fence must cover,
+ * and the wrappers on the pool's driver calls on the legacy stream.
+ *
+ * Decisions, and why:
+ *  - cudaFree promises that no work issued before it, on any stream of the
+ *    context, touches the memory once someone else owns it. Synchronising
+ *    the context keeps it but stops the host. The legacy default stream
+ *    does most of that on the device: work queued on it waits for the work
+ *    queued before on every blocking stream of its context (the per-thread
+ *    default streams included), and work queued later on a blocking stream
+ *    waits for it. Only non-blocking streams escape both directions. So a
+ *    synchronous free becomes a free on the legacy stream that owes it two
+ *    things, made once for a run of frees: a wait for each non-blocking
+ *    stream (an event recorded there, one per stream, reused: a wait
+ *    captures the record it sees, so re-recording later is harmless),
+ *    made before anything records on the legacy stream or reuses the
+ *    memory in its order; and an event record (the blocking streams order
+ *    against the legacy stream only through its actions: without one
+ *    between the free and the malloc, two blocking streams would not be
+ *    ordered), which the next malloc on the legacy stream makes. A
+ *    synchronous malloc is a malloc on the legacy stream after which each
+ *    non-blocking stream waits for it, if a free (or a wait of the pool's
+ *    on the legacy stream) came since they last did. Programs without
+ *    non-blocking streams (PyTorch without side streams) pay one event
+ *    record for each run of frees, and reuse memory at once in stream
+ *    order, as through the pluggable allocator. With them, each stream
+ *    costs about 0.6 us a run of frees and 0.35 us a malloc after one
+ *    (two driver calls and one; an H200): PyTorch's 32 pool streams had
+ *    cost 64 calls a free and 32 a malloc.
+ *  - That holds only while every non-blocking stream is known: while the
+ *    table can be trusted (live_streams.c says when it cannot), else
+ *    synchronous frees synchronise.
+ *  - A stream of another context on the pool's device can reach pool
+ *    memory without passing the legacy stream of the pool's context: such
+ *    a device synchronises (vpmm_fence_possible).
+ *  - A capturing stream gets no event (it would become a graph node): the
+ *    fence is refused and the caller synchronises, as before; what frees
+ *    owe is made before a capture begins (vpmm_fence_capture_begins), in
+ *    every context that owes it.
+ *  - A stream destroyed after a fence: the legacy stream's wait already
+ *    holds the record; its event is destroyed with it, which the driver
+ *    defers until the recorded work completed. One destroyed while a wait
+ *    for it is owed gets it first, in its own context.
+ * May call: live_streams_int.h, resolve.h, the log and the hook counters
+ * (shim.h).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "live_streams.h"
+#include "live_streams_int.h"
+#include "resolve.h"
+
+/* What can leave memory that a synchronous malloc hands out pending on
+ * the legacy stream, counted: every free through the shim
+ * (vpmm_fence_freeing), every wait the pool gives the legacy stream
+ * (wait_for_pool). While it stands still, the non-blocking
+ * streams' last wait for the legacy stream covers whatever a malloc
+ * hands out, and the malloc makes no new one. */
+static atomic_ulong obligations;
+/* Captures about to begin (vpmm_fence_capture_begins to _began): a
+ * synchronous free meanwhile makes its waits at once, since one owed
+ * could not be paid while the capture runs. */
+static atomic_int beginning;
+
+static int legacy_slot_locked(CUcontext ctx);
+
+static bool capturing(CUstream s)
+{
+	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+	return vpmm_real.stream_is_capturing(s, &cs) != CUDA_SUCCESS ||
+	       cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static bool have_event_calls(void)
+{
+	return vpmm_real.event_create && vpmm_real.event_record && vpmm_real.event_destroy &&
+	       vpmm_real.stream_wait_event && vpmm_real.stream_is_capturing;
+}
+
+/* What the table says of a fence of `ctx` on `dev`: no non-blocking stream
+ * of another context on the device, at most VPMM_FENCE_STREAMS_MAX of its
+ * own, and no blocking stream of another context on the device either (none
+ * of them waits for this context's legacy stream). Worked out once per
+ * change of the table. */
+static bool table_verdict_locked(CUcontext ctx, int dev)
+{
+	if (vpmm_ls.verdict.gen == vpmm_ls.gen && vpmm_ls.verdict.ctx == ctx && vpmm_ls.verdict.dev == dev)
+		return vpmm_ls.verdict.ok;
+	bool ok = !vpmm_ls.ctx_overflow;
+	unsigned n = 0;
+	for (unsigned i = 0; ok && i < vpmm_ls.n_nb; i++) {
+		struct live *e = vpmm_ls.nb[i];
+		if (e->ctx == ctx)
+			ok = ++n <= VPMM_FENCE_STREAMS_MAX;
+		else if (e->dev == dev)
+			ok = false;
+	}
+	for (unsigned k = 0; ok && k < CTX_MAX; k++)
+		ok = !vpmm_ls.ctxs[k].streams || vpmm_ls.ctxs[k].dev != dev || vpmm_ls.ctxs[k].ctx == ctx;
+	vpmm_ls.verdict.gen = vpmm_ls.gen;
+	vpmm_ls.verdict.ctx = ctx;
+	vpmm_ls.verdict.dev = dev;
+	vpmm_ls.verdict.ok = ok;
+	return ok;
+}
+
+bool vpmm_fence_possible(CUcontext ctx, int dev)
+{
+	if (atomic_load_explicit(&vpmm_ls_untrusted, memory_order_relaxed) || !ctx || !have_event_calls())
+		return false;
+	if (capturing(CU_STREAM_LEGACY))
+		return false;
+	pthread_mutex_lock(&vpmm_ls.lock);
+	vpmm_ls_check_id_locked(ctx);
+	bool ok = table_verdict_locked(ctx, dev);
+	for (unsigned i = 0; ok && i < vpmm_ls.n_nb; i++)
+		ok = vpmm_ls.nb[i]->ctx != ctx || !capturing(vpmm_ls.nb[i]->s);
+	pthread_mutex_unlock(&vpmm_ls.lock);
+	return ok;
+}
+
+/* The legacy stream waits for the work queued so far on non-blocking
+ * stream e: an event recorded there, made on first use and reused (a wait
+ * captures the record it sees, so re-recording later is harmless). */
+static CUresult nb_wait_locked(struct live *e)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (!e->ev)
+		r = vpmm_real.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS)
+		r = vpmm_real.event_record(e->ev, e->s);
+	if (r == CUDA_SUCCESS)
+		r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, e->ev, 0);
+	return r;
+}
+
+/* A non-blocking stream of a context whose frees still owe the legacy
+ * stream its wait for the non-blocking streams: the wait for this one is
+ * made now, while the stream is there to record on (its last work may
+ * still touch memory those frees gave back). */
+bool vpmm_fence_dying_locked(struct live *e)
+{
+	unsigned k;
+	for (k = 0; k < CTX_MAX && !(vpmm_ls.legacy[k].ctx == e->ctx && vpmm_ls.legacy[k].nb_owed); k++)
+		;
+	if (k == CTX_MAX)
+		return true;
+	/* In the stream's context: the legacy stream that waits is the
+	 * current context's, and cuStreamDestroy needs none current. */
+	CUcontext cur = NULL, popped;
+	bool pushed = vpmm_real.ctx_get_current(&cur) == CUDA_SUCCESS && cur != e->ctx &&
+		      vpmm_real.ctx_push(e->ctx) == CUDA_SUCCESS;
+	CUresult r = (cur == e->ctx || pushed) ? nb_wait_locked(e) : CUDA_ERROR_INVALID_CONTEXT;
+	if (pushed)
+		vpmm_real.ctx_pop(&popped);
+	/* Else its work is waited for on the host: what it touched is then
+	 * done whoever reuses it. */
+	return r == CUDA_SUCCESS || vpmm_real.stream_synchronize(e->s) == CUDA_SUCCESS;
+}
+
+/* The wait for every non-blocking stream of vpmm_ls.legacy[k]'s context that its
+ * frees owe, made on the legacy stream before anything records there: a
+ * record after it then stands for the work of every stream before the
+ * frees, and a reuse in the legacy stream's order comes after it. */
+static CUresult pay_nb_locked(unsigned k)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (!vpmm_ls.legacy[k].nb_owed)
+		return CUDA_SUCCESS;
+	for (unsigned i = 0; r == CUDA_SUCCESS && i < vpmm_ls.n_nb; i++) {
+		struct live *e = vpmm_ls.nb[i];
+		if (e->ctx != vpmm_ls.legacy[k].ctx)
+			continue;
+		/* A capture begun since the frees: a record would join its
+		 * graph (vpmm_fence_capture_begins pays before one begins;
+		 * this is a capture it did not see). The caller synchronises,
+		 * or fails as the capture makes it. */
+		if (capturing(e->s))
+			return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		/* Not skipped when idle: cuStreamQuery costs what the record
+		 * does (0.3 us on an H200), and a stream the program leaves
+		 * idle still holds the malloc fence's last wait for the legacy
+		 * stream, pending while the device is behind. */
+		r = nb_wait_locked(e);
+	}
+	if (r == CUDA_SUCCESS)
+		vpmm_ls_settle_nb_locked(k);
+	return r;
+}
+
+CUresult vpmm_fence_free(CUcontext ctx)
+{
+	CUresult r = CUDA_SUCCESS;
+	bool nb = false;
+	pthread_mutex_lock(&vpmm_ls.lock);
+	/* The wait for the non-blocking streams is left owed (pay_nb_locked:
+	 * before any record on the legacy stream, a capture's begin, a
+	 * non-blocking stream's end), so that a run of frees makes it once.
+	 *
+	 * And one action on the legacy stream before the memory is handed out
+	 * again: the blocking streams order against it only through its
+	 * actions. Work on two blocking streams, one before the free and one
+	 * after the malloc, with nothing queued on the legacy stream between,
+	 * would run unordered. The next malloc on the legacy stream records
+	 * it (vpmm_fence_malloc, vpmm_fence_owed), once for every free made
+	 * since: a record every free cost a PyTorch step about one in three
+	 * of them (frees come in runs). Any other reuse, by another stream or
+	 * settled, waits for an event the pool records on the legacy stream
+	 * after the free: an action too. The event is made here, so that the
+	 * malloc does not fail for want of one. */
+	int k = legacy_slot_locked(ctx);
+	if (k < 0) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		for (unsigned i = 0; !nb && i < vpmm_ls.n_nb; i++)
+			nb = vpmm_ls.nb[i]->ctx == ctx;
+		if (nb && !vpmm_ls.legacy[k].nb_owed) {
+			vpmm_ls.legacy[k].nb_owed = true;
+			atomic_fetch_add_explicit(&vpmm_ls_nb_owed_count, 1, memory_order_release);
+		}
+		if (nb && atomic_load_explicit(&beginning, memory_order_acquire))
+			r = pay_nb_locked((unsigned)k);
+		if (!vpmm_ls.legacy[k].owed) {
+			vpmm_ls.legacy[k].owed = true;
+			atomic_fetch_add_explicit(&vpmm_ls_owed_count, 1, memory_order_release);
+		}
+	}
+	pthread_mutex_unlock(&vpmm_ls.lock);
+	return r;
+}
+
+/* The slot in vpmm_ls.legacy of `ctx`, its event made on first use; -1: none. */
+static int legacy_slot_locked(CUcontext ctx)
+{
+	unsigned k, none = CTX_MAX;
+	for (k = 0; k < CTX_MAX && vpmm_ls.legacy[k].ctx != ctx; k++)
+		if (!vpmm_ls.legacy[k].ctx && none == CTX_MAX)
+			none = k;
+	if (k < CTX_MAX)
+		return (int)k;
+	if (none == CTX_MAX ||
+	    vpmm_real.event_create(&vpmm_ls.legacy[none].ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+		return -1;
+	vpmm_ls.legacy[none].ctx = ctx;
+	vpmm_ls.legacy[none].owed = vpmm_ls.legacy[none].nb_owed = false;
+	vpmm_ls.legacy[none].fenced = ~0ul; /* the first malloc fences */
+	return (int)none;
+}
+
+/* Records on the legacy stream of `ctx` (the current context), which pays
+ * what the frees before owed it; *ev (may be NULL): the event recorded. */
+static CUresult legacy_record_locked(CUcontext ctx, CUevent *ev)
+{
+	int k = legacy_slot_locked(ctx);
+	if (k < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = pay_nb_locked((unsigned)k);
+	if (r == CUDA_SUCCESS)
+		r = vpmm_real.event_record(vpmm_ls.legacy[k].ev, CU_STREAM_LEGACY);
+	if (r == CUDA_SUCCESS && vpmm_ls.legacy[k].owed) {
+		vpmm_count(VPMM_HOOK_fence_owed);
+		vpmm_ls_settle_locked((unsigned)k);
+	}
+	if (ev)
+		*ev = vpmm_ls.legacy[k].ev;
+	return r;
+}
+
+/* Whether the frees of `ctx` owe its legacy stream a record. */
+static bool owed_locked(CUcontext ctx)
+{
+	for (unsigned k = 0; k < CTX_MAX; k++)
+		if (vpmm_ls.legacy[k].ctx == ctx)
+			return vpmm_ls.legacy[k].owed;
+	return false;
+}
+
+void vpmm_fence_new_stream(CUstream s)
+{
+	CUcontext ctx = NULL;
+	if (atomic_load_explicit(&vpmm_ls_untrusted, memory_order_relaxed) || !have_event_calls() ||
+	    vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx)
+		return;
+	if (capturing(CU_STREAM_LEGACY)) {
+		vpmm_ls_distrust("a non-blocking stream made during a capture");
+		return;
+	}
+	pthread_mutex_lock(&vpmm_ls.lock);
+	vpmm_ls_check_id_locked(ctx);
+	CUevent ev;
+	bool ok = legacy_record_locked(ctx, &ev) == CUDA_SUCCESS &&
+		  vpmm_real.stream_wait_event(s, ev, 0) == CUDA_SUCCESS;
+	pthread_mutex_unlock(&vpmm_ls.lock);
+	if (!ok)
+		vpmm_ls_distrust("a new non-blocking stream could not wait for the legacy stream");
+}
+
+CUresult vpmm_fence_malloc(CUcontext ctx)
+{
+	CUresult r = CUDA_SUCCESS;
+	bool nb = false, wait;
+	CUevent ev;
+	if (!atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) &&
+	    !atomic_load_explicit(&vpmm_ls_owed_count, memory_order_acquire))
+		return CUDA_SUCCESS;
+	/* Read before the record: what comes after, the next malloc sees. */
+	unsigned long now = atomic_load_explicit(&obligations, memory_order_acquire);
+	pthread_mutex_lock(&vpmm_ls.lock);
+	for (unsigned i = 0; !nb && i < vpmm_ls.n_nb; i++)
+		nb = vpmm_ls.nb[i]->ctx == ctx;
+	int k = nb ? legacy_slot_locked(ctx) : -1;
+	/* The non-blocking streams wait again only if something since their
+	 * last wait can have left the memory pending on the legacy stream: a
+	 * free, or a wait the pool gave the legacy stream for another
+	 * stream's free. Otherwise whatever this malloc handed out was
+	 * pending there before that wait, or not at all (new memory, or
+	 * settled). */
+	wait = nb && (k < 0 || vpmm_ls.legacy[k].fenced != now);
+	if (owed_locked(ctx) || wait)
+		r = legacy_record_locked(ctx, &ev);
+	if (r == CUDA_SUCCESS && wait) {
+		for (unsigned i = 0; r == CUDA_SUCCESS && i < vpmm_ls.n_nb; i++)
+			if (vpmm_ls.nb[i]->ctx == ctx)
+				r = vpmm_real.stream_wait_event(vpmm_ls.nb[i]->s, ev, 0);
+		if (r == CUDA_SUCCESS && k >= 0)
+			vpmm_ls.legacy[k].fenced = now;
+	}
+	pthread_mutex_unlock(&vpmm_ls.lock);
+	return r;
+}
+
+void vpmm_fence_capture_begins(void)
+{
+	CUcontext cur = NULL, popped;
+	/* Counted first: a free that meets the count until the capture has
+	 * begun makes its waits at once, as before they were owed. */
+	atomic_fetch_add_explicit(&beginning, 1, memory_order_acq_rel);
+	if (!atomic_load_explicit(&vpmm_ls_nb_owed_count, memory_order_acquire) ||
+	    vpmm_real.ctx_get_current(&cur) != CUDA_SUCCESS)
+		return;
+	pthread_mutex_lock(&vpmm_ls.lock);
+	/* Every context that owes the wait, not only the current one: the
+	 * stream captured may be another context's. In its own context, as
+	 * the legacy stream that waits is the current context's. A wait that
+	 * cannot be made stays owed (a later pay refuses while the capture
+	 * runs: the caller synchronises or fails, as the capture lets it). */
+	for (unsigned k = 0; k < CTX_MAX; k++) {
+		CUcontext ctx = vpmm_ls.legacy[k].ctx;
+		if (!ctx || !vpmm_ls.legacy[k].nb_owed)
+			continue;
+		bool pushed = ctx != cur && vpmm_real.ctx_push(ctx) == CUDA_SUCCESS;
+		if (ctx == cur || pushed) {
+			vpmm_ls_check_id_locked(ctx);
+			if (vpmm_ls.legacy[k].ctx == ctx)
+				pay_nb_locked(k);
+		}
+		if (pushed)
+			vpmm_real.ctx_pop(&popped);
+	}
+	pthread_mutex_unlock(&vpmm_ls.lock);
+}
+
+void vpmm_fence_capture_began(void)
+{
+	atomic_fetch_sub_explicit(&beginning, 1, memory_order_acq_rel);
+}
+
+void vpmm_fence_freeing(void)
+{
+	atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
+}
+
+/* ---- the pool's own calls on the legacy stream ------------------------------------ */
+
+/* The driver's calls the wrappers below stand in front of. */
+static CUresult (*pool_record)(vpmm_driver *d, CUevent ev, CUstream s);
+static CUresult (*pool_wait)(vpmm_driver *d, CUstream s, CUevent ev);
+
+static bool is_legacy(CUstream s)
+{
+	return !s || s == CU_STREAM_LEGACY;
+}
+
+/* A record of the pool's on the legacy stream (a free's event, one a
+ * reuse by another stream waits for) stands for the frees before it: the
+ * legacy stream waits first for the non-blocking streams, if those frees
+ * still owe that. A wait that cannot be made: the context synchronised,
+ * which ends the same work. */
+static CUresult record_for_pool(vpmm_driver *d, CUevent ev, CUstream s)
+{
+	CUcontext ctx = NULL;
+	if (is_legacy(s) && atomic_load_explicit(&vpmm_ls_nb_owed_count, memory_order_acquire) &&
+	    vpmm_real.ctx_get_current(&ctx) == CUDA_SUCCESS && ctx) {
+		CUresult r = CUDA_SUCCESS;
+		pthread_mutex_lock(&vpmm_ls.lock);
+		/* A reset the shim did not see ended what was owed (and the
+		 * streams' events with it). */
+		vpmm_ls_check_id_locked(ctx);
+		for (unsigned k = 0; k < CTX_MAX; k++)
+			if (vpmm_ls.legacy[k].ctx == ctx && vpmm_ls.legacy[k].nb_owed &&
+			    (r = pay_nb_locked(k)) != CUDA_SUCCESS &&
+			    (r = vpmm_real.ctx_synchronize()) == CUDA_SUCCESS)
+				vpmm_ls_settle_nb_locked(k);
+		pthread_mutex_unlock(&vpmm_ls.lock);
+		if (r != CUDA_SUCCESS)
+			return r;
+	}
+	return pool_record(d, ev, s);
+}
+
+/* A wait of the legacy stream for another stream's event: memory pending
+ * there may be handed out on the legacy stream after it, which the
+ * non-blocking streams have not waited for (vpmm_fence_malloc). */
+static CUresult wait_for_pool(vpmm_driver *d, CUstream s, CUevent ev)
+{
+	CUresult r = pool_wait(d, s, ev);
+	/* After the wait is queued: a fence that read the count before
+	 * this comes again; one that read it after records behind the wait. */
+	if (is_legacy(s))
+		atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
+	return r;
+}
+
+void vpmm_fence_wrap_driver(vpmm_driver *d)
+{
+	/* Once a table: a forked child's process state makes a new one. */
+	if (!d || d->event_record == record_for_pool)
+		return;
+	pool_record = d->event_record;
+	pool_wait = d->stream_wait;
+	d->event_record = record_for_pool;
+	d->stream_wait = wait_for_pool;
+}
+
+CUresult vpmm_fence_owed(CUcontext ctx)
+{
+	CUresult r = CUDA_SUCCESS;
+	if (!atomic_load_explicit(&vpmm_ls_owed_count, memory_order_acquire))
+		return CUDA_SUCCESS;
+	if (!ctx && vpmm_real.ctx_get_current(&ctx) != CUDA_SUCCESS)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&vpmm_ls.lock);
+	/* A context reset since the frees ended their work and its events:
+	 * nothing is owed then, and the old event must not be recorded (its
+	 * handle may be another event's by now). The synchronous paths check
+	 * the id in vpmm_fence_possible. */
+	vpmm_ls_check_id_locked(ctx);
+	if (ctx && owed_locked(ctx))
+		r = legacy_record_locked(ctx, NULL);
+	/* Reset and not yet made again (the runtime remakes it at its next
+	 * call, after this one): its work ended with it, nothing is owed. */
+	if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+		vpmm_ls_ctx_end_locked(ctx);
+		r = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&vpmm_ls.lock);
+	return r;
+}
