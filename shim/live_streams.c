@@ -26,20 +26,9 @@
 
 struct vpmm_ls_table vpmm_ls = {.lock = PTHREAD_MUTEX_INITIALIZER, .gen = 1};
 
-/* Set once the table cannot be trusted to hold every stream. */
+/* Described in live_streams_int.h. */
 atomic_bool vpmm_ls_untrusted;
-/* vpmm_ls.n_nb, read without the lock by the malloc fence, which has nothing to
- * do without non-blocking streams (PyTorch without side streams). A stream
- * made meanwhile waits for the legacy stream by itself
- * (vpmm_fence_new_stream). */
-atomic_uint vpmm_ls_nb_count;
-/* How many vpmm_ls.legacy[] are owed a record; read without the lock, as
- * vpmm_ls_nb_count, by the mallocs on the legacy stream. */
-atomic_uint vpmm_ls_owed_count;
-/* How many vpmm_ls.legacy[] are owed the wait for the non-blocking streams;
- * read without the lock by the pool's records on the legacy stream
- * (record_for_pool). */
-atomic_uint vpmm_ls_nb_owed_count;
+atomic_uint vpmm_ls_nb_count, vpmm_ls_owed_count, vpmm_ls_nb_owed_count;
 
 static unsigned hash(CUstream s)
 {
