@@ -71,6 +71,24 @@ static atomic_int beginning;
 
 static int legacy_slot_locked(CUcontext ctx);
 
+/* The slot in vpmm_ls.legacy of `ctx`, -1 if it has none (yet). */
+static int slot_of_locked(CUcontext ctx)
+{
+	for (unsigned k = 0; k < CTX_MAX; k++)
+		if (vpmm_ls.legacy[k].ctx == ctx)
+			return (int)k;
+	return -1;
+}
+
+/* Whether `ctx` has a non-blocking stream. */
+static bool has_nb_locked(CUcontext ctx)
+{
+	for (unsigned i = 0; i < vpmm_ls.n_nb; i++)
+		if (vpmm_ls.nb[i]->ctx == ctx)
+			return true;
+	return false;
+}
+
 static bool capturing(CUstream s)
 {
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -147,10 +165,8 @@ static CUresult nb_wait_locked(struct live *e)
  * still touch memory those frees gave back). */
 bool vpmm_fence_dying_locked(struct live *e)
 {
-	unsigned k;
-	for (k = 0; k < CTX_MAX && !(vpmm_ls.legacy[k].ctx == e->ctx && vpmm_ls.legacy[k].nb_owed); k++)
-		;
-	if (k == CTX_MAX)
+	int k = slot_of_locked(e->ctx);
+	if (k < 0 || !vpmm_ls.legacy[k].nb_owed)
 		return true;
 	/* In the stream's context: the legacy stream that waits is the
 	 * current context's, and cuStreamDestroy needs none current. */
@@ -198,7 +214,6 @@ static CUresult pay_nb_locked(unsigned k)
 CUresult vpmm_fence_free(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
-	bool nb = false;
 	pthread_mutex_lock(&vpmm_ls.lock);
 	/* The wait for the non-blocking streams is left owed (pay_nb_locked:
 	 * before any record on the legacy stream, a capture's begin, a
@@ -219,8 +234,7 @@ CUresult vpmm_fence_free(CUcontext ctx)
 	if (k < 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {
-		for (unsigned i = 0; !nb && i < vpmm_ls.n_nb; i++)
-			nb = vpmm_ls.nb[i]->ctx == ctx;
+		bool nb = has_nb_locked(ctx);
 		if (nb && !vpmm_ls.legacy[k].nb_owed) {
 			vpmm_ls.legacy[k].nb_owed = true;
 			atomic_fetch_add_explicit(&vpmm_ls_nb_owed_count, 1, memory_order_release);
@@ -276,10 +290,8 @@ static CUresult legacy_record_locked(CUcontext ctx, CUevent *ev)
 /* Whether the frees of `ctx` owe its legacy stream a record. */
 static bool owed_locked(CUcontext ctx)
 {
-	for (unsigned k = 0; k < CTX_MAX; k++)
-		if (vpmm_ls.legacy[k].ctx == ctx)
-			return vpmm_ls.legacy[k].owed;
-	return false;
+	int k = slot_of_locked(ctx);
+	return k >= 0 && vpmm_ls.legacy[k].owed;
 }
 
 void vpmm_fence_new_stream(CUstream s)
@@ -305,7 +317,7 @@ void vpmm_fence_new_stream(CUstream s)
 CUresult vpmm_fence_malloc(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
-	bool nb = false, wait;
+	bool nb, wait;
 	CUevent ev;
 	if (!atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) &&
 	    !atomic_load_explicit(&vpmm_ls_owed_count, memory_order_acquire))
@@ -313,8 +325,7 @@ CUresult vpmm_fence_malloc(CUcontext ctx)
 	/* Read before the record: what comes after, the next malloc sees. */
 	unsigned long now = atomic_load_explicit(&obligations, memory_order_acquire);
 	pthread_mutex_lock(&vpmm_ls.lock);
-	for (unsigned i = 0; !nb && i < vpmm_ls.n_nb; i++)
-		nb = vpmm_ls.nb[i]->ctx == ctx;
+	nb = has_nb_locked(ctx);
 	int k = nb ? legacy_slot_locked(ctx) : -1;
 	/* The non-blocking streams wait again only if something since their
 	 * last wait can have left the memory pending on the legacy stream: a
@@ -403,11 +414,10 @@ static CUresult record_for_pool(vpmm_driver *d, CUevent ev, CUstream s)
 		/* A reset the shim did not see ended what was owed (and the
 		 * streams' events with it). */
 		vpmm_ls_check_id_locked(ctx);
-		for (unsigned k = 0; k < CTX_MAX; k++)
-			if (vpmm_ls.legacy[k].ctx == ctx && vpmm_ls.legacy[k].nb_owed &&
-			    (r = pay_nb_locked(k)) != CUDA_SUCCESS &&
-			    (r = vpmm_real.ctx_synchronize()) == CUDA_SUCCESS)
-				vpmm_ls_settle_nb_locked(k);
+		int k = slot_of_locked(ctx);
+		if (k >= 0 && (r = pay_nb_locked((unsigned)k)) != CUDA_SUCCESS &&
+		    (r = vpmm_real.ctx_synchronize()) == CUDA_SUCCESS)
+			vpmm_ls_settle_nb_locked((unsigned)k);
 		pthread_mutex_unlock(&vpmm_ls.lock);
 		if (r != CUDA_SUCCESS)
 			return r;
