@@ -39,10 +39,9 @@ static CUevent work_on(CUstream s)
 	return ev;
 }
 
-/* The new owner's write of b on `next`, which the device runs first: it
- * must not complete before `old`, the old owner's late write. Then b is
- * freed. */
-static void new_write(CUevent old, CUstream next, CUdeviceptr b)
+/* The new owner's write on `next`, which the device runs first: it must
+ * not complete before `old`, the old owner's late write (destroyed). */
+static void expect_ordered(CUevent old, CUstream next)
 {
 	CUevent young = work_on(next);
 	CHECK_EQ(cuStreamSynchronize(next), 0);
@@ -51,9 +50,15 @@ static void new_write(CUevent old, CUstream next, CUdeviceptr b)
 	/* the host waits: the device runs everything the new write waits for */
 	CHECK_EQ(cuEventSynchronize(young), 0);
 	CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-	CHECK_EQ(cuMemFree(b), 0);
 	cuEventDestroy(old);
 	cuEventDestroy(young);
+}
+
+/* The same for b's new owner; then b is freed. */
+static void new_write(CUevent old, CUstream next, CUdeviceptr b)
+{
+	expect_ordered(old, next);
+	CHECK_EQ(cuMemFree(b), 0);
 }
 
 /* a: allocated, written late on `late` (work pending), freed (and `late`
@@ -86,6 +91,16 @@ static void expect_syncs(long long from_hook, long long from_fake, long long n)
 		return;
 	CHECK_EQ(hook_calls("sync_free") - from_hook, n);
 	CHECK_EQ(fake_calls("cuCtxSynchronize") - from_fake, n);
+}
+
+/* The end of a scenario whose frees all fenced: no synchronisation (with
+ * VPMM_SYNC_FREE=device they all synchronised, which each counts itself),
+ * no failed allocation. */
+static void expect_fenced(void)
+{
+	if (!device_mode())
+		expect_syncs(0, 0, 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
 static void late(void)
@@ -184,9 +199,7 @@ static void destroyed(void)
 	late_write_then(late, next, true);
 	/* the destroyed stream is out of the fences: still no sync */
 	late_write(next, next);
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	expect_fenced();
 }
 
 /* The same, with no context current when the late stream is destroyed
@@ -211,9 +224,7 @@ static void destroyed_elsewhere(void)
 	if (expect_pool())
 		CHECK_EQ(b, a);
 	new_write(old, next, b);
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	expect_fenced();
 }
 
 /* Blocking streams and the per-thread default stream: no fence of their
@@ -284,9 +295,7 @@ static void owed(void)
 		if (!device_mode() && expect_pool())
 			CHECK(reused);
 	}
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	expect_fenced();
 }
 
 /* The waits for the non-blocking streams come once for a run of frees,
@@ -328,9 +337,7 @@ static void lazy(void)
 	new_write(old, nb[1], b);
 	for (int i = 0; i < 3; i++)
 		late_write(nb[i], nb[i + 1]);
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	expect_fenced();
 }
 
 /* Run with VPMM_LIMIT=256K, four pages. Memory a synchronous free gave back
@@ -354,20 +361,11 @@ static void pool_record_run(void)
 		/* a's pages, moved: nothing else fits the limit */
 		if (expect_pool())
 			CHECK_EQ(pool_stats(0).mapped, 4 * P);
-		CUevent young = work_on(next);
-		CHECK_EQ(cuStreamSynchronize(next), 0);
-		if (cuEventQuery(young) == CUDA_SUCCESS)
-			CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
-		CHECK_EQ(cuEventSynchronize(young), 0);
-		CHECK_EQ(cuEventQuery(old), CUDA_SUCCESS);
+		expect_ordered(old, next);
 		CHECK_EQ(cuMemFreeAsync(b, next), 0);
 		CHECK_EQ(cuStreamSynchronize(next), 0);
-		cuEventDestroy(old);
-		cuEventDestroy(young);
 	}
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	expect_fenced();
 }
 
 static void pool_record(void)
@@ -427,46 +425,20 @@ static void pool_wait(void)
 	}
 	new_write(old, next, b);
 	CHECK_EQ(cuMemFree(c), 0);
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	expect_fenced();
 }
 
 /* A capture begins on a non-blocking stream while a free still owes the
  * legacy stream its wait for the non-blocking streams: the wait is made
  * before the capture begins, so that nothing is recorded on the capturing
  * stream later (a record would join its graph) and the malloc after needs
- * no synchronisation. */
-static void capture_owed(void)
+ * no synchronisation. `elsewhere`: with another context current when the
+ * capture begins, the wait the pool's context's frees owe is made all the
+ * same. */
+static void capture_owed_with(bool elsewhere)
 {
 	CUstream late, cap;
-	CUdeviceptr a, b;
-	CUgraph g = NULL;
-	start();
-	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
-	CHECK_EQ(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), 0);
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CUevent old = work_on(late);
-	CHECK_EQ(cuMemFree(a), 0);
-	CHECK_EQ(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_RELAXED), 0);
-	CHECK_EQ(cuMemAllocAsync(&b, 4 * P, NULL), 0);
-	CHECK_EQ(fake_calls("record_capturing"), 0);
-	CHECK_EQ(cuStreamEndCapture(cap, &g), 0); /* the fake's graph: nothing to destroy */
-	CHECK_EQ(cuMemFreeAsync(b, NULL), 0);
-	CHECK_EQ(cuEventSynchronize(old), 0);
-	cuEventDestroy(old);
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
-}
-
-/* The same with another context current when the capture begins on the
- * pool's context's stream: the wait that context's frees owe is made all
- * the same. */
-static void capture_owed_elsewhere(void)
-{
-	CUstream late, cap;
-	CUcontext primary, mine;
+	CUcontext primary, mine = NULL;
 	CUdeviceptr a, b;
 	CUgraph g = NULL;
 	start();
@@ -476,7 +448,8 @@ static void capture_owed_elsewhere(void)
 	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
 	CUevent old = work_on(late);
 	CHECK_EQ(cuMemFree(a), 0);
-	CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
+	if (elsewhere)
+		CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
 	CHECK_EQ(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_RELAXED), 0);
 	CHECK_EQ(cuCtxSetCurrent(primary), 0);
 	CHECK_EQ(cuMemAllocAsync(&b, 4 * P, NULL), 0);
@@ -485,11 +458,21 @@ static void capture_owed_elsewhere(void)
 	CHECK_EQ(cuMemFreeAsync(b, NULL), 0);
 	CHECK_EQ(cuEventSynchronize(old), 0);
 	cuEventDestroy(old);
-	CHECK_EQ(cuCtxDestroy(mine), 0);
-	CHECK_EQ(cuCtxSetCurrent(primary), 0);
-	if (!device_mode())
-		expect_syncs(0, 0, 0);
-	CHECK_EQ(pool_stats(0).failures, 0);
+	if (mine) {
+		CHECK_EQ(cuCtxDestroy(mine), 0);
+		CHECK_EQ(cuCtxSetCurrent(primary), 0);
+	}
+	expect_fenced();
+}
+
+static void capture_owed(void)
+{
+	capture_owed_with(false);
+}
+
+static void capture_owed_elsewhere(void)
+{
+	capture_owed_with(true);
 }
 
 /* A stream the shim never saw made: once a hook meets it, every

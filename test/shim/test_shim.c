@@ -336,19 +336,22 @@ Test(shim_drv, own_without_shim, .timeout = 30)
 
 /* Synchronous frees by fences (syncfree_prog.c), and as synchronisations
  * with VPMM_SYNC_FREE=device; the programs check ordering and counts. */
-#define SYNCFREE_SCENARIO(name)                                               \
+/* SYNCFREE_SCENARIO_ENV: the same with one more variable set (NULL: none). */
+#define SYNCFREE_SCENARIO_ENV(name, var)                                      \
 	Test(shim_syncfree, name##_events, .timeout = 30)                     \
 	{                                                                     \
-		run(SYNCFREE_PROG, #name, true, NULL);                        \
+		const char *const env[] = {var, NULL};                        \
+		run(SYNCFREE_PROG, #name, true, env);                         \
 		EXPECT_OK();                                                  \
 		cr_expect(strstr(R.out, "ok " #name), "%s", R.out);           \
 	}                                                                     \
 	Test(shim_syncfree, name##_device, .timeout = 30)                     \
 	{                                                                     \
-		const char *const env[] = {"VPMM_SYNC_FREE=device", NULL};     \
+		const char *const env[] = {"VPMM_SYNC_FREE=device", var, NULL}; \
 		run(SYNCFREE_PROG, #name, true, env);                         \
 		EXPECT_OK();                                                  \
 	}
+#define SYNCFREE_SCENARIO(name) SYNCFREE_SCENARIO_ENV(name, NULL)
 
 SYNCFREE_SCENARIO(late)
 SYNCFREE_SCENARIO(many)
@@ -367,28 +370,8 @@ SYNCFREE_SCENARIO(destroyed_elsewhere)
 /* The pool's own record on the legacy stream comes after the wait for the
  * non-blocking streams that a free left owed (VPMM_LIMIT: the memory can
  * only be moved to the other stream). */
-Test(shim_syncfree, pool_record_events, .timeout = 30)
-{
-	const char *const env[] = {"VPMM_LIMIT=256K", NULL};
-	run(SYNCFREE_PROG, "pool_record", true, env);
-	EXPECT_OK();
-	cr_expect(strstr(R.out, "ok pool_record"), "%s", R.out);
-}
-
-Test(shim_syncfree, pool_record_forked, .timeout = 30)
-{
-	const char *const env[] = {"VPMM_LIMIT=256K", NULL};
-	run(SYNCFREE_PROG, "pool_record_forked", true, env);
-	EXPECT_OK();
-	cr_expect(strstr(R.out, "ok pool_record_forked"), "%s", R.out);
-}
-
-Test(shim_syncfree, pool_record_device, .timeout = 30)
-{
-	const char *const env[] = {"VPMM_LIMIT=256K", "VPMM_SYNC_FREE=device", NULL};
-	run(SYNCFREE_PROG, "pool_record", true, env);
-	EXPECT_OK();
-}
+SYNCFREE_SCENARIO_ENV(pool_record, "VPMM_LIMIT=256K")
+SYNCFREE_SCENARIO_ENV(pool_record_forked, "VPMM_LIMIT=256K")
 
 SYNCFREE_SCENARIO(owed)
 
