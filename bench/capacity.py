@@ -170,7 +170,7 @@ def pool_counters(lib):
     return out
 
 
-def timed_lib(args, mode):
+def clock_for(args, mode):
     """The clock around mode's allocator calls, if asked for (--timed-lib,
     --timed-shim), else None."""
     return {"pluggable": args.timed_lib, "preload": args.timed_shim}.get(mode)
@@ -201,7 +201,7 @@ def worker(args):
             code = 0
             try:
                 res = train(batch, args.steps, args.seq, args.lib, args.mode,
-                            timed_lib(args, args.mode))
+                            clock_for(args, args.mode))
             except BaseException as e:  # noqa: B902 -- every failure is reported
                 code = 3 if is_oom(e) else 4
                 res = {"batch": batch, "error": "%s: %s" % (type(e).__name__, str(e)[:300])}
