@@ -267,7 +267,8 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		/* On the legacy stream: the record synchronous frees owe it. */
 		if (fence_ctx)
 			vpmm_count(VPMM_HOOK_fence_malloc);
-		r = fence_ctx ? vpmm_fence_malloc(fence_ctx) : vpmm_fence_owed(sc.stream_ctx);
+		r = fence_ctx ? vpmm_fence_malloc(fence_ctx, *out, size)
+			      : vpmm_fence_owed(sc.stream_ctx);
 		/* A fence left half made: the synchronisation it stood for. */
 		if (r != CUDA_SUCCESS && (r = sync_context(dev)) != CUDA_SUCCESS) {
 			vpmm_pool_free(pool, *out, ps);
@@ -343,6 +344,21 @@ static bool fence_free(int owner, bool *pushed)
 	vpmm_pop_ctx(*pushed);
 	*pushed = false;
 	return false;
+}
+
+/* What a free tells the malloc fence (fence.c), before the pool's free
+ * (after it, the memory may be handed out): the range, if it is freed on
+ * the legacy stream while non-blocking streams exist, so that only a
+ * malloc of that memory fences them again; else that something was
+ * freed. */
+static void tell_fence(vpmm_pool *pool, CUdeviceptr ptr, CUstream ps)
+{
+	CUdeviceptr base;
+	size_t size;
+	if (!ps && vpmm_fence_wants_ranges() && !vpmm_pool_find(pool, ptr, &base, &size))
+		vpmm_fence_freed(base, size);
+	else
+		vpmm_fence_freeing();
 }
 
 bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
@@ -446,7 +462,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}
-	vpmm_fence_freeing();
+	tell_fence(pool, ptr, ps);
 	e = vpmm_pool_free(pool, ptr, ps);
 	vpmm_pop_ctx(fence_pushed);
 	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)

@@ -58,12 +58,29 @@
 #include "resolve.h"
 
 /* What can leave memory that a synchronous malloc hands out pending on
- * the legacy stream, counted: every free through the shim
- * (vpmm_fence_freeing), every wait the pool gives the legacy stream
- * (wait_for_pool). While it stands still, the non-blocking
- * streams' last wait for the legacy stream covers whatever a malloc
- * hands out, and the malloc makes no new one. */
+ * the legacy stream, counted, where no range says where: a free through
+ * the shim that vpmm_fence_freed does not record (vpmm_fence_freeing),
+ * every wait the pool gives the legacy stream (wait_for_pool), every
+ * mapping of the pool's but a new handle's first (map_for_pool: pages
+ * that moved may bring pending work to a new address). While it stands
+ * still, the non-blocking streams' last wait for the legacy stream covers
+ * whatever a malloc hands out outside the ranges freed since, and the
+ * malloc makes no new one. */
 static atomic_ulong obligations;
+
+/* The ranges freed on the legacy stream while non-blocking streams exist
+ * (vpmm_fence_freed), the last FREED_MAX of them, in order: entry n is
+ * freed[n % FREED_MAX], for n < freed_count. Under vpmm_ls.lock. A
+ * malloc whose memory overlaps none of those since the last fence, and
+ * that no obligation came before, hands out memory whose old owners'
+ * work the non-blocking streams already wait for (or new memory): in a
+ * PyTorch step beside 32 idle pool streams, each fence costs 32-64 us. */
+#define FREED_MAX 256
+static struct {
+	CUdeviceptr va;
+	size_t size;
+} freed[FREED_MAX];
+static unsigned long freed_count;
 /* Captures about to begin (vpmm_fence_capture_begins to _began): a
  * synchronous free meanwhile makes its waits at once, since one owed
  * could not be paid while the capture runs. */
@@ -78,6 +95,20 @@ static int slot_of_locked(CUcontext ctx)
 		if (vpmm_ls.legacy[k].ctx == ctx)
 			return (int)k;
 	return -1;
+}
+
+/* Whether [va, va + size) overlaps a range freed since entry `since`;
+ * true when entries since then were overwritten. */
+static bool freed_since_locked(unsigned long since, CUdeviceptr va, size_t size)
+{
+	if (freed_count - since > FREED_MAX)
+		return true;
+	for (unsigned long n = since; n < freed_count; n++) {
+		CUdeviceptr v = freed[n % FREED_MAX].va;
+		if (v < va + size && va < v + freed[n % FREED_MAX].size)
+			return true;
+	}
+	return false;
 }
 
 /* Whether `ctx` has a non-blocking stream. */
@@ -265,6 +296,7 @@ static int legacy_slot_locked(CUcontext ctx)
 	vpmm_ls.legacy[none].ctx = ctx;
 	vpmm_ls.legacy[none].owed = vpmm_ls.legacy[none].nb_owed = false;
 	vpmm_ls.legacy[none].fenced = ~0ul; /* the first malloc fences */
+	vpmm_ls.legacy[none].fenced_freed = freed_count;
 	return (int)none;
 }
 
@@ -314,10 +346,10 @@ void vpmm_fence_new_stream(CUstream s)
 		vpmm_ls_distrust("a new non-blocking stream could not wait for the legacy stream");
 }
 
-CUresult vpmm_fence_malloc(CUcontext ctx)
+CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 {
 	CUresult r = CUDA_SUCCESS;
-	bool nb, wait;
+	bool nb, wait, record;
 	CUevent ev;
 	if (!atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) &&
 	    !atomic_load_explicit(&vpmm_ls_owed_count, memory_order_acquire))
@@ -328,20 +360,29 @@ CUresult vpmm_fence_malloc(CUcontext ctx)
 	nb = has_nb_locked(ctx);
 	int k = nb ? legacy_slot_locked(ctx) : -1;
 	/* The non-blocking streams wait again only if something since their
-	 * last wait can have left the memory pending on the legacy stream: a
-	 * free, or a wait the pool gave the legacy stream for another
-	 * stream's free. Otherwise whatever this malloc handed out was
-	 * pending there before that wait, or not at all (new memory, or
-	 * settled). */
-	wait = nb && (k < 0 || vpmm_ls.legacy[k].fenced != now);
-	if (owed_locked(ctx) || wait)
+	 * last wait can have left this memory pending on the legacy stream:
+	 * a free of part of it, or an obligation (a free with no range, a
+	 * wait the pool gave the legacy stream for another stream's free,
+	 * pages the pool moved). Otherwise whatever this malloc handed out
+	 * was pending there before that wait, or not at all (new memory, or
+	 * settled). The record the frees since owe waits too, then: it
+	 * orders the blocking streams around their memory, not this. */
+	wait = nb && (k < 0 || vpmm_ls.legacy[k].fenced != now ||
+		      freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size));
+	record = wait || (!nb && owed_locked(ctx));
+	if (nb && !wait)
+		vpmm_count(VPMM_HOOK_fence_clean);
+	unsigned long freed_now = freed_count;
+	if (record)
 		r = legacy_record_locked(ctx, &ev);
 	if (r == CUDA_SUCCESS && wait) {
 		for (unsigned i = 0; r == CUDA_SUCCESS && i < vpmm_ls.n_nb; i++)
 			if (vpmm_ls.nb[i]->ctx == ctx)
 				r = vpmm_real.stream_wait_event(vpmm_ls.nb[i]->s, ev, 0);
-		if (r == CUDA_SUCCESS && k >= 0)
+		if (r == CUDA_SUCCESS && k >= 0) {
 			vpmm_ls.legacy[k].fenced = now;
+			vpmm_ls.legacy[k].fenced_freed = freed_now;
+		}
 	}
 	pthread_mutex_unlock(&vpmm_ls.lock);
 	return r;
@@ -388,11 +429,30 @@ void vpmm_fence_freeing(void)
 	atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
 }
 
+bool vpmm_fence_wants_ranges(void)
+{
+	return atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) != 0;
+}
+
+void vpmm_fence_freed(CUdeviceptr va, size_t size)
+{
+	pthread_mutex_lock(&vpmm_ls.lock);
+	freed[freed_count % FREED_MAX].va = va;
+	freed[freed_count % FREED_MAX].size = size;
+	freed_count++;
+	pthread_mutex_unlock(&vpmm_ls.lock);
+}
+
 /* ---- the pool's own calls on the legacy stream ------------------------------------ */
 
 /* The driver's calls the wrappers below stand in front of. */
 static CUresult (*pool_record)(vpmm_driver *d, CUevent ev, CUstream s);
 static CUresult (*pool_wait)(vpmm_driver *d, CUstream s, CUevent ev);
+static CUresult (*pool_create)(vpmm_driver *d, int device, size_t size,
+			       CUmemGenericAllocationHandle *out);
+static CUresult (*pool_map)(vpmm_driver *d, CUdeviceptr va, size_t size,
+			    CUmemGenericAllocationHandle h);
+static CUresult (*pool_release)(vpmm_driver *d, CUmemGenericAllocationHandle h);
 
 static bool is_legacy(CUstream s)
 {
@@ -438,6 +498,60 @@ static CUresult wait_for_pool(vpmm_driver *d, CUstream s, CUevent ev)
 	return r;
 }
 
+/* The pool's handles made and not mapped yet: a first mapping brings no
+ * one's work with it. At most FRESH_MAX at a time (a defragmentation makes
+ * a few, then maps them); one not kept here counts as moved. */
+#define FRESH_MAX 64
+static pthread_mutex_t fresh_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUmemGenericAllocationHandle fresh[FRESH_MAX];
+static unsigned n_fresh;
+
+/* Takes h out of fresh[]; whether it was there. */
+static bool fresh_take(CUmemGenericAllocationHandle h)
+{
+	bool found = false;
+	pthread_mutex_lock(&fresh_lock);
+	for (unsigned i = 0; i < n_fresh; i++)
+		if (fresh[i] == h) {
+			fresh[i] = fresh[--n_fresh];
+			found = true;
+			break;
+		}
+	pthread_mutex_unlock(&fresh_lock);
+	return found;
+}
+
+static CUresult create_for_pool(vpmm_driver *d, int device, size_t size,
+				CUmemGenericAllocationHandle *out)
+{
+	CUresult r = pool_create(d, device, size, out);
+	if (r == CUDA_SUCCESS) {
+		pthread_mutex_lock(&fresh_lock);
+		if (n_fresh < FRESH_MAX)
+			fresh[n_fresh++] = *out;
+		pthread_mutex_unlock(&fresh_lock);
+	}
+	return r;
+}
+
+/* A mapping of pages that were mapped elsewhere before: a free's pending
+ * work may come with them to addresses no free named. Counted before the
+ * mapping, so before the memory can be handed out. */
+static CUresult map_for_pool(vpmm_driver *d, CUdeviceptr va, size_t size,
+			     CUmemGenericAllocationHandle h)
+{
+	if (!fresh_take(h))
+		atomic_fetch_add_explicit(&obligations, 1, memory_order_acq_rel);
+	return pool_map(d, va, size, h);
+}
+
+/* A released handle's value may come back for another. */
+static CUresult release_for_pool(vpmm_driver *d, CUmemGenericAllocationHandle h)
+{
+	fresh_take(h);
+	return pool_release(d, h);
+}
+
 void vpmm_fence_wrap_driver(vpmm_driver *d)
 {
 	/* Once a table: a forked child's process state makes a new one. */
@@ -445,8 +559,14 @@ void vpmm_fence_wrap_driver(vpmm_driver *d)
 		return;
 	pool_record = d->event_record;
 	pool_wait = d->stream_wait;
+	pool_create = d->mem_create;
+	pool_map = d->map;
+	pool_release = d->mem_release;
 	d->event_record = record_for_pool;
 	d->stream_wait = wait_for_pool;
+	d->mem_create = create_for_pool;
+	d->map = map_for_pool;
+	d->mem_release = release_for_pool;
 }
 
 CUresult vpmm_fence_owed(CUcontext ctx)

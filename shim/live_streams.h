@@ -51,12 +51,13 @@ CUresult vpmm_fence_free(CUcontext ctx);
  * waits for the legacy stream's work so far, since memory handed out
  * before may still be pending there (a fence it missed). */
 void vpmm_fence_new_stream(CUstream s);
-/* After a synchronous malloc on the legacy default stream: the record the
- * frees owed (vpmm_fence_owed), and every non-blocking stream of `ctx`
- * (current) waits for the work queued so far on the legacy stream, unless
- * no free and no wait of the pool's on the legacy stream came since they
- * last did; the blocking streams wait for it by themselves. */
-CUresult vpmm_fence_malloc(CUcontext ctx);
+/* After a synchronous malloc of [va, va + size) on the legacy default
+ * stream: the record the frees owed (vpmm_fence_owed), and every
+ * non-blocking stream of `ctx` (current) waits for the work queued so far
+ * on the legacy stream, unless nothing since they last did can have left
+ * that memory pending there (fence.c: obligations, freed ranges); the
+ * blocking streams wait for it by themselves. */
+CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size);
 /* After any other malloc on the legacy default stream of `ctx` (the
  * current context; NULL: asks which it is):
  * the record on it that the synchronous frees since the last one owe, if
@@ -74,10 +75,18 @@ void vpmm_fence_capture_began(void);
 /* A free through the shim, about to give memory back to the pool: the
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
 void vpmm_fence_freeing(void);
+/* Whether a free on the legacy stream should say which range it gives
+ * back (vpmm_fence_freed) rather than call vpmm_fence_freeing: while
+ * non-blocking streams exist. */
+bool vpmm_fence_wants_ranges(void);
+/* A free on the legacy stream, about to give [va, va + size) back to the
+ * pool: a synchronous malloc of memory overlapping it is fenced again. */
+void vpmm_fence_freed(CUdeviceptr va, size_t size);
 /* Puts the fences in front of the pool's driver `d` (the shim's, once):
  * its records on the legacy stream make the wait for the non-blocking
  * streams that synchronous frees still owe, and its waits on the legacy
- * stream make the next synchronous malloc's fence due. */
+ * stream and its mappings of moved pages make the next synchronous
+ * malloc's fence due. */
 void vpmm_fence_wrap_driver(vpmm_driver *d);
 
 #endif

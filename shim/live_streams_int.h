@@ -36,12 +36,13 @@ struct vpmm_ls_table {
 	 * and the legacy stream has not waited for the non-blocking streams
 	 * since (pay_nb_locked, before any record there). fenced: the
 	 * count of obligations when the non-blocking streams last waited for
-	 * the legacy stream (vpmm_fence_malloc). */
+	 * the legacy stream (vpmm_fence_malloc), fenced_freed the count of
+	 * ranges freed then (fence.c). */
 	struct {
 		CUcontext ctx;
 		CUevent ev;
 		bool owed, nb_owed;
-		unsigned long fenced;
+		unsigned long fenced, fenced_freed;
 	} legacy[CTX_MAX];
 	/* The contexts with streams in the table, their devices and counts;
 	 * overflow: more contexts than that (each device then synchronises). */

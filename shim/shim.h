@@ -108,6 +108,7 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(fence_free)               /* synchronous frees fenced, not synced */ \
 	X(fence_malloc)             /* synchronous mallocs on the legacy stream */ \
 	X(fence_owed)               /* legacy records that runs of frees owed */ \
+	X(fence_clean)              /* fence_malloc with nothing to wait for */ \
 	X(cuStreamBeginCapture)     /* every form */                            \
 	X(cuStreamEndCapture)                                                 \
 	X(capture_deferred)         /* frees of pool memory a capture held back */ \

@@ -340,6 +340,92 @@ static void lazy(void)
 	expect_fenced();
 }
 
+/* A synchronous malloc after a free, of memory that only frees before the
+ * last fence gave back, makes no wait and no record: the non-blocking
+ * streams' last wait covers it. One of the memory freed since fences as
+ * before, and the order holds. */
+static void clean(void)
+{
+	enum { NB = 4 };
+	CUstream nb[NB];
+	CUdeviceptr a, c, g, x, h, b, d, y;
+	start();
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&c, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&g, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&x, 2 * P), 0);
+	CHECK_EQ(cuMemAlloc(&h, P), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemFree(c), 0);
+	bool counted = !device_mode() && expect_pool();
+	long long waits = fake_calls("cuStreamWaitEvent");
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0); /* half of a and c's 8 pages */
+	if (counted)
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+	/* The other half was freed before that fence; x's two pages after. */
+	CUevent old = work_on(nb[0]);
+	CHECK_EQ(cuMemFree(x), 0);
+	waits = fake_calls("cuStreamWaitEvent");
+	long long records = fake_calls("cuEventRecord");
+	long long cleans = hook_calls("fence_clean");
+	CHECK_EQ(cuMemAlloc(&d, 4 * P), 0);
+	if (counted) {
+		CHECK(d + 4 * P <= x || x + 2 * P <= d);
+		CHECK_EQ(fake_calls("cuStreamWaitEvent"), waits);
+		CHECK_EQ(fake_calls("cuEventRecord"), records);
+		CHECK_EQ(hook_calls("fence_clean") - cleans, 1);
+	}
+	CHECK_EQ(cuMemAlloc(&y, 2 * P), 0); /* x's pages: fenced again */
+	if (counted) {
+		CHECK_EQ(y, x);
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+	}
+	new_write(old, nb[1], y);
+	CHECK_EQ(cuMemFree(b), 0);
+	CHECK_EQ(cuMemFree(d), 0);
+	CHECK_EQ(cuMemFree(g), 0);
+	CHECK_EQ(cuMemFree(h), 0);
+	expect_fenced();
+}
+
+/* Run with VPMM_LIMIT=256K, four pages. Pages freed since the last fence
+ * while late work on them was pending, which the pool moves to a new
+ * address for a synchronous malloc: no freed range names that address,
+ * and the malloc fences all the same (the pool's mapping of moved pages
+ * counts). */
+static void moved(void)
+{
+	enum { NB = 2 };
+	CUstream nb[NB];
+	CUdeviceptr a, x, c, z, b;
+	start();
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, P), 0);
+	CHECK_EQ(cuMemAlloc(&x, P), 0);
+	CHECK_EQ(cuMemAlloc(&c, P), 0);
+	CHECK_EQ(cuMemAlloc(&z, P), 0);
+	CHECK_EQ(cuMemFree(z), 0);
+	CHECK_EQ(cuMemAlloc(&z, P), 0); /* a fence */
+	CUevent old = work_on(nb[0]);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemFree(c), 0);
+	uint64_t remapped = pool_stats(0).handles_remapped;
+	CHECK_EQ(cuMemAlloc(&b, 2 * P), 0); /* a's and c's pages, moved */
+	if (expect_pool()) {
+		CHECK(b + 2 * P <= a || a + P <= b);
+		CHECK(b + 2 * P <= c || c + P <= b);
+		CHECK_EQ(pool_stats(0).mapped, 4 * P);
+		CHECK(pool_stats(0).handles_remapped > remapped);
+	}
+	new_write(old, nb[1], b);
+	CHECK_EQ(cuMemFree(x), 0);
+	CHECK_EQ(cuMemFree(z), 0);
+	expect_fenced();
+}
+
 /* Run with VPMM_LIMIT=256K, four pages. Memory a synchronous free gave back
  * while a non-blocking stream's work on it was late, taken by a
  * stream-ordered malloc on another non-blocking stream: the pool can only
@@ -550,6 +636,7 @@ int main(int argc, char **argv)
 		{"destroyed_elsewhere", destroyed_elsewhere},
 		{"pool_record_forked", pool_record_forked},
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
+		{"clean", clean},         {"moved", moved},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

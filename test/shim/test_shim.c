@@ -375,6 +375,12 @@ SYNCFREE_SCENARIO_ENV(pool_record_forked, "VPMM_LIMIT=256K")
 
 SYNCFREE_SCENARIO(owed)
 
+/* A malloc of memory no free since the last fence gave back makes none;
+ * pages freed since and moved to a new address still fence (VPMM_LIMIT:
+ * the pool can only move them). */
+SYNCFREE_SCENARIO(clean)
+SYNCFREE_SCENARIO_ENV(moved, "VPMM_LIMIT=256K")
+
 Test(shim_ipc, share_pool, .timeout = 60)
 {
 	run(IPC_PROG, "share", true, NULL);
