@@ -296,6 +296,7 @@ static void find_cuda(void)
 	SET(vpmm_real.stream_is_capturing, vpmm_real_entry("cuStreamIsCapturing", NULL));
 	SET(vpmm_real.stream_get_ctx, vpmm_real_entry("cuStreamGetCtx", NULL));
 	SET(vpmm_real.stream_synchronize, vpmm_real_entry("cuStreamSynchronize", NULL));
+	SET(vpmm_real.event_query, vpmm_real_entry("cuEventQuery", NULL));
 	SET(vpmm_real.device_get, vpmm_real_entry("cuDeviceGet", NULL));
 	SET(vpmm_real.primary_retain, vpmm_real_entry("cuDevicePrimaryCtxRetain", NULL));
 	SET(vpmm_real.primary_get_state, vpmm_real_entry("cuDevicePrimaryCtxGetState", NULL));

@@ -110,6 +110,7 @@ struct vpmm_real {
 	CUresult (*stream_is_capturing)(CUstream, CUstreamCaptureStatus *);
 	CUresult (*stream_get_ctx)(CUstream, CUcontext *);
 	CUresult (*stream_synchronize)(CUstream);
+	CUresult (*event_query)(CUevent);
 	CUresult (*device_get)(CUdevice *, int);
 	CUresult (*primary_retain)(CUcontext *, CUdevice);
 	CUresult (*primary_get_state)(CUdevice, unsigned int *, int *);

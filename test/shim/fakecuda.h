@@ -116,6 +116,7 @@ API CUresult cuEventDestroy_v2(CUevent ev);
 API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 API void fakecuda_set_capturing(CUstream s, int on);
 API void fakecuda_set_implicit(int on);
+API void fakecuda_set_eager(int on);
 #undef cuStreamBeginCapture
 #undef cuStreamEndCapture
 #undef cuStreamGetCaptureInfo

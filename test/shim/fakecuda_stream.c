@@ -45,6 +45,7 @@ struct capture {
 };
 
 static bool implicit_on;
+static void eager_run(void);
 static void implicit_before(CUstream s);
 static void implicit_after(CUstream s);
 /* The legacy stream's and the per-thread stream's markers. */
@@ -210,6 +211,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 	implicit_before(s);
 	r = fake_drv->stream_wait(fake_drv, s, ev);
 	implicit_after(s);
+	eager_run();
 	return r;
 }
 
@@ -341,6 +343,21 @@ void fakecuda_set_implicit(int on)
 	implicit_on = on != 0;
 }
 
+/* A device that keeps up (fakecuda_set_eager): every queue runs as far as
+ * it can after each record and wait. */
+static bool eager_on;
+
+void fakecuda_set_eager(int on)
+{
+	eager_on = on != 0;
+}
+
+static void eager_run(void)
+{
+	if (eager_on)
+		vpmm_host_complete_all(fake_drv);
+}
+
 CUresult cuEventRecord(CUevent ev, CUstream s)
 {
 	CUresult r = fake_ctx_state();
@@ -362,6 +379,7 @@ CUresult cuEventRecord(CUevent ev, CUstream s)
 	implicit_before(s);
 	r = fake_drv->event_record(fake_drv, ev, s);
 	implicit_after(s);
+	eager_run();
 	return r;
 }
 

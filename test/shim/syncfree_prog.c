@@ -14,6 +14,7 @@
 
 CUresult fakecuda_stream_create_unseen(CUstream *s, unsigned int flags);
 void fakecuda_set_implicit(int on);
+void fakecuda_set_eager(int on);
 
 static bool device_mode(void)
 {
@@ -390,6 +391,51 @@ static void clean(void)
 	expect_fenced();
 }
 
+/* A malloc of memory freed since the last fence, with the device caught
+ * up: once the legacy stream's record (after its wait for every
+ * non-blocking stream) has completed, no stream waits for it. With late
+ * work on one stream, the record cannot complete before that work, and
+ * every stream waits for it. */
+static void idle(void)
+{
+	enum { NB = 4 };
+	CUstream nb[NB];
+	CUdeviceptr a, b, c;
+	start();
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	bool counted = !device_mode() && expect_pool();
+	fakecuda_set_eager(1);
+	CHECK_EQ(cuStreamSynchronize(NULL), 0);
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamSynchronize(nb[i]), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	long long waits = fake_calls("cuStreamWaitEvent");
+	long long records = fake_calls("cuEventRecord");
+	long long done = hook_calls("fence_done");
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0); /* a's pages */
+	if (counted) {
+		CHECK_EQ(b, a);
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, NB);
+		CHECK_EQ(fake_calls("cuEventRecord") - records, NB + 1);
+		CHECK_EQ(hook_calls("fence_done") - done, 1);
+	}
+	fakecuda_set_eager(0);
+	CUevent old = work_on(nb[0]);
+	CHECK_EQ(cuMemFree(b), 0);
+	waits = fake_calls("cuStreamWaitEvent");
+	records = fake_calls("cuEventRecord");
+	CHECK_EQ(cuMemAlloc(&c, 4 * P), 0); /* b's pages */
+	if (counted) {
+		CHECK_EQ(c, b);
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+		CHECK_EQ(fake_calls("cuEventRecord") - records, NB + 1);
+	}
+	new_write(old, nb[1], c);
+	expect_fenced();
+}
+
 /* Run with VPMM_LIMIT=256K, four pages. Pages freed since the last fence
  * while late work on them was pending, which the pool moves to a new
  * address for a synchronous malloc: no freed range names that address,
@@ -636,7 +682,7 @@ int main(int argc, char **argv)
 		{"destroyed_elsewhere", destroyed_elsewhere},
 		{"pool_record_forked", pool_record_forked},
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
-		{"clean", clean},         {"moved", moved},
+		{"clean", clean},         {"moved", moved},   {"idle", idle},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -379,6 +379,8 @@ SYNCFREE_SCENARIO(owed)
  * pages freed since and moved to a new address still fence (VPMM_LIMIT:
  * the pool can only move them). */
 SYNCFREE_SCENARIO(clean)
+/* No stream waits for a legacy record that has completed already. */
+SYNCFREE_SCENARIO(idle)
 SYNCFREE_SCENARIO_ENV(moved, "VPMM_LIMIT=256K")
 
 Test(shim_ipc, share_pool, .timeout = 60)
