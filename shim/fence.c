@@ -5,7 +5,9 @@
  * Owns: the per-context event the fences record on the legacy default
  * stream, what synchronous frees owe it (a record, a wait for the
  * non-blocking streams), the count of what the malloc fence must cover,
- * and the wrappers on the pool's driver calls on the legacy stream.
+ * the ranges freed since, the pool's handles not yet mapped, and the
+ * wrappers on the pool's driver calls (records and waits on the legacy
+ * stream, handles made, mapped and released).
  *
  * Decisions, and why:
  *  - cudaFree promises that no work issued before it, on any stream of the
@@ -25,8 +27,11 @@
  *    between the free and the malloc, two blocking streams would not be
  *    ordered), which the next malloc on the legacy stream makes. A
  *    synchronous malloc is a malloc on the legacy stream after which each
- *    non-blocking stream waits for it, if a free (or a wait of the pool's
- *    on the legacy stream) came since they last did. Programs without
+ *    non-blocking stream waits for it, if what it hands out may be pending
+ *    there: freed since they last did (the freed ranges below), or an
+ *    obligation came (a free that named no range, a wait of the pool's on
+ *    the legacy stream, pages the pool moved); and not once the record
+ *    is found complete. Programs without
  *    non-blocking streams (PyTorch without side streams) pay one event
  *    record for each run of frees, and reuse memory at once in stream
  *    order, as through the pluggable allocator. With them, each stream
