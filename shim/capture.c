@@ -306,6 +306,7 @@ static void forget_capture(CUstream s)
 		if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
 			atomic_fetch_sub_explicit(&n_strict, 1, memory_order_release);
 		free(c);
+		vpmm_fence_capture_ended();
 		return;
 	}
 }
@@ -345,7 +346,7 @@ static CUresult began(CUresult r, CUstream s, bool ptsz, CUstreamCaptureMode mod
 			atomic_fetch_add_explicit(&n_strict, 1, memory_order_release);
 		pthread_mutex_unlock(&lock);
 	}
-	vpmm_fence_capture_began();
+	vpmm_fence_capture_began(r == CUDA_SUCCESS);
 	pthread_mutex_unlock(&begin_lock);
 	return r;
 }

@@ -90,6 +90,11 @@ static unsigned long freed_count;
  * synchronous free meanwhile makes its waits at once, since one owed
  * could not be paid while the capture runs. */
 static atomic_int beginning;
+/* Captures begun and not yet seen ending (vpmm_fence_capture_began,
+ * _ended): while none is, and none beginning, no stream captures (a stream
+ * joins a capture only by waiting on one in progress), and the fences ask
+ * no stream: 32 queries a call beside PyTorch's pool streams. */
+static atomic_int in_progress;
 
 static int legacy_slot_locked(CUcontext ctx);
 
@@ -127,6 +132,9 @@ static bool has_nb_locked(CUcontext ctx)
 
 static bool capturing(CUstream s)
 {
+	if (!atomic_load_explicit(&beginning, memory_order_acquire) &&
+	    !atomic_load_explicit(&in_progress, memory_order_acquire))
+		return false;
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 	return vpmm_real.stream_is_capturing(s, &cs) != CUDA_SUCCESS ||
 	       cs != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -435,10 +443,19 @@ void vpmm_fence_capture_begins(void)
 	pthread_mutex_unlock(&vpmm_ls.lock);
 }
 
-void vpmm_fence_capture_began(void)
+void vpmm_fence_capture_began(bool begun)
 {
+	/* Counted in progress before it stops counting as beginning. */
+	if (begun)
+		atomic_fetch_add_explicit(&in_progress, 1, memory_order_acq_rel);
 	atomic_fetch_sub_explicit(&beginning, 1, memory_order_acq_rel);
 }
+
+void vpmm_fence_capture_ended(void)
+{
+	atomic_fetch_sub_explicit(&in_progress, 1, memory_order_acq_rel);
+}
+
 
 void vpmm_fence_freeing(void)
 {
@@ -608,4 +625,13 @@ CUresult vpmm_fence_owed(CUcontext ctx)
 	}
 	pthread_mutex_unlock(&vpmm_ls.lock);
 	return r;
+}
+
+void vpmm_fence_forget(void)
+{
+	pthread_mutex_t fresh_mutex = PTHREAD_MUTEX_INITIALIZER;
+	fresh_lock = fresh_mutex;
+	n_fresh = 0;
+	atomic_store(&beginning, 0);
+	atomic_store(&in_progress, 0);
 }

@@ -306,4 +306,5 @@ void vpmm_live_streams_forget(void)
 	atomic_store(&vpmm_ls_owed_count, 0);
 	atomic_store(&vpmm_ls_nb_owed_count, 0);
 	vpmm_ls.gen++;
+	vpmm_fence_forget();
 }

@@ -627,17 +627,25 @@ static void unseen(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
-/* A capturing non-blocking stream gets no event: the free synchronises. */
+/* A capturing non-blocking stream gets no event: the free synchronises
+ * (a relaxed capture allows it). Once the capture ended, frees fence
+ * again, and the fences ask no stream whether it captures. */
 static void capture(void)
 {
 	CUstream cap, s;
+	CUgraph g = NULL;
 	start();
 	CHECK_EQ(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), 0);
 	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
-	st_fake_set_capturing(cap, 1);
+	CHECK_EQ(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_RELAXED), 0);
 	late_write(s, s);
 	expect_syncs(0, 0, 2); /* both frees */
-	st_fake_set_capturing(cap, 0);
+	CHECK_EQ(cuStreamEndCapture(cap, &g), 0);
+	long long queries = fake_calls("cuStreamIsCapturing");
+	late_write(s, s);
+	expect_syncs(0, 0, device_mode() ? 4 : 2);
+	if (!device_mode() && expect_pool())
+		CHECK_EQ(fake_calls("cuStreamIsCapturing"), queries);
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
