@@ -356,7 +356,7 @@ static void tell_fence(vpmm_pool *pool, CUdeviceptr ptr, CUstream ps)
 	CUdeviceptr base;
 	size_t size;
 	if (!ps && vpmm_fence_wants_ranges() && !vpmm_pool_find(pool, ptr, &base, &size))
-		vpmm_fence_freed(base, size);
+		vpmm_fence_freed_range(base, size);
 	else
 		vpmm_fence_freeing();
 }

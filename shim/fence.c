@@ -30,8 +30,9 @@
  *    non-blocking stream waits for it, if what it hands out may be pending
  *    there: freed since they last did (the freed ranges below), or an
  *    obligation came (a free that named no range, a wait of the pool's on
- *    the legacy stream, pages the pool moved); and not once the record
- *    is found complete. Programs without
+ *    the legacy stream, pages the pool moved); none either once that
+ *    record is found complete (every old owner's work has run). Programs
+ *    without
  *    non-blocking streams (PyTorch without side streams) pay one event
  *    record for each run of frees, and reuse memory at once in stream
  *    order, as through the pluggable allocator. With them, each stream
@@ -48,10 +49,11 @@
  *    fence is refused and the caller synchronises, as before; what frees
  *    owe is made before a capture begins (vpmm_fence_capture_begins), in
  *    every context that owes it.
- *  - A stream destroyed after a fence: the legacy stream's wait already
- *    holds the record; its event is destroyed with it, which the driver
- *    defers until the recorded work completed. One destroyed while a wait
- *    for it is owed gets it first, in its own context.
+ *  - A non-blocking stream destroyed: the legacy stream waits for its
+ *    work first, in its own context, owed or not (work queued after the
+ *    last wait for it would be waited for by no later fence); its event
+ *    is destroyed with it, which the driver defers until the recorded
+ *    work completed.
  * May call: live_streams_int.h, resolve.h, the log and the hook counters
  * (shim.h).
  */
@@ -64,7 +66,7 @@
 
 /* What can leave memory that a synchronous malloc hands out pending on
  * the legacy stream, counted, where no range says where: a free through
- * the shim that vpmm_fence_freed does not record (vpmm_fence_freeing),
+ * the shim that vpmm_fence_freed_range does not record (vpmm_fence_freeing),
  * every wait the pool gives the legacy stream (wait_for_pool), every
  * mapping of the pool's but a new handle's first (map_for_pool: pages
  * that moved may bring pending work to a new address). While it stands
@@ -74,7 +76,7 @@
 static atomic_ulong obligations;
 
 /* The ranges freed on the legacy stream while non-blocking streams exist
- * (vpmm_fence_freed), the last FREED_MAX of them, in order: entry n is
+ * (vpmm_fence_freed_range), the last FREED_MAX of them, in order: entry n is
  * freed[n % FREED_MAX], for n < freed_count. Under vpmm_ls.lock. A
  * malloc whose memory overlaps none of those since the last fence, and
  * that no obligation came before, hands out memory whose old owners'
@@ -209,15 +211,18 @@ static CUresult nb_wait_locked(struct live *e)
  * still touch memory those frees gave back). */
 bool vpmm_fence_dying_locked(struct live *e)
 {
-	int k = slot_of_locked(e->ctx);
-	if (k < 0 || !vpmm_ls.legacy[k].nb_owed)
-		return true;
-	/* In the stream's context: the legacy stream that waits is the
+	/* Whether or not a wait is owed now: work queued on it since the
+	 * last one would otherwise be waited for by no later fence (a free
+	 * after its end pays the streams still there). In the stream's context: the legacy stream that waits is the
 	 * current context's, and cuStreamDestroy needs none current. */
 	CUcontext cur = NULL, popped;
 	bool pushed = vpmm_real.ctx_get_current(&cur) == CUDA_SUCCESS && cur != e->ctx &&
 		      vpmm_real.ctx_push(e->ctx) == CUDA_SUCCESS;
-	CUresult r = (cur == e->ctx || pushed) ? nb_wait_locked(e) : CUDA_ERROR_INVALID_CONTEXT;
+	CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+	if (cur == e->ctx || pushed)
+		r = capturing(e->s) || capturing(CU_STREAM_LEGACY)
+			    ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+			    : nb_wait_locked(e);
 	if (pushed)
 		vpmm_real.ctx_pop(&popped);
 	/* Else its work is waited for on the host: what it touched is then
@@ -267,8 +272,9 @@ CUresult vpmm_fence_free(CUcontext ctx)
 	 * actions. Work on two blocking streams, one before the free and one
 	 * after the malloc, with nothing queued on the legacy stream between,
 	 * would run unordered. The next malloc on the legacy stream records
-	 * it (vpmm_fence_malloc, vpmm_fence_owed), once for every free made
-	 * since: a record every free cost a PyTorch step about one in three
+	 * it (vpmm_fence_owed; a synchronous one, vpmm_fence_malloc, only if
+	 * it may hand out memory freed since the last fence), once for every
+	 * free made since: a record every free cost a PyTorch step about one in three
 	 * of them (frees come in runs). Any other reuse, by another stream or
 	 * settled, waits for an event the pool records on the legacy stream
 	 * after the free: an action too. The event is made here, so that the
@@ -467,7 +473,7 @@ bool vpmm_fence_wants_ranges(void)
 	return atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) != 0;
 }
 
-void vpmm_fence_freed(CUdeviceptr va, size_t size)
+void vpmm_fence_freed_range(CUdeviceptr va, size_t size)
 {
 	pthread_mutex_lock(&vpmm_ls.lock);
 	freed[freed_count % FREED_MAX].va = va;

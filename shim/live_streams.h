@@ -43,8 +43,9 @@ bool vpmm_fence_possible(CUcontext ctx, int dev);
 /* Before a free on the legacy default stream: the free owes the legacy
  * stream a wait for the work queued so far on every non-blocking stream of
  * `ctx` (the current context), made before the next record there or
- * reuse in its order, and a record, made by the next malloc on it; the
- * blocking streams it waits for by itself. CUDA_SUCCESS, or the driver's
+ * reuse in its order, and a record, made by the next malloc on it that
+ * may hand out memory freed since the last fence; the blocking streams it
+ * waits for by itself. CUDA_SUCCESS, or the driver's
  * error (the caller synchronises instead). */
 CUresult vpmm_fence_free(CUcontext ctx);
 /* A non-blocking stream `s` was just made in the current context: it
@@ -55,8 +56,9 @@ void vpmm_fence_new_stream(CUstream s);
  * stream: the record the frees owed (vpmm_fence_owed), and every
  * non-blocking stream of `ctx` (current) waits for the work queued so far
  * on the legacy stream, unless nothing since they last did can have left
- * that memory pending there (fence.c: obligations, freed ranges); the
- * blocking streams wait for it by themselves. */
+ * that memory pending there (fence.c: obligations, freed ranges), then
+ * neither the record; nor the waits once the record is found complete.
+ * The blocking streams wait for it by themselves. */
 CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size);
 /* After any other malloc on the legacy default stream of `ctx` (the
  * current context; NULL: asks which it is):
@@ -83,12 +85,12 @@ void vpmm_fence_forget(void);
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
 void vpmm_fence_freeing(void);
 /* Whether a free on the legacy stream should say which range it gives
- * back (vpmm_fence_freed) rather than call vpmm_fence_freeing: while
+ * back (vpmm_fence_freed_range) rather than call vpmm_fence_freeing: while
  * non-blocking streams exist. */
 bool vpmm_fence_wants_ranges(void);
 /* A free on the legacy stream, about to give [va, va + size) back to the
  * pool: a synchronous malloc of memory overlapping it is fenced again. */
-void vpmm_fence_freed(CUdeviceptr va, size_t size);
+void vpmm_fence_freed_range(CUdeviceptr va, size_t size);
 /* Puts the fences in front of the pool's driver `d` (the shim's, once):
  * its records on the legacy stream make the wait for the non-blocking
  * streams that synchronous frees still owe, and its waits on the legacy

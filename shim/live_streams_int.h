@@ -36,8 +36,9 @@ struct vpmm_ls_table {
 	 * and the legacy stream has not waited for the non-blocking streams
 	 * since (pay_nb_locked, before any record there). fenced: the
 	 * count of obligations when the non-blocking streams last waited for
-	 * the legacy stream (vpmm_fence_malloc), fenced_freed the count of
-	 * ranges freed then (fence.c). */
+	 * the legacy stream (vpmm_fence_malloc), or found the record they
+	 * would have waited for complete; fenced_freed the count of ranges
+	 * freed then (fence.c). */
 	struct {
 		CUcontext ctx;
 		CUevent ev;
@@ -103,8 +104,8 @@ void vpmm_ls_settle_locked(unsigned k);
 void vpmm_ls_settle_nb_locked(unsigned k);
 
 /* fence.c */
-/* Non-blocking stream e is about to end: the wait its context's frees owe
- * for it is made now. False: neither that nor a host wait could be made. */
+/* Non-blocking stream e is about to end: the legacy stream of its context
+ * waits for its work now. False: neither that nor a host wait could be made. */
 bool vpmm_fence_dying_locked(struct live *e);
 
 #endif

@@ -206,6 +206,36 @@ static void destroyed(void)
 /* The same, with no context current when the late stream is destroyed
  * (cuStreamDestroy needs none): the legacy stream that waits for it is
  * still that of the stream's context. */
+/* A non-blocking stream destroyed with work still queued, after a fence
+ * and before any free: the later free's fence pays only the streams still
+ * there, so the legacy stream must have waited for this one's work at its
+ * end. */
+static void destroyed_busy(void)
+{
+	CUstream gate, late, next;
+	CUdeviceptr a, x, b;
+	start();
+	CHECK_EQ(cuStreamCreate(&gate, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&x, P), 0);
+	CHECK_EQ(cuMemFree(x), 0);
+	CHECK_EQ(cuMemAlloc(&x, P), 0); /* a fence: nothing owed after it */
+	CUevent g = work_on(gate);
+	CHECK_EQ(cuStreamWaitEvent(late, g, 0), 0);
+	CUevent old = work_on(late); /* a's last write, behind gate's */
+	CHECK_EQ(cuStreamDestroy(late), 0); /* its work still queued */
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	CHECK_EQ(cuStreamSynchronize(gate), 0);
+	CHECK_EQ(cuStreamSynchronize(NULL), 0);
+	new_write(old, next, b);
+	cuEventDestroy(g);
+	CHECK_EQ(cuMemFree(x), 0);
+	expect_fenced();
+}
+
 static void destroyed_elsewhere(void)
 {
 	CUstream late, next;
@@ -388,6 +418,38 @@ static void clean(void)
 	CHECK_EQ(cuMemFree(d), 0);
 	CHECK_EQ(cuMemFree(g), 0);
 	CHECK_EQ(cuMemFree(h), 0);
+	expect_fenced();
+}
+
+/* More frees since the last fence than the ranges kept (256): a malloc of
+ * memory whose range was overwritten since still fences. */
+static void overflow(void)
+{
+	enum { NB = 2, N = 300 };
+	static CUdeviceptr v[N];
+	CUstream nb[NB];
+	CUdeviceptr g1, r, g2, z;
+	start();
+	for (int i = 0; i < NB; i++)
+		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+	for (int i = 0; i < N; i++)
+		CHECK_EQ(cuMemAlloc(&v[i], P), 0);
+	CHECK_EQ(cuMemAlloc(&g1, P), 0);
+	CHECK_EQ(cuMemAlloc(&r, 3 * P), 0);
+	CHECK_EQ(cuMemAlloc(&g2, P), 0);
+	CUevent old = work_on(nb[0]);
+	CHECK_EQ(cuMemFree(r), 0); /* its range first, then N others */
+	for (int i = 0; i < N; i++)
+		CHECK_EQ(cuMemFree(v[i]), 0);
+	long long waits = fake_calls("cuStreamWaitEvent");
+	CHECK_EQ(cuMemAlloc(&z, 3 * P), 0);
+	if (!device_mode() && expect_pool()) {
+		CHECK_EQ(z, r);
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+	}
+	new_write(old, nb[1], z);
+	CHECK_EQ(cuMemFree(g1), 0);
+	CHECK_EQ(cuMemFree(g2), 0);
 	expect_fenced();
 }
 
@@ -691,6 +753,7 @@ int main(int argc, char **argv)
 		{"pool_record_forked", pool_record_forked},
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
+		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -366,6 +366,7 @@ SYNCFREE_SCENARIO(pool_wait)
 SYNCFREE_SCENARIO(capture_owed)
 SYNCFREE_SCENARIO(capture_owed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_elsewhere)
+SYNCFREE_SCENARIO(destroyed_busy)
 
 /* The pool's own record on the legacy stream comes after the wait for the
  * non-blocking streams that a free left owed (VPMM_LIMIT: the memory can
@@ -379,6 +380,7 @@ SYNCFREE_SCENARIO(owed)
  * pages freed since and moved to a new address still fence (VPMM_LIMIT:
  * the pool can only move them). */
 SYNCFREE_SCENARIO(clean)
+SYNCFREE_SCENARIO(overflow)
 /* No stream waits for a legacy record that has completed already. */
 SYNCFREE_SCENARIO(idle)
 SYNCFREE_SCENARIO_ENV(moved, "VPMM_LIMIT=256K")
