@@ -192,6 +192,45 @@ CUresult vpmm_cuCtxDestroy_v2(CUcontext ctx)
 	return r;
 }
 
+/* A context the program makes: its legacy stream reaches pool memory
+ * without passing the pool context's fences, so the table counts it as a
+ * stream of its own until it is destroyed (live_streams.c). */
+static CUresult ctx_made(CUresult r, CUcontext *pctx, CUdevice dev)
+{
+	if (r == CUDA_SUCCESS && pctx && *pctx)
+		vpmm_live_streams_ctx_made(*pctx, (int)dev);
+	return r;
+}
+
+CUresult vpmm_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	vpmm_count(VPMM_HOOK_cuCtxCreate);
+	vpmm_resolve();
+	if (!vpmm_real.ctx_create)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return ctx_made(vpmm_real.ctx_create(pctx, flags, dev), pctx, dev);
+}
+
+CUresult vpmm_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+			     unsigned int flags, CUdevice dev)
+{
+	vpmm_count(VPMM_HOOK_cuCtxCreate);
+	vpmm_resolve();
+	if (!vpmm_real.ctx_create_v3)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return ctx_made(vpmm_real.ctx_create_v3(pctx, params, n, flags, dev), pctx, dev);
+}
+
+CUresult vpmm_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+			     CUdevice dev)
+{
+	vpmm_count(VPMM_HOOK_cuCtxCreate);
+	vpmm_resolve();
+	if (!vpmm_real.ctx_create_v4)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	return ctx_made(vpmm_real.ctx_create_v4(pctx, params, flags, dev), pctx, dev);
+}
+
 CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
 	vpmm_count(VPMM_HOOK_cuDevicePrimaryCtxReset_v2);

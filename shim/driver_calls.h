@@ -23,6 +23,11 @@ CUresult vpmm_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
 CUresult vpmm_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult vpmm_cuCtxDestroy_v2(CUcontext ctx);
+CUresult vpmm_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult vpmm_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+			     unsigned int flags, CUdevice dev);
+CUresult vpmm_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+			     CUdevice dev);
 CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev);
 CUresult vpmm_cuStreamCreate(CUstream *phStream, unsigned int flags);
 CUresult vpmm_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);

@@ -111,6 +111,11 @@ CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) VPMM_EXPORT;
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 		     const CUmemAllocationProp *prop, unsigned long long flags) VPMM_EXPORT;
 CUresult cuCtxDestroy_v2(CUcontext ctx) VPMM_EXPORT;
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) VPMM_EXPORT;
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
+			CUdevice dev) VPMM_EXPORT;
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+			CUdevice dev) VPMM_EXPORT;
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) VPMM_EXPORT;
 CUresult cuStreamCreate(CUstream *phStream, unsigned int flags) VPMM_EXPORT;
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
@@ -234,6 +239,23 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
 	return vpmm_cuCtxDestroy_v2(ctx);
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	return vpmm_cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
+			CUdevice dev)
+{
+	return vpmm_cuCtxCreate_v3(pctx, params, n, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+			CUdevice dev)
+{
+	return vpmm_cuCtxCreate_v4(pctx, params, flags, dev);
 }
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -372,6 +394,9 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_PEER_ENABLE] = (vpmm_fnptr)cuCtxEnablePeerAccess,
 	[VPMM_W_MEM_CREATE] = (vpmm_fnptr)cuMemCreate,
 	[VPMM_W_CTX_DESTROY] = (vpmm_fnptr)cuCtxDestroy_v2,
+	[VPMM_W_CTX_CREATE] = (vpmm_fnptr)cuCtxCreate_v2,
+	[VPMM_W_CTX_CREATE_V3] = (vpmm_fnptr)cuCtxCreate_v3,
+	[VPMM_W_CTX_CREATE_V4] = (vpmm_fnptr)cuCtxCreate_v4,
 	[VPMM_W_PRIMARY_RESET] = (vpmm_fnptr)cuDevicePrimaryCtxReset_v2,
 	[VPMM_W_STREAM_CREATE] = (vpmm_fnptr)cuStreamCreate,
 	[VPMM_W_STREAM_CREATE_PRIO] = (vpmm_fnptr)cuStreamCreateWithPriority,

@@ -236,6 +236,12 @@ void vpmm_ls_ctx_end_locked(CUcontext ctx)
 			vpmm_ls_settle_nb_locked(i);
 			vpmm_ls.legacy[i].ctx = NULL, vpmm_ls.legacy[i].ev = NULL;
 		}
+	/* What is left of its count is its legacy stream (ctx_made). */
+	for (unsigned k = 0; k < CTX_MAX; k++)
+		if (vpmm_ls.ctxs[k].streams && vpmm_ls.ctxs[k].ctx == ctx) {
+			vpmm_ls.ctxs[k].streams = 0;
+			vpmm_ls.gen++;
+		}
 }
 
 /* Compares ctx's id with the one it had when last seen: a new id means
@@ -258,6 +264,13 @@ void vpmm_ls_check_id_locked(CUcontext ctx)
 		vpmm_ls.ids[none].ctx = ctx;
 		vpmm_ls.ids[none].id = id;
 	}
+}
+
+void vpmm_live_streams_ctx_made(CUcontext ctx, int dev)
+{
+	pthread_mutex_lock(&vpmm_ls.lock);
+	ctx_count_locked(ctx, dev, 1);
+	pthread_mutex_unlock(&vpmm_ls.lock);
 }
 
 void vpmm_live_streams_ctx_end(CUcontext ctx)

@@ -25,6 +25,9 @@ void vpmm_live_streams_untrackable(const char *why);
 void vpmm_live_stream_seen(CUstream s);
 /* The program is destroying `s`. */
 void vpmm_live_stream_destroying(CUstream s);
+/* The program made context `ctx` on device `dev`: counted as a context
+ * with a stream there (its legacy stream) until it ends. */
+void vpmm_live_streams_ctx_made(CUcontext ctx, int dev);
 /* Context `ctx` ends: its streams with it. */
 void vpmm_live_streams_ctx_end(CUcontext ctx);
 /* The primary context of `dev` is reset: its streams end. Which context

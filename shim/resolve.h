@@ -40,6 +40,9 @@ enum vpmm_wrapped {
 	VPMM_W_PEER_ENABLE,
 	VPMM_W_MEM_CREATE,
 	VPMM_W_CTX_DESTROY,
+	VPMM_W_CTX_CREATE,
+	VPMM_W_CTX_CREATE_V3,
+	VPMM_W_CTX_CREATE_V4,
 	VPMM_W_PRIMARY_RESET,
 	VPMM_W_STREAM_CREATE,
 	VPMM_W_STREAM_CREATE_PRIO,
@@ -87,6 +90,9 @@ struct vpmm_real {
 	CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t,
 			       const CUmemAllocationProp *, unsigned long long);
 	CUresult (*ctx_destroy)(CUcontext);
+	CUresult (*ctx_create)(CUcontext *, unsigned, CUdevice);
+	CUresult (*ctx_create_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
+	CUresult (*ctx_create_v4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
 	CUresult (*primary_reset)(CUdevice);
 	CUresult (*stream_create)(CUstream *, unsigned);
 	CUresult (*stream_create_prio)(CUstream *, unsigned, int);

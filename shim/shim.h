@@ -90,6 +90,7 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(cuIpcCloseMemHandle)                                                \
 	X(cuCtxEnablePeerAccess)                                              \
 	X(cuCtxDestroy_v2)                                                    \
+	X(cuCtxCreate)              /* every form */                            \
 	X(cuDevicePrimaryCtxReset_v2)                                         \
 	X(cuMemCreate)              /* the program's own mappings */            \
 	X(cuGetProcAddress)                                                   \

@@ -90,6 +90,10 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 API CUresult cuCtxSynchronize(void);
 API CUresult cuCtxSynchronize_v2(CUcontext ctx);
 API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+			    unsigned int flags, CUdevice dev);
+API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+			    CUdevice dev);
 API CUresult cuCtxDestroy_v2(CUcontext ctx);
 API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
 

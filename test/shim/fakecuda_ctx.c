@@ -242,6 +242,22 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/* The later forms: their parameters (execution affinity, green
+ * partitions) change nothing here. */
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
+			CUdevice dev)
+{
+	(void)params, (void)n;
+	return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+			CUdevice dev)
+{
+	(void)params;
+	return cuCtxCreate_v2(pctx, flags, dev);
+}
+
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
 	struct fake_ctx *c = (struct fake_ctx *)ctx;

@@ -44,6 +44,8 @@ static const struct proc procs[] = {
 	P("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
 	P("cuCtxSynchronize", 2000, cuCtxSynchronize),
 	P("cuCtxCreate", 3020, cuCtxCreate_v2),
+	P("cuCtxCreate", 11040, cuCtxCreate_v3),
+	P("cuCtxCreate", 12050, cuCtxCreate_v4),
 	P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
 	P("cuStreamCreate", 2000, cuStreamCreate),
 	P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),

@@ -712,8 +712,10 @@ static void capture(void)
 }
 
 /* A stream of another context on the device does not wait for this
- * context's legacy stream: while one lives, a free synchronises; once it is
- * destroyed, frees are fenced again (the table's verdict follows it). */
+ * context's legacy stream, nor does that context's own legacy stream:
+ * while the context lives (with a stream or none), a free synchronises;
+ * once it is destroyed, frees are fenced again (the table's verdict
+ * follows it). */
 static void other(void)
 {
 	CUcontext primary, mine;
@@ -727,6 +729,14 @@ static void other(void)
 		late_write(s, s); /* fenced: the table's verdict is cached */
 		expect_syncs(h, f, device_mode() ? 2 : 0);
 		CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
+		CHECK_EQ(cuCtxSetCurrent(primary), 0);
+		/* No stream of its own: its legacy stream is one. */
+		h = hook_calls("sync_free");
+		f = fake_calls("cuCtxSynchronize");
+		CHECK_EQ(cuMemAlloc(&a, P), 0);
+		CHECK_EQ(cuMemFree(a), 0);
+		expect_syncs(h, f, 1);
+		CHECK_EQ(cuCtxSetCurrent(mine), 0);
 		CHECK_EQ(cuStreamCreate(&theirs, 0), 0);
 		CHECK_EQ(cuCtxSetCurrent(primary), 0);
 		h = hook_calls("sync_free");
