@@ -306,7 +306,6 @@ static void forget_capture(CUstream s)
 		if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED)
 			atomic_fetch_sub_explicit(&n_strict, 1, memory_order_release);
 		free(c);
-		vpmm_fence_capture_ended();
 		return;
 	}
 }
@@ -346,7 +345,7 @@ static CUresult began(CUresult r, CUstream s, bool ptsz, CUstreamCaptureMode mod
 			atomic_fetch_add_explicit(&n_strict, 1, memory_order_release);
 		pthread_mutex_unlock(&lock);
 	}
-	vpmm_fence_capture_began(r == CUDA_SUCCESS);
+	vpmm_fence_capture_began();
 	pthread_mutex_unlock(&begin_lock);
 	return r;
 }

@@ -54,14 +54,16 @@
  *    last wait for it would be waited for by no later fence); its event
  *    is destroyed with it, which the driver defers until the recorded
  *    work completed.
- * May call: live_streams_int.h, resolve.h, the log and the hook counters
- * (shim.h).
+ * May call: live_streams_int.h, resolve.h, devices.h and process.h (is
+ * there a pool, is the shim on), the log and the hook counters (shim.h).
  */
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "devices.h"
 #include "live_streams.h"
 #include "live_streams_int.h"
+#include "process.h"
 #include "resolve.h"
 
 /* What can leave memory that a synchronous malloc hands out pending on
@@ -92,11 +94,6 @@ static unsigned long freed_count;
  * synchronous free meanwhile makes its waits at once, since one owed
  * could not be paid while the capture runs. */
 static atomic_int beginning;
-/* Captures begun and not yet seen ending (vpmm_fence_capture_began,
- * _ended): while none is, and none beginning, no stream captures (a stream
- * joins a capture only by waiting on one in progress), and the fences ask
- * no stream: 32 queries a call beside PyTorch's pool streams. */
-static atomic_int in_progress;
 
 static int legacy_slot_locked(CUcontext ctx);
 
@@ -134,9 +131,6 @@ static bool has_nb_locked(CUcontext ctx)
 
 static bool capturing(CUstream s)
 {
-	if (!atomic_load_explicit(&beginning, memory_order_acquire) &&
-	    !atomic_load_explicit(&in_progress, memory_order_acquire))
-		return false;
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 	return vpmm_real.stream_is_capturing(s, &cs) != CUDA_SUCCESS ||
 	       cs != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -211,6 +205,13 @@ static CUresult nb_wait_locked(struct live *e)
  * still touch memory those frees gave back). */
 bool vpmm_fence_dying_locked(struct live *e)
 {
+	/* Nothing to order: no pool on its device (its work cannot touch
+	 * pool memory), or frees that synchronise (the shim off, the device
+	 * mode, a table not trusted). */
+	if (!vpmm_active() || vpmm_process_sync_device() ||
+	    atomic_load_explicit(&vpmm_ls_untrusted, memory_order_relaxed) || !have_event_calls() ||
+	    e->dev < 0 || !vpmm_device_pool(e->dev, NULL))
+		return true;
 	/* Whether or not a wait is owed now: work queued on it since the
 	 * last one would otherwise be waited for by no later fence (a free
 	 * after its end pays the streams still there). In the stream's context: the legacy stream that waits is the
@@ -449,19 +450,10 @@ void vpmm_fence_capture_begins(void)
 	pthread_mutex_unlock(&vpmm_ls.lock);
 }
 
-void vpmm_fence_capture_began(bool begun)
+void vpmm_fence_capture_began(void)
 {
-	/* Counted in progress before it stops counting as beginning. */
-	if (begun)
-		atomic_fetch_add_explicit(&in_progress, 1, memory_order_acq_rel);
 	atomic_fetch_sub_explicit(&beginning, 1, memory_order_acq_rel);
 }
-
-void vpmm_fence_capture_ended(void)
-{
-	atomic_fetch_sub_explicit(&in_progress, 1, memory_order_acq_rel);
-}
-
 
 void vpmm_fence_freeing(void)
 {
@@ -639,5 +631,4 @@ void vpmm_fence_forget(void)
 	fresh_lock = fresh_mutex;
 	n_fresh = 0;
 	atomic_store(&beginning, 0);
-	atomic_store(&in_progress, 0);
 }

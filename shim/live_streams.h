@@ -75,14 +75,11 @@ CUresult vpmm_fence_owed(CUcontext ctx);
  * still be recorded on, and until vpmm_fence_capture_began a synchronous
  * free makes its waits at once. */
 void vpmm_fence_capture_begins(void);
-/* The capture's begin returned: begun, or refused. */
-void vpmm_fence_capture_began(bool begun);
-/* A capture counted begun is over (capture.c forgot it). One begun that
- * capture.c does not track is never counted over: the fences then query
- * every stream's capture status for good. */
-void vpmm_fence_capture_ended(void);
+/* The capture's begin returned (begun or refused). */
+void vpmm_fence_capture_began(void);
 /* For fork.c, through vpmm_live_streams_forget: the child starts with no
- * capture and no handle pending. */
+ * capture beginning and no handle pending (another thread of the parent
+ * may have held the handle set's lock at the fork). */
 void vpmm_fence_forget(void);
 /* A free through the shim, about to give memory back to the pool: the
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */

@@ -57,7 +57,7 @@ static const char *const counted[] = {
 	"cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync",
 	"cuMemFreeAsync_ptsz", "cuMemGetInfo_v2", "cuMemGetAddressRange_v2",
 	"cuPointerGetAttribute", "cuPointerGetAttributes", "cuCtxSynchronize",
-	"cuStreamSynchronize", "cuStreamIsCapturing", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
+	"cuStreamSynchronize", "cuMemCreate", "cuMemMap", "cuGetProcAddress_v2",
 	"cuGetProcAddress", "cuStreamWaitEvent", "cuEventRecord",
 	"cuMemAllocFromPoolAsync", "cuMemPoolTrimTo", "cuMemRetainAllocationHandle",
 	"no_context", /* driver work done with no current context */

@@ -162,7 +162,6 @@ static CUresult capture_info(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
 {
 	NEED_INIT();
-	fake_count("cuStreamIsCapturing");
 	return capture_info(s, st, NULL);
 }
 

@@ -367,6 +367,7 @@ SYNCFREE_SCENARIO(capture_owed)
 SYNCFREE_SCENARIO(capture_owed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_busy)
+SYNCFREE_SCENARIO(destroyed_quiet)
 
 /* The pool's own record on the legacy stream comes after the wait for the
  * non-blocking streams that a free left owed (VPMM_LIMIT: the memory can
