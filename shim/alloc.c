@@ -16,8 +16,9 @@
  *    stream, which waits for every non-blocking stream of the context
  *    before its memory is reused, and a synchronous malloc is a malloc on
  *    the legacy stream after which every non-blocking stream waits for it
- *    (fence.c says when those are made, and why that covers every stream). Where the shim cannot know every
- *    stream that may touch the memory (streams made behind its back,
+ *    (fence.c says when those are made, and why that covers every
+ *    stream). Where the shim cannot know every stream that may touch the
+ *    memory (streams made behind its back,
  *    another context or a peer on the device, a capture, more than
  *    VPMM_FENCE_STREAMS_MAX non-blocking streams, a malloc from another
  *    context than the pool's), and with VPMM_SYNC_FREE=device: the free synchronises the

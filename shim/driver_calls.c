@@ -202,33 +202,31 @@ static CUresult ctx_made(CUresult r, CUcontext *pctx, CUdevice dev)
 	return r;
 }
 
+/* Every form: the real call, then the table hears of the context. */
+#define CTX_CREATE(field, ...)                                                \
+	do {                                                                  \
+		vpmm_count(VPMM_HOOK_cuCtxCreate);                            \
+		vpmm_resolve();                                               \
+		if (!vpmm_real.field)                                         \
+			return CUDA_ERROR_NOT_INITIALIZED;                    \
+		return ctx_made(vpmm_real.field(__VA_ARGS__), pctx, dev);     \
+	} while (0)
+
 CUresult vpmm_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	vpmm_count(VPMM_HOOK_cuCtxCreate);
-	vpmm_resolve();
-	if (!vpmm_real.ctx_create)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return ctx_made(vpmm_real.ctx_create(pctx, flags, dev), pctx, dev);
+	CTX_CREATE(ctx_create, pctx, flags, dev);
 }
 
 CUresult vpmm_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
 			     unsigned int flags, CUdevice dev)
 {
-	vpmm_count(VPMM_HOOK_cuCtxCreate);
-	vpmm_resolve();
-	if (!vpmm_real.ctx_create_v3)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return ctx_made(vpmm_real.ctx_create_v3(pctx, params, n, flags, dev), pctx, dev);
+	CTX_CREATE(ctx_create_v3, pctx, params, n, flags, dev);
 }
 
 CUresult vpmm_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
 			     CUdevice dev)
 {
-	vpmm_count(VPMM_HOOK_cuCtxCreate);
-	vpmm_resolve();
-	if (!vpmm_real.ctx_create_v4)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return ctx_made(vpmm_real.ctx_create_v4(pctx, params, flags, dev), pctx, dev);
+	CTX_CREATE(ctx_create_v4, pctx, params, flags, dev);
 }
 
 CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev)

@@ -104,6 +104,16 @@ static void expect_fenced(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* A malloc and its free, the free synchronising the context. */
+static void free_syncs(void)
+{
+	CUdeviceptr a;
+	long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
+	CHECK_EQ(cuMemAlloc(&a, P), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	expect_syncs(h, f, 1);
+}
+
 static void late(void)
 {
 	CUstream nb, nb2;
@@ -132,19 +142,14 @@ static void many(void)
 {
 	enum { NB = 65, BL = 300 };
 	static CUstream nb[NB], bl[BL];
-	CUdeviceptr a;
 	start();
 	for (int i = 0; i < BL; i++)
 		CHECK_EQ(cuStreamCreate(&bl[i], 0), 0);
 	for (int i = 0; i < NB; i++)
 		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
-	long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
-	CHECK_EQ(cuMemAlloc(&a, P), 0);
-	CHECK_EQ(cuMemFree(a), 0);
-	expect_syncs(h, f, 1);
+	free_syncs();
 	CHECK_EQ(cuStreamDestroy(nb[NB - 1]), 0);
-	h = hook_calls("sync_free");
-	f = fake_calls("cuCtxSynchronize");
+	long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
 	long long waits = fake_calls("cuStreamWaitEvent");
 	bool reused = late_write(nb[0], nb[1]);
 	expect_syncs(h, f, device_mode() ? 2 : 0);
@@ -735,7 +740,6 @@ static void other(void)
 {
 	CUcontext primary, mine;
 	CUstream theirs, s;
-	CUdeviceptr a;
 	start();
 	CHECK_EQ(cuCtxGetCurrent(&primary), 0);
 	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
@@ -745,20 +749,11 @@ static void other(void)
 		expect_syncs(h, f, device_mode() ? 2 : 0);
 		CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
 		CHECK_EQ(cuCtxSetCurrent(primary), 0);
-		/* No stream of its own: its legacy stream is one. */
-		h = hook_calls("sync_free");
-		f = fake_calls("cuCtxSynchronize");
-		CHECK_EQ(cuMemAlloc(&a, P), 0);
-		CHECK_EQ(cuMemFree(a), 0);
-		expect_syncs(h, f, 1);
+		free_syncs(); /* no stream of its own: its legacy stream is one */
 		CHECK_EQ(cuCtxSetCurrent(mine), 0);
 		CHECK_EQ(cuStreamCreate(&theirs, 0), 0);
 		CHECK_EQ(cuCtxSetCurrent(primary), 0);
-		h = hook_calls("sync_free");
-		f = fake_calls("cuCtxSynchronize");
-		CHECK_EQ(cuMemAlloc(&a, P), 0);
-		CHECK_EQ(cuMemFree(a), 0);
-		expect_syncs(h, f, 1);
+		free_syncs();
 		CHECK_EQ(cuStreamDestroy(theirs), 0);
 		CHECK_EQ(cuCtxDestroy(mine), 0);
 		CHECK_EQ(cuCtxSetCurrent(primary), 0);
