@@ -27,6 +27,10 @@ static bool zombie_ready(vpmm_pool *p, struct region *z, bool wait)
 	struct event *ev = z->ev;
 	if (!ev || ev->done)
 		return true;
+	/* The lock may have been dropped since the pass checked the context
+	 * (the unmaps): a reset unseen meanwhile ended this event with it. */
+	if (vpi_ctx_check_locked(p) || ev->done)
+		return true;
 	vpi_poll_stream(p, ev->stream);
 	if (!ev->done && wait) {
 		CUresult r = DRV(p, VPMM_OP_EVENT_SYNC, event_sync, ev->ev);
