@@ -30,7 +30,8 @@ and the preload's runs also report the time inside their calls a step,
 and by each call's duration.
 
 Usage: capacity.py --hold PATH --lib PATH [--budget 12G] [--modes ...]
-                   [--steps 20] [--seq 256] [--start 16] [--rounds 3]
+                   [--steps 20] [--seq 256] [--start 16] [--ceiling 0]
+                   [--rounds 3]
                    [--out FILE.json]
 Prints one line a try and a table last. Needs a GPU, torch, transformers.
 Owns nothing else; the model, the search and the table are all here.
@@ -289,9 +290,11 @@ def print_try(mode, b, res, what=""):
               % (mode, json.dumps(res["by_duration"])), flush=True)
 
 
-def search(w, holder, budget, start, tries, log):
+def search(w, holder, budget, start, tries, log, ceiling=0):
     """The largest batch that completes: doubling (or halving) from start,
-    then bisection until the gap is 2 % of the batch or one."""
+    no higher than ceiling where one is given (a batch known to fail saves
+    the tries above it), then bisection until the gap is 2 % of the batch
+    or one."""
     ok, bad = {}, {}
 
     def attempt(b):
@@ -304,8 +307,8 @@ def search(w, holder, budget, start, tries, log):
 
     b = start
     out = attempt(b)
-    while out == "ok" and len(ok) + len(bad) < tries:
-        b *= 2
+    while out == "ok" and len(ok) + len(bad) < tries and not (ceiling and b >= ceiling):
+        b = min(b * 2, ceiling) if ceiling else b * 2
         out = attempt(b)
     while out == "oom" and b > 1 and not ok and len(ok) + len(bad) < tries:
         b //= 2
@@ -349,7 +352,8 @@ def orchestrate(args):
     try:
         start = args.start
         for m in modes:
-            largest[m], ok, bad = search(workers[m], holder, budget, start, args.tries, log)
+            largest[m], ok, bad = search(workers[m], holder, budget, start, args.tries, log,
+                                         args.ceiling)
             if m == "native" and largest[m]:
                 start = largest[m]  # the others start where native stopped
         common = min((v for v in largest.values() if v), default=0)
@@ -415,6 +419,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--start", type=int, default=16, help="native's first batch")
+    ap.add_argument("--ceiling", type=int, default=0,
+                    help="the largest batch the search tries (0: no bound)")
     ap.add_argument("--tries", type=int, default=10, help="tries per allocator at most")
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of every allocator at the common batch, alternated (3)")

@@ -36,7 +36,8 @@
 # DEADLINE (bench, 170 s), CAPACITY_BUDGET (capacity: what the second
 # process leaves free, 12G; bench/capacity.py), CAPACITY_TRIES (its tries
 # an allocator at most, 10), CAPACITY_MODES (its allocators, all four),
-# CAPACITY_START (native's first batch, 16), CAPACITY_ROUNDS (the alternated
+# CAPACITY_START (native's first batch, 16), CAPACITY_CEILING (the
+# largest batch tried, 0: none), CAPACITY_ROUNDS (the alternated
 # runs at the common batch, 3; a run takes about 15 s on an H200, so the
 # defaults' 4 x 10 tries and 3 x 4 runs pass a 10-minute call: fewer tries
 # or modes there), CAPACITY_TIMED (1: the time inside the pluggable
@@ -178,6 +179,7 @@ if part capacity; then
 				>>"$W/logs/capacity-build.txt" 2>&1; }; then
 		python3 "$ROOT/bench/capacity.py" --hold "$W/hold" --lib "$W/libvpmm-cap.so" \
 			--budget "${CAPACITY_BUDGET:-12G}" --tries "${CAPACITY_TRIES:-10}" --start "${CAPACITY_START:-16}" \
+			--ceiling "${CAPACITY_CEILING:-0}" \
 			--rounds "${CAPACITY_ROUNDS:-3}" ${timed[@]+"${timed[@]}"} \
 			--modes "${CAPACITY_MODES:-native,expandable,pluggable,preload}" --out "$OUT/capacity.json" >"$W/logs/capacity.txt" 2>"$W/logs/capacity-err.txt"
 		note "capacity under a second process holding all but ${CAPACITY_BUDGET:-12G}: exit $? ($((SECONDS - t0)) s)"
