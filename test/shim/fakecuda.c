@@ -62,6 +62,7 @@ static const char *const counted[] = {
 	"cuMemAllocFromPoolAsync", "cuMemPoolTrimTo", "cuMemRetainAllocationHandle",
 	"no_context", /* driver work done with no current context */
 	"dead_handle", /* a stream or event of an ended context named */
+	"dead_handle_raced", /* the same, racing an end the caller could not see */
 	"record_refused", /* an event recorded on another context's stream */
 	"capture_violation", /* a call a capture forbade (it was refused) */
 	"record_capturing", /* an event recorded on a capturing stream */
@@ -78,9 +79,32 @@ void fake_count(const char *name)
 		}
 }
 
-void fake_dead_use(void)
+/* Ends of contexts so far, and the count when this thread last asked
+ * cuCtxGetId (both under fake_lock). */
+static unsigned long fake_epoch;
+static __thread unsigned long checked_epoch;
+static __thread bool may_race; /* no dead use since that cuCtxGetId */
+
+void fake_ctx_end(struct fake_ctx *c)
 {
-	fake_count("dead_handle");
+	c->end_epoch[c->gen % FAKE_GENS] = ++fake_epoch;
+	c->end_thread[c->gen % FAKE_GENS] = pthread_self();
+	c->destroyed = true;
+	c->gen++;
+}
+
+void fake_ctx_checked(void)
+{
+	checked_epoch = fake_epoch;
+	may_race = true;
+}
+
+void fake_dead_use(struct fake_ctx *c, unsigned gen)
+{
+	bool raced = may_race && checked_epoch < c->end_epoch[gen % FAKE_GENS] &&
+		     !pthread_equal(c->end_thread[gen % FAKE_GENS], pthread_self());
+	may_race = false;
+	fake_count(raced ? "dead_handle_raced" : "dead_handle");
 }
 
 unsigned long fakecuda_calls(const char *name)

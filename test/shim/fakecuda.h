@@ -27,11 +27,16 @@
 #undef cuMemGetInfo
 #define API __attribute__((visibility("default")))
 #define MAX_DEV 8
+#define FAKE_GENS 16
 
 struct fake_ctx {
 	int device;
 	bool destroyed;
 	unsigned gen; /* bumped when the context is reset or destroyed */
+	/* When generation g ended (fake_ctx_end): fake_epoch then, and the
+	 * thread that ended it, at [g % FAKE_GENS]. */
+	unsigned long end_epoch[FAKE_GENS];
+	pthread_t end_thread[FAKE_GENS];
 	int refs;     /* a primary context's retains: the last release ends it */
 	unsigned long long id; /* cuCtxGetId: new each time the context is made */
 	struct fake_ctx *made_before; /* the program's contexts, all kept */
@@ -64,9 +69,19 @@ struct fake_ctx *fake_current(void);
 /* Counts driver work done with no current context: the real driver refuses
  * some of it, and the shim is meant to set one up first. */
 void fake_note_context(void);
-/* Counts a use of a stream or event of a context that ended: on a GPU a
- * use of a destroyed object inside libcuda. */
-void fake_dead_use(void);
+/* Ends context c's current generation (fake_lock held): destroyed, its
+ * streams and events dead, the moment and the thread noted. */
+void fake_ctx_end(struct fake_ctx *c);
+/* Counts a use of a stream or event of generation `gen` of c, which ended
+ * (fake_lock held): on a GPU a use of a destroyed object inside libcuda.
+ * "dead_handle_raced" for the first such use after the calling thread's
+ * last cuCtxGetId, where the end came after that question and another
+ * thread made it: the end, unseen by every hook, fell between a check and
+ * the use it guarded (a pool's background thread between its context
+ * check and an event query). Every other is "dead_handle". */
+void fake_dead_use(struct fake_ctx *c, unsigned gen);
+/* cuCtxGetId was asked by this thread (fake_lock held). */
+void fake_ctx_checked(void);
 /* The current context's state as a CUresult: SUCCESS, INVALID_CONTEXT or
  * CONTEXT_IS_DESTROYED (NOT_INITIALIZED before cuInit). */
 CUresult fake_ctx_state(void);

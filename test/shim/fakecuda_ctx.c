@@ -156,8 +156,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	if (fake_ctxs[dev].refs <= 0) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
 	} else if (--fake_ctxs[dev].refs == 0) {
-		fake_ctxs[dev].destroyed = true;
-		fake_ctxs[dev].gen++;
+		fake_ctx_end(&fake_ctxs[dev]);
 	}
 	pthread_mutex_unlock(&fake_lock);
 	return r;
@@ -169,8 +168,7 @@ static CUresult primary_reset(CUdevice dev)
 	if (dev < 0 || dev >= fake_ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	pthread_mutex_lock(&fake_lock);
-	fake_ctxs[dev].destroyed = true;
-	fake_ctxs[dev].gen++;
+	fake_ctx_end(&fake_ctxs[dev]);
 	sticky = CUDA_SUCCESS;
 	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
@@ -208,6 +206,7 @@ CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
 	if (!c && !(c = fake_current()))
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&fake_lock);
+	fake_ctx_checked();
 	if (c->destroyed)
 		r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	else
@@ -265,8 +264,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 	if (!c || c->destroyed)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&fake_lock);
-	c->destroyed = true;
-	c->gen++;
+	fake_ctx_end(c);
 	pthread_mutex_unlock(&fake_lock);
 	if (fake_current() == c)
 		depth--;

@@ -231,7 +231,7 @@ static bool event_alive(CUevent ev, struct fake_ctx **ctx)
 			if (ctx)
 				*ctx = o->ctx;
 			if (!alive)
-				fake_dead_use();
+				fake_dead_use(o->ctx, o->gen);
 			break;
 		}
 	pthread_mutex_unlock(&fake_lock);
@@ -251,7 +251,7 @@ static struct fake_ctx *stream_ctx_of(CUstream s)
 			if (!sc->ctx->destroyed && sc->ctx->gen == sc->gen)
 				c = sc->ctx;
 			else
-				fake_dead_use();
+				fake_dead_use(sc->ctx, sc->gen);
 			break;
 		}
 	pthread_mutex_unlock(&fake_lock);
@@ -415,7 +415,7 @@ CUresult cuEventDestroy_v2(CUevent ev)
 		if ((*o)->handle == (void *)ev) {
 			struct owned *dead = *o;
 			if (dead->ctx->destroyed || dead->ctx->gen != dead->gen)
-				fake_dead_use();
+				fake_dead_use(dead->ctx, dead->gen);
 			*o = dead->next;
 			free(dead);
 			break;
