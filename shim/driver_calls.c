@@ -278,6 +278,25 @@ CUresult vpmm_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
 	return r;
 }
 
+/* A green context has a default stream of its own, beside the legacy
+ * stream of the context the pool lives in, and reaches pool memory
+ * (it shares the primary context's memory): no fence reaches its work,
+ * from the moment it exists, streams made or not. The synchronous frees
+ * synchronise from then on. */
+CUresult vpmm_cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+			       unsigned int flags)
+{
+	CUresult r;
+	vpmm_count(VPMM_HOOK_cuGreenCtxCreate);
+	vpmm_resolve();
+	if (!vpmm_real.green_ctx_create)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = vpmm_real.green_ctx_create(phCtx, desc, dev, flags);
+	if (r == CUDA_SUCCESS)
+		vpmm_live_streams_untrackable("a green context");
+	return r;
+}
+
 /* A green context's stream runs beside the legacy stream of the context
  * the pool lives in: no fence reaches it. */
 CUresult vpmm_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,

@@ -31,6 +31,8 @@ CUresult vpmm_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigne
 CUresult vpmm_cuDevicePrimaryCtxReset_v2(CUdevice dev);
 CUresult vpmm_cuStreamCreate(CUstream *phStream, unsigned int flags);
 CUresult vpmm_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+CUresult vpmm_cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+			       unsigned int flags);
 CUresult vpmm_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
 				     int priority);
 

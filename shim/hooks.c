@@ -116,6 +116,8 @@ CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, uns
 			CUdevice dev) VPMM_EXPORT;
 CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
 			CUdevice dev) VPMM_EXPORT;
+CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+			  unsigned int flags) VPMM_EXPORT;
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) VPMM_EXPORT;
 CUresult cuStreamCreate(CUstream *phStream, unsigned int flags) VPMM_EXPORT;
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
@@ -273,6 +275,12 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
 	return vpmm_cuStreamCreateWithPriority(phStream, flags, priority);
 }
 
+CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+			  unsigned int flags)
+{
+	return vpmm_cuGreenCtxCreate(phCtx, desc, dev, flags);
+}
+
 CUresult cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, unsigned int flags,
 				int priority)
 {
@@ -397,6 +405,7 @@ const vpmm_fnptr vpmm_wrappers[VPMM_W_COUNT] = {
 	[VPMM_W_CTX_CREATE] = (vpmm_fnptr)cuCtxCreate_v2,
 	[VPMM_W_CTX_CREATE_V3] = (vpmm_fnptr)cuCtxCreate_v3,
 	[VPMM_W_CTX_CREATE_V4] = (vpmm_fnptr)cuCtxCreate_v4,
+	[VPMM_W_GREEN_CTX_CREATE] = (vpmm_fnptr)cuGreenCtxCreate,
 	[VPMM_W_PRIMARY_RESET] = (vpmm_fnptr)cuDevicePrimaryCtxReset_v2,
 	[VPMM_W_STREAM_CREATE] = (vpmm_fnptr)cuStreamCreate,
 	[VPMM_W_STREAM_CREATE_PRIO] = (vpmm_fnptr)cuStreamCreateWithPriority,

@@ -98,6 +98,7 @@ static const struct wrapped_def wrapped_defs[VPMM_W_COUNT] = {
 	[VPMM_W_CTX_CREATE] = {"cuCtxCreate_v2", "cuCtxCreate", 3020, 0},
 	[VPMM_W_CTX_CREATE_V3] = {"cuCtxCreate_v3", "cuCtxCreate", 11040, 0},
 	[VPMM_W_CTX_CREATE_V4] = {"cuCtxCreate_v4", "cuCtxCreate", 12050, 0},
+	[VPMM_W_GREEN_CTX_CREATE] = {"cuGreenCtxCreate", "cuGreenCtxCreate", 12040, 0},
 	[VPMM_W_PRIMARY_RESET] = {"cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset",
 				  11000, 0},
 	[VPMM_W_STREAM_CREATE] = {"cuStreamCreate", "cuStreamCreate", 2000, 0},
@@ -272,6 +273,7 @@ static void find_cuda(void)
 	TARGET(vpmm_real.ctx_create, VPMM_W_CTX_CREATE);
 	TARGET(vpmm_real.ctx_create_v3, VPMM_W_CTX_CREATE_V3);
 	TARGET(vpmm_real.ctx_create_v4, VPMM_W_CTX_CREATE_V4);
+	TARGET(vpmm_real.green_ctx_create, VPMM_W_GREEN_CTX_CREATE);
 	TARGET(vpmm_real.primary_reset, VPMM_W_PRIMARY_RESET);
 	TARGET(vpmm_real.stream_create, VPMM_W_STREAM_CREATE);
 	TARGET(vpmm_real.stream_create_prio, VPMM_W_STREAM_CREATE_PRIO);

@@ -43,6 +43,7 @@ enum vpmm_wrapped {
 	VPMM_W_CTX_CREATE,
 	VPMM_W_CTX_CREATE_V3,
 	VPMM_W_CTX_CREATE_V4,
+	VPMM_W_GREEN_CTX_CREATE,
 	VPMM_W_PRIMARY_RESET,
 	VPMM_W_STREAM_CREATE,
 	VPMM_W_STREAM_CREATE_PRIO,
@@ -93,6 +94,7 @@ struct vpmm_real {
 	CUresult (*ctx_create)(CUcontext *, unsigned, CUdevice);
 	CUresult (*ctx_create_v3)(CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice);
 	CUresult (*ctx_create_v4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+	CUresult (*green_ctx_create)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
 	CUresult (*primary_reset)(CUdevice);
 	CUresult (*stream_create)(CUstream *, unsigned);
 	CUresult (*stream_create_prio)(CUstream *, unsigned, int);

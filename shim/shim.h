@@ -105,6 +105,7 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(sync_free)                /* context synchronisations for a free */ \
 	X(cuStreamCreate)                                                     \
 	X(cuStreamCreateWithPriority)                                         \
+	X(cuGreenCtxCreate)                                                   \
 	X(cuGreenCtxStreamCreate)                                             \
 	X(fence_free)               /* synchronous frees fenced, not synced */ \
 	X(fence_malloc)             /* synchronous mallocs on the legacy stream */ \

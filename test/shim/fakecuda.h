@@ -109,6 +109,8 @@ API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
 			    unsigned int flags, CUdevice dev);
 API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
 			    CUdevice dev);
+API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+			      unsigned int flags);
 API CUresult cuCtxDestroy_v2(CUcontext ctx);
 API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags);
 

@@ -257,6 +257,28 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int
 	return cuCtxCreate_v2(pctx, flags, dev);
 }
 
+/* A green context: a handle and nothing behind it (the shim only has to
+ * hear of it; its resources and its default stream change nothing here). */
+CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+			  unsigned int flags)
+{
+	static char greens[8];
+	static int ngreen;
+	(void)desc, (void)flags;
+	NEED_INIT();
+	if (!phCtx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (dev < 0 || dev >= fake_ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&fake_lock);
+	int k = ngreen < (int)sizeof greens ? ngreen++ : -1;
+	pthread_mutex_unlock(&fake_lock);
+	if (k < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*phCtx = (CUgreenCtx)(void *)&greens[k];
+	return CUDA_SUCCESS;
+}
+
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
 	struct fake_ctx *c = (struct fake_ctx *)ctx;

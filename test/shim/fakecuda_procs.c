@@ -46,6 +46,7 @@ static const struct proc procs[] = {
 	P("cuCtxCreate", 3020, cuCtxCreate_v2),
 	P("cuCtxCreate", 11040, cuCtxCreate_v3),
 	P("cuCtxCreate", 12050, cuCtxCreate_v4),
+	P("cuGreenCtxCreate", 12040, cuGreenCtxCreate),
 	P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
 	P("cuStreamCreate", 2000, cuStreamCreate),
 	P("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),

@@ -761,6 +761,32 @@ static void other(void)
 	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
+/* A green context made: its default stream reaches pool memory beside the
+ * legacy stream, so the synchronous frees synchronise from then on, made
+ * through the exported name or cuGetProcAddress alike. */
+static void green(void)
+{
+	CUstream s;
+	CUgreenCtx g;
+	CUdevResourceDesc desc = NULL;
+	CUresult (*create)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned) = NULL;
+	CUdriverProcAddressQueryResult q;
+	start();
+	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
+	long long h = hook_calls("sync_free"), f = fake_calls("cuCtxSynchronize");
+	late_write(s, s);
+	expect_syncs(h, f, device_mode() ? 2 : 0);
+	CHECK_EQ(cuGetProcAddress_v2("cuGreenCtxCreate", (void **)&create, 12040, 0, &q), 0);
+	CHECK(create != NULL);
+	CHECK_EQ(create(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM), 0);
+	free_syncs();
+	CHECK_EQ(cuGreenCtxCreate(&g, desc, 0, CU_GREEN_CTX_DEFAULT_STREAM), 0);
+	free_syncs();
+	if (expect_pool())
+		CHECK_EQ(hook_calls("cuGreenCtxCreate"), 2);
+	CHECK_EQ(pool_stats(0).failures, 0);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct scenario scenarios[] = {
@@ -774,7 +800,7 @@ int main(int argc, char **argv)
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
 		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
-		{"destroyed_quiet", destroyed_quiet},
+		{"destroyed_quiet", destroyed_quiet}, {"green", green},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

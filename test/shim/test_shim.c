@@ -368,6 +368,8 @@ SYNCFREE_SCENARIO(capture_owed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_busy)
 SYNCFREE_SCENARIO(destroyed_quiet)
+/* A green context made (cuGreenCtxCreate): the frees synchronise. */
+SYNCFREE_SCENARIO(green)
 
 /* The pool's own record on the legacy stream comes after the wait for the
  * non-blocking streams that a free left owed (VPMM_LIMIT: the memory can
