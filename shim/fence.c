@@ -49,11 +49,15 @@
  *    fence is refused and the caller synchronises, as before; what frees
  *    owe is made before a capture begins (vpmm_fence_capture_begins), in
  *    every context that owes it.
- *  - A non-blocking stream destroyed: the legacy stream waits for its
- *    work first, in its own context, owed or not (work queued after the
- *    last wait for it would be waited for by no later fence); its event
- *    is destroyed with it, which the driver defers until the recorded
- *    work completed.
+ *  - A non-blocking stream destroyed: its last work is recorded on its
+ *    event, in its own context, owed or not (work queued after the last
+ *    wait for it would be waited for by no later fence), and the event is
+ *    parked with its context's legacy stream: the next wait for the
+ *    non-blocking streams (before a record there that a free owes) waits
+ *    for it too, then destroys it. The legacy stream waits at once only
+ *    where PARK_MAX events are parked already (it waits for those too).
+ *    Until a free needs it, nothing orders the legacy stream after the
+ *    ended stream's work, as without the shim.
  * May call: live_streams_int.h, resolve.h, devices.h and process.h (is
  * there a pool, is the shim on), the log and the hook counters (shim.h).
  */
@@ -129,6 +133,30 @@ static bool has_nb_locked(CUcontext ctx)
 	return false;
 }
 
+/* Whether the frees of `ctx` (slot k, -1: none) must have its legacy
+ * stream wait before the next record there: for a non-blocking stream,
+ * or an ended one's parked event. */
+static bool owes_nb_locked(CUcontext ctx, int k)
+{
+	return (k >= 0 && vpmm_ls.legacy[k].n_parked) || has_nb_locked(ctx);
+}
+
+/* The legacy stream of slot k's context (current) waits for every parked
+ * event, which is then destroyed (the wait keeps the record it saw). */
+static CUresult unpark_locked(unsigned k)
+{
+	CUresult r = CUDA_SUCCESS;
+	while (r == CUDA_SUCCESS && vpmm_ls.legacy[k].n_parked) {
+		CUevent ev = vpmm_ls.legacy[k].parked[vpmm_ls.legacy[k].n_parked - 1];
+		r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, ev, 0);
+		if (r == CUDA_SUCCESS) {
+			vpmm_real.event_destroy(ev);
+			vpmm_ls.legacy[k].n_parked--;
+		}
+	}
+	return r;
+}
+
 static bool capturing(CUstream s)
 {
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -199,10 +227,30 @@ static CUresult nb_wait_locked(struct live *e)
 	return r;
 }
 
-/* A non-blocking stream of a context whose frees still owe the legacy
- * stream its wait for the non-blocking streams: the wait for this one is
- * made now, while the stream is there to record on (its last work may
- * still touch memory those frees gave back). */
+/* Ending non-blocking stream e's last work recorded on its event, parked
+ * with its context's legacy stream (e's context current): the next wait
+ * for the non-blocking streams waits for it. With PARK_MAX parked, the
+ * legacy stream waits now, for those and for this one. */
+static CUresult park_locked(struct live *e)
+{
+	int k = legacy_slot_locked(e->ctx);
+	if (k < 0 || vpmm_ls.legacy[k].n_parked == PARK_MAX) {
+		CUresult r = k < 0 ? CUDA_SUCCESS : unpark_locked((unsigned)k);
+		return r == CUDA_SUCCESS ? nb_wait_locked(e) : r;
+	}
+	CUresult r = e->ev ? CUDA_SUCCESS : vpmm_real.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS)
+		r = vpmm_real.event_record(e->ev, e->s);
+	if (r == CUDA_SUCCESS) {
+		vpmm_ls.legacy[k].parked[vpmm_ls.legacy[k].n_parked++] = e->ev;
+		e->ev = NULL; /* the slot's now */
+	}
+	return r;
+}
+
+/* A non-blocking stream ending, with a pool on its device: the wait for
+ * it is prepared now, while the stream is there to record on (its last
+ * work may still touch memory that frees, made or to come, give back). */
 bool vpmm_fence_dying_locked(struct live *e)
 {
 	/* Nothing to order: no pool on its device (its work cannot touch
@@ -223,7 +271,7 @@ bool vpmm_fence_dying_locked(struct live *e)
 	if (cur == e->ctx || pushed)
 		r = capturing(e->s) || capturing(CU_STREAM_LEGACY)
 			    ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-			    : nb_wait_locked(e);
+			    : park_locked(e);
 	if (pushed)
 		vpmm_real.ctx_pop(&popped);
 	/* Else its work is waited for on the host: what it touched is then
@@ -256,6 +304,8 @@ static CUresult pay_nb_locked(unsigned k)
 		r = nb_wait_locked(e);
 	}
 	if (r == CUDA_SUCCESS)
+		r = unpark_locked(k);
+	if (r == CUDA_SUCCESS)
 		vpmm_ls_settle_nb_locked(k);
 	return r;
 }
@@ -284,7 +334,7 @@ CUresult vpmm_fence_free(CUcontext ctx)
 	if (k < 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {
-		bool nb = has_nb_locked(ctx);
+		bool nb = owes_nb_locked(ctx, k);
 		if (nb && !vpmm_ls.legacy[k].nb_owed) {
 			vpmm_ls.legacy[k].nb_owed = true;
 			atomic_fetch_add_explicit(&vpmm_ls_nb_owed_count, 1, memory_order_release);

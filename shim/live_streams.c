@@ -235,6 +235,7 @@ void vpmm_ls_ctx_end_locked(CUcontext ctx)
 			vpmm_ls_settle_locked(i);
 			vpmm_ls_settle_nb_locked(i);
 			vpmm_ls.legacy[i].ctx = NULL, vpmm_ls.legacy[i].ev = NULL;
+			vpmm_ls.legacy[i].n_parked = 0; /* dead with the context */
 		}
 	/* What is left of its count is its legacy stream (ctx_made). */
 	for (unsigned k = 0; k < CTX_MAX; k++)

@@ -13,6 +13,9 @@
 
 #define BUCKETS 1024
 #define CTX_MAX 64
+/* Ended non-blocking streams' events a context's legacy stream has not
+ * waited for yet (fence.c, park_locked). */
+#define PARK_MAX 8
 
 struct live {
 	CUstream s;
@@ -38,10 +41,15 @@ struct vpmm_ls_table {
 	 * count of obligations when the non-blocking streams last waited for
 	 * the legacy stream (vpmm_fence_malloc), or found the record they
 	 * would have waited for complete; fenced_freed the count of ranges
-	 * freed then (fence.c). */
+	 * freed then (fence.c). parked: events recorded on non-blocking
+	 * streams of the context as they ended, the last of their work; the
+	 * next wait for the non-blocking streams waits for these too, and
+	 * destroys them. */
 	struct {
 		CUcontext ctx;
 		CUevent ev;
+		CUevent parked[PARK_MAX];
+		unsigned n_parked;
 		bool owed, nb_owed;
 		unsigned long fenced, fenced_freed;
 	} legacy[CTX_MAX];

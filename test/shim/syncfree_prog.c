@@ -158,8 +158,8 @@ static void many(void)
 		/* each malloc: each of 64 waits for the legacy stream; the
 		 * second also makes the wait for each of 64 that the first
 		 * free owed the legacy stream (the second free's is owed
-		 * still) */
-		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 3 * (NB - 1));
+		 * still), and for the destroyed one's parked event */
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 3 * (NB - 1) + 1);
 	}
 	for (int i = 0; i < NB - 1; i++)
 		CHECK_EQ(cuStreamDestroy(nb[i]), 0);
@@ -241,13 +241,36 @@ static void destroyed_busy(void)
 	expect_fenced();
 }
 
+/* The context's only non-blocking stream destroyed with its work queued,
+ * before the free: no stream is left to wait for, but its parked event
+ * still makes the free owe the legacy stream its wait. */
+static void destroyed_last(void)
+{
+	CUstream late;
+	CUdeviceptr a, b;
+	start();
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CUevent old = work_on(late); /* a's last write */
+	CHECK_EQ(cuStreamDestroy(late), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+	if (expect_pool())
+		CHECK_EQ(b, a);
+	new_write(old, CU_STREAM_LEGACY, b);
+	expect_fenced();
+}
+
 /* A non-blocking stream destroyed before the device has a pool: nothing
  * of its work can touch pool memory, and the legacy stream does not wait
- * for it. Once there is a pool, it does (with VPMM_SYNC_FREE=device,
- * never). */
+ * for it. Once there is a pool, its last work is parked: the legacy
+ * stream waits for it at the next fence a free owes, not at its end; at
+ * the ninth end with none such, for all nine (PARK_MAX). With
+ * VPMM_SYNC_FREE=device, never. */
 static void destroyed_quiet(void)
 {
-	CUstream s;
+	enum { N = 9 };
+	CUstream s, t[N];
 	CUdeviceptr a;
 	start();
 	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
@@ -258,8 +281,20 @@ static void destroyed_quiet(void)
 	CHECK_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 0);
 	waits = fake_calls("cuStreamWaitEvent");
 	CHECK_EQ(cuStreamDestroy(s), 0);
+	CHECK_EQ(fake_calls("cuStreamWaitEvent"), waits);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemAlloc(&a, P), 0);
 	if (expect_pool())
 		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, device_mode() ? 0 : 1);
+	for (int i = 0; i < N; i++)
+		CHECK_EQ(cuStreamCreate(&t[i], CU_STREAM_NON_BLOCKING), 0);
+	waits = fake_calls("cuStreamWaitEvent");
+	for (int i = 0; i < N - 1; i++)
+		CHECK_EQ(cuStreamDestroy(t[i]), 0);
+	CHECK_EQ(fake_calls("cuStreamWaitEvent"), waits);
+	CHECK_EQ(cuStreamDestroy(t[N - 1]), 0);
+	if (expect_pool())
+		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, device_mode() ? 0 : N);
 	CHECK_EQ(cuMemFree(a), 0);
 	expect_fenced();
 }
@@ -801,6 +836,7 @@ int main(int argc, char **argv)
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
 		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
 		{"destroyed_quiet", destroyed_quiet}, {"green", green},
+		{"destroyed_last", destroyed_last},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -368,6 +368,8 @@ SYNCFREE_SCENARIO(capture_owed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_elsewhere)
 SYNCFREE_SCENARIO(destroyed_busy)
 SYNCFREE_SCENARIO(destroyed_quiet)
+/* The only one destroyed before the free: its work still waited for. */
+SYNCFREE_SCENARIO(destroyed_last)
 /* A green context made (cuGreenCtxCreate): the frees synchronise. */
 SYNCFREE_SCENARIO(green)
 
