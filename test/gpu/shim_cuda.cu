@@ -18,7 +18,9 @@
 //             and on 70 non-blocking streams (fenced; past the shim's limit,
 //             synchronised); on streams made through
 //             cudaGetDriverEntryPointByVersion("cuStreamCreate"...); with
-//             the late stream destroyed between the free and the reuse.
+//             the late stream destroyed between the free and the reuse, and
+//             before the free (with another non-blocking stream, and as the
+//             only one, the new owner on the legacy stream).
 //             Under the shim (EXPECT_POOL=1) each also checks how the frees
 //             went: by fences (the default) or by synchronisations
 //             (VPMM_SYNC_FREE=device, or past the limit), from the shim's
@@ -218,15 +220,19 @@ static bool expect_pool, sync_device;
 // pattern on `next`: checked once both ran. destroy_late: `late` is
 // destroyed between the free and the reuse. on_legacy: cudaMallocAsync on
 // the legacy stream instead of cudaMalloc (the record the shim's free owes
-// the legacy stream is made by either).
+// the legacy stream is made by either). destroy_first: `late` is destroyed
+// before the free, its kernel still running.
 static bool late_then_new(cudaStream_t late, cudaStream_t next, unsigned long long ns,
-			  bool destroy_late = false, bool on_legacy = false)
+			  bool destroy_late = false, bool on_legacy = false,
+			  bool destroy_first = false)
 {
 	size_t bytes = 16 * MiB;
 	void *a, *b;
 	CK(cudaMalloc(&a, bytes));
 	slow_fill<<<132, 256, 0, late>>>((uint32_t *)a, bytes / 4, 0xdead, ns);
 	CK(cudaGetLastError());
+	if (destroy_first)
+		CK(cudaStreamDestroy(late));
 	CK(cudaFree(a));
 	if (destroy_late)
 		CK(cudaStreamDestroy(late));
@@ -340,7 +346,17 @@ static void syncfree_destroyed_phase(void)
 		CK(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
 		late_then_new(late, next, ns, true);
 	}
+	// destroyed before the free: with another non-blocking stream, then
+	// as the only one (the new owner on the legacy stream)
+	for (int i = 0; i < 2; i++) {
+		CK(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
+		late_then_new(late, next, ns, false, false, true);
+	}
 	CK(cudaStreamDestroy(next));
+	for (int i = 0; i < 2; i++) {
+		CK(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking));
+		late_then_new(late, cudaStreamLegacy, ns, false, false, true);
+	}
 	expect_frees("syncfree_destroyed", f0, s0, true);
 	printf("syncfree_destroyed: ok\n");
 }
