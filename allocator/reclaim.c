@@ -320,8 +320,13 @@ void *vpi_reclaimer_main(void *arg)
 		}
 		/* A context that ended unannounced: its events are not queried. */
 		vpi_ctx_check_locked(p);
-		if (p->zombie_head && vpi_reserve_regions(p, 2) == 0)
+		if (p->zombie_head && vpi_reserve_regions(p, 2) == 0) {
 			vpi_reclaim_zombies(p, false, &gave_way);
+			/* The unmaps may have had the lock dropped: a context
+			 * ended unannounced meanwhile is seen before the
+			 * queries below (the slabs' drain, the trim's poll). */
+			vpi_ctx_check_locked(p);
+		}
 		if (p->paused) /* came while the unmaps had the lock dropped */
 			continue;
 		if (vpi_small_deferred(p))

@@ -83,14 +83,22 @@ void fake_count(const char *name)
  * cuCtxGetId (both under fake_lock). */
 static unsigned long fake_epoch;
 static __thread unsigned long checked_epoch;
-static __thread bool may_race; /* no dead use since that cuCtxGetId */
+static __thread bool may_race; /* no dead use or other work since it */
 
-void fake_ctx_end(struct fake_ctx *c)
+void fake_ctx_end(struct fake_ctx *c, bool unseen)
 {
-	c->end_epoch[c->gen % FAKE_GENS] = ++fake_epoch;
-	c->end_thread[c->gen % FAKE_GENS] = pthread_self();
+	unsigned i = c->gen % FAKE_GENS;
+	c->end_gen[i] = c->gen;
+	c->end_epoch[i] = ++fake_epoch;
+	c->end_thread[i] = pthread_self();
+	c->end_unseen[i] = unseen;
 	c->destroyed = true;
 	c->gen++;
+}
+
+void fake_ctx_other_work(void)
+{
+	may_race = false;
 }
 
 void fake_ctx_checked(void)
@@ -101,8 +109,10 @@ void fake_ctx_checked(void)
 
 void fake_dead_use(struct fake_ctx *c, unsigned gen)
 {
-	bool raced = may_race && checked_epoch < c->end_epoch[gen % FAKE_GENS] &&
-		     !pthread_equal(c->end_thread[gen % FAKE_GENS], pthread_self());
+	unsigned i = gen % FAKE_GENS;
+	bool raced = may_race && c->end_gen[i] == gen && c->end_unseen[i] &&
+		     checked_epoch < c->end_epoch[i] &&
+		     !pthread_equal(c->end_thread[i], pthread_self());
 	may_race = false;
 	fake_count(raced ? "dead_handle_raced" : "dead_handle");
 }

@@ -33,10 +33,13 @@ struct fake_ctx {
 	int device;
 	bool destroyed;
 	unsigned gen; /* bumped when the context is reset or destroyed */
-	/* When generation g ended (fake_ctx_end): fake_epoch then, and the
-	 * thread that ended it, at [g % FAKE_GENS]. */
+	/* When generation g ended (fake_ctx_end), at [g % FAKE_GENS]: g,
+	 * fake_epoch then, the thread that ended it, and whether the end was
+	 * one no hook of the shim's sees. */
+	unsigned end_gen[FAKE_GENS];
 	unsigned long end_epoch[FAKE_GENS];
 	pthread_t end_thread[FAKE_GENS];
+	bool end_unseen[FAKE_GENS];
 	int refs;     /* a primary context's retains: the last release ends it */
 	unsigned long long id; /* cuCtxGetId: new each time the context is made */
 	struct fake_ctx *made_before; /* the program's contexts, all kept */
@@ -70,18 +73,25 @@ struct fake_ctx *fake_current(void);
  * some of it, and the shim is meant to set one up first. */
 void fake_note_context(void);
 /* Ends context c's current generation (fake_lock held): destroyed, its
- * streams and events dead, the moment and the thread noted. */
-void fake_ctx_end(struct fake_ctx *c);
+ * streams and events dead, the moment and the thread noted, and whether
+ * no hook sees this end (`unseen`: the runtime's private reset, a primary
+ * context's last release). */
+void fake_ctx_end(struct fake_ctx *c, bool unseen);
 /* Counts a use of a stream or event of generation `gen` of c, which ended
- * (fake_lock held): on a GPU a use of a destroyed object inside libcuda.
- * "dead_handle_raced" for the first such use after the calling thread's
- * last cuCtxGetId, where the end came after that question and another
- * thread made it: the end, unseen by every hook, fell between a check and
- * the use it guarded (a pool's background thread between its context
- * check and an event query). Every other is "dead_handle". */
+ * (fake_lock held): on a GPU a use of a destroyed object inside libcuda,
+ * which may crash there. "dead_handle_raced" where no check could have
+ * prevented it: the end unseen by every hook, made by another thread
+ * after the calling thread's last cuCtxGetId, and this the first such use
+ * since, with no driver work of the thread's between (a pool's background
+ * thread between its context check and the event query it guards); a
+ * hazard the shim cannot close, rare, that tests count apart. Every other
+ * is "dead_handle". */
 void fake_dead_use(struct fake_ctx *c, unsigned gen);
 /* cuCtxGetId was asked by this thread (fake_lock held). */
 void fake_ctx_checked(void);
+/* This thread made other driver work (mapping, unmapping, handles): a
+ * dead use after it is not the one its last check guarded. */
+void fake_ctx_other_work(void);
 /* The current context's state as a CUresult: SUCCESS, INVALID_CONTEXT or
  * CONTEXT_IS_DESTROYED (NOT_INITIALIZED before cuInit). */
 CUresult fake_ctx_state(void);

@@ -156,19 +156,19 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	if (fake_ctxs[dev].refs <= 0) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
 	} else if (--fake_ctxs[dev].refs == 0) {
-		fake_ctx_end(&fake_ctxs[dev]);
+		fake_ctx_end(&fake_ctxs[dev], true); /* the shim hooks no release */
 	}
 	pthread_mutex_unlock(&fake_lock);
 	return r;
 }
 
-static CUresult primary_reset(CUdevice dev)
+static CUresult primary_reset(CUdevice dev, bool unseen)
 {
 	NEED_INIT();
 	if (dev < 0 || dev >= fake_ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	pthread_mutex_lock(&fake_lock);
-	fake_ctx_end(&fake_ctxs[dev]);
+	fake_ctx_end(&fake_ctxs[dev], unseen);
 	sticky = CUDA_SUCCESS;
 	pthread_mutex_unlock(&fake_lock);
 	return CUDA_SUCCESS;
@@ -176,7 +176,12 @@ static CUresult primary_reset(CUdevice dev)
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-	return primary_reset(dev);
+	return primary_reset(dev, false);
+}
+
+static CUresult private_reset(CUdevice dev)
+{
+	return primary_reset(dev, true);
 }
 
 /* The private table the CUDA 13 runtime resets the device through: the
@@ -186,7 +191,7 @@ struct fake_export_table {
 	size_t size;
 	CUresult (*primary_reset)(CUdevice);
 };
-static const struct fake_export_table export_table = {sizeof export_table, primary_reset};
+static const struct fake_export_table export_table = {sizeof export_table, private_reset};
 
 CUresult cuGetExportTable(const void **table, const CUuuid *id)
 {
@@ -286,7 +291,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 	if (!c || c->destroyed)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	pthread_mutex_lock(&fake_lock);
-	fake_ctx_end(c);
+	fake_ctx_end(c, false);
 	pthread_mutex_unlock(&fake_lock);
 	if (fake_current() == c)
 		depth--;

@@ -63,6 +63,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 {
 	(void)flags;
 	NEED_INIT();
+	fake_ctx_other_work();
 	fake_note_context();
 	fake_count("cuMemCreate");
 	if (!prop)
@@ -73,6 +74,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
 	NEED_INIT();
+	fake_ctx_other_work();
 	return fake_drv->mem_release(fake_drv, h);
 }
 
@@ -83,6 +85,7 @@ CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
 	CUresult r;
 	(void)flags;
 	NEED_INIT();
+	fake_ctx_other_work();
 	fake_note_context();
 	fake_count("cuMemMap");
 	if (offset)
@@ -109,6 +112,7 @@ CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
 	CUresult r;
 	NEED_INIT();
+	fake_ctx_other_work();
 	fake_note_context();
 	r = fake_drv->unmap(fake_drv, p, size);
 	if (r != CUDA_SUCCESS)
@@ -132,6 +136,7 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
 {
 	int devs[MAX_DEV];
 	NEED_INIT();
+	fake_ctx_other_work();
 	fake_note_context();
 	if (!desc || !n || n > MAX_DEV)
 		return CUDA_ERROR_INVALID_VALUE;
