@@ -294,7 +294,9 @@ def search(w, holder, budget, start, tries, log, ceiling=0):
     """The largest batch that completes: doubling (or halving) from start,
     no higher than ceiling where one is given (a batch known to fail saves
     the tries above it), then bisection until the gap is 2 % of the batch
-    or one."""
+    or one. Returns the largest, the tries that completed and those that
+    did not: with none failing above the largest (the ceiling reached, or
+    the tries spent), the largest is only a lower bound."""
     ok, bad = {}, {}
 
     def attempt(b):
@@ -305,7 +307,7 @@ def search(w, holder, budget, start, tries, log, ceiling=0):
         (ok if res["outcome"] == "ok" else bad)[b] = res
         return res["outcome"]
 
-    b = start
+    b = min(start, ceiling) if ceiling else start
     out = attempt(b)
     while out == "ok" and len(ok) + len(bad) < tries and not (ceiling and b >= ceiling):
         b = min(b * 2, ceiling) if ceiling else b * 2
@@ -348,12 +350,14 @@ def orchestrate(args):
         budget / 2**30, args.steps, args.seq, args.seq), flush=True)
     holder = Holder([args.hold], open(os.devnull, "wb"))
     workers = {m: Worker(m, args) for m in modes}
-    log, largest = [], {}
+    log, largest, bounded = [], {}, {}
     try:
         start = args.start
         for m in modes:
             largest[m], ok, bad = search(workers[m], holder, budget, start, args.tries, log,
                                          args.ceiling)
+            # a failure above the largest bounds it; else it is a lower bound
+            bounded[m] = largest[m] is not None and any(b > largest[m] for b in bad)
             if m == "native" and largest[m]:
                 start = largest[m]  # the others start where native stopped
         common = min((v for v in largest.values() if v), default=0)
@@ -389,12 +393,13 @@ def orchestrate(args):
                   zip(runs, at_common.get("native", []))
                   if a.get("outcome") == "ok" and b.get("outcome") == "ok"]
         inside = [r["inside_ms"] for r in runs if "inside_ms" in r]
-        row = {"mode": m, "largest": largest[m],
+        row = {"mode": m, "largest": largest[m], "failed_above": bounded.get(m, False),
                "step_ms": own[-1]["step_ms"] if own else None,
                "common_step_ms": c, "common_ratios": ratios, "common_inside_ms": inside}
         rows.append(row)
         print("| %s | %s | %s | %s | %s | %s | %s |" % (
-            m, largest[m] if largest[m] is not None else "error",
+            m, "error" if largest[m] is None else
+            ("%d" if bounded.get(m) else ">= %d (none failed above)") % largest[m],
             "%.3f" % (largest[m] / nat) if nat and largest[m] else "-",
             "%.1f ms" % row["step_ms"] if row["step_ms"] else "-",
             "%.1f ms" % c if c else ("failed" if runs else "-"),
@@ -420,7 +425,8 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--start", type=int, default=16, help="native's first batch")
     ap.add_argument("--ceiling", type=int, default=0,
-                    help="the largest batch the search tries (0: no bound)")
+                    help="the largest batch the search tries (0: no bound); a largest "
+                    "with no failure above it is reported as a lower bound")
     ap.add_argument("--tries", type=int, default=10, help="tries per allocator at most")
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of every allocator at the common batch, alternated (3)")
@@ -432,6 +438,8 @@ def main():
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.ceiling < 0 or args.start < 1:
+        ap.error("--ceiling must be 0 or more and --start at least 1")
     if args.worker:
         args.mode = args.worker
         worker(args)

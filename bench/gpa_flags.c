@@ -17,7 +17,8 @@ int main(void)
 		"cuPointerGetAttributes", "cuIpcGetMemHandle", "cuIpcOpenMemHandle", "cuIpcCloseMemHandle",
 		"cuCtxEnablePeerAccess", "cuMemRetainAllocationHandle", "cuDeviceSetMemPool",
 		"cuMemPoolDestroy", "cuMemPoolGetAttribute", "cuMemPoolSetAttribute", "cuMemPoolTrimTo",
-		"cuGreenCtxStreamCreate", "cuMemAllocAsync", "cuStreamBeginCapture", "cuCtxSynchronize", NULL};
+		"cuGreenCtxStreamCreate", "cuMemAllocAsync", "cuStreamBeginCapture", "cuCtxSynchronize",
+		"cuGreenCtxCreate", "cuMemSetMemPool", NULL};
 	int v = 0;
 	cuInit(0);
 	cuDriverGetVersion(&v);

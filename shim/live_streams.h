@@ -16,8 +16,9 @@
 /* The program made stream `s` in the current context with `flags`
  * (cuStreamCreate, cuStreamCreateWithPriority). */
 void vpmm_live_stream_created(CUstream s, unsigned flags);
-/* The program made a stream the fences cannot order (a green context's):
- * from now on every synchronous free synchronises. */
+/* The program made a stream the fences cannot order, or a context with one
+ * (a green context, its stream): from now on every synchronous free
+ * synchronises. */
 void vpmm_live_streams_untrackable(const char *why);
 /* A hook was handed stream `s` (not a default stream): one the tracker
  * never saw made means streams are made behind its back, so from now on
