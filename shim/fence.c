@@ -4,7 +4,8 @@
  *
  * Owns: the per-context event the fences record on the legacy default
  * stream, what synchronous frees owe it (a record, a wait for the
- * non-blocking streams), the count of what the malloc fence must cover,
+ * non-blocking streams), the ended non-blocking streams' parked events,
+ * the count of what the malloc fence must cover,
  * the ranges freed since, the pool's handles not yet mapped, and the
  * wrappers on the pool's driver calls (records and waits on the legacy
  * stream, handles made, mapped and released).
@@ -262,8 +263,10 @@ bool vpmm_fence_dying_locked(struct live *e)
 		return true;
 	/* Whether or not a wait is owed now: work queued on it since the
 	 * last one would otherwise be waited for by no later fence (a free
-	 * after its end pays the streams still there). In the stream's context: the legacy stream that waits is the
-	 * current context's, and cuStreamDestroy needs none current. */
+	 * after its end pays the streams still there and the parked events).
+	 * In the stream's context: its event and the legacy slot it is
+	 * parked in are that context's, and cuStreamDestroy needs none
+	 * current. */
 	CUcontext cur = NULL, popped;
 	bool pushed = vpmm_real.ctx_get_current(&cur) == CUDA_SUCCESS && cur != e->ctx &&
 		      vpmm_real.ctx_push(e->ctx) == CUDA_SUCCESS;
@@ -314,9 +317,10 @@ CUresult vpmm_fence_free(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
 	pthread_mutex_lock(&vpmm_ls.lock);
-	/* The wait for the non-blocking streams is left owed (pay_nb_locked:
-	 * before any record on the legacy stream, a capture's begin, a
-	 * non-blocking stream's end), so that a run of frees makes it once.
+	/* The wait for the non-blocking streams (and the ended ones' parked
+	 * events) is left owed (pay_nb_locked: before any record on the
+	 * legacy stream, a capture's begin), so that a run of frees makes it
+	 * once.
 	 *
 	 * And one action on the legacy stream before the memory is handed out
 	 * again: the blocking streams order against it only through its

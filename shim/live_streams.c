@@ -12,8 +12,8 @@
  *    id (cuCtxGetId), and ends its streams and events. The id is compared
  *    whenever a stream is made or a fence is asked for; a new one drops the
  *    context's entries without destroying their dead events.
- * May call: resolve.h, fence.c (a dying stream's owed wait), the log and
- * the hook counters (shim.h).
+ * May call: resolve.h, fence.c (a dying stream's last work parked), the
+ * log and the hook counters (shim.h).
  */
 #include <dlfcn.h>
 #include <stdint.h>

@@ -112,8 +112,10 @@ void vpmm_ls_settle_locked(unsigned k);
 void vpmm_ls_settle_nb_locked(unsigned k);
 
 /* fence.c */
-/* Non-blocking stream e is about to end: the legacy stream of its context
- * waits for its work now. False: neither that nor a host wait could be made. */
+/* Non-blocking stream e is about to end: its last work is recorded and
+ * parked for the next wait its context's legacy stream owes (or waited
+ * for now, past PARK_MAX). False: neither that nor a host wait could be
+ * made. */
 bool vpmm_fence_dying_locked(struct live *e);
 
 #endif

@@ -212,8 +212,8 @@ static void destroyed(void)
  * (cuStreamDestroy needs none): the legacy stream that waits for it is
  * still that of the stream's context. */
 /* A non-blocking stream destroyed with work still queued, after a fence
- * and before any free: the later free's fence pays only the streams still
- * there, so the legacy stream must have waited for this one's work at its
+ * and before any free: the later free's fence pays the streams still
+ * there and the parked event of this one's last work, recorded at its
  * end. */
 static void destroyed_busy(void)
 {
@@ -243,22 +243,71 @@ static void destroyed_busy(void)
 
 /* The context's only non-blocking stream destroyed with its work queued,
  * before the free: no stream is left to wait for, but its parked event
- * still makes the free owe the legacy stream its wait. */
+ * still makes the free owe the legacy stream its wait. The new owner
+ * allocates synchronously, stream-ordered on the legacy stream, on a
+ * blocking stream, or on a non-blocking stream made after the free. */
 static void destroyed_last(void)
 {
-	CUstream late;
+	CUstream late, bl, nb;
 	CUdeviceptr a, b;
 	start();
-	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CUevent old = work_on(late); /* a's last write */
-	CHECK_EQ(cuStreamDestroy(late), 0);
-	CHECK_EQ(cuMemFree(a), 0);
-	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
-	if (expect_pool())
-		CHECK_EQ(b, a);
-	new_write(old, CU_STREAM_LEGACY, b);
+	CHECK_EQ(cuStreamCreate(&bl, 0), 0);
+	for (int how = 0; how < 4; how++) {
+		CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+		CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+		CUevent old = work_on(late); /* a's last write */
+		CHECK_EQ(cuStreamDestroy(late), 0);
+		CHECK_EQ(cuMemFree(a), 0);
+		CUstream next = how == 2 ? bl : CU_STREAM_LEGACY;
+		if (how == 3) {
+			CHECK_EQ(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), 0);
+			next = nb;
+		}
+		if (how == 0)
+			CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
+		else
+			CHECK_EQ(cuMemAllocAsync(&b, 4 * P, next), 0);
+		if (expect_pool() && how < 2)
+			CHECK_EQ(b, a);
+		new_write(old, next, b);
+		if (how == 3)
+			CHECK_EQ(cuStreamDestroy(nb), 0);
+	}
+	CHECK_EQ(cuStreamDestroy(bl), 0);
 	expect_fenced();
+}
+
+/* An event parked when the primary context is reset, unseen (the private
+ * table the CUDA 13 runtime resets through; the hooked reset pays what is
+ * owed first): it died with the context, and is neither waited for nor
+ * destroyed after. */
+static void destroyed_reset(void)
+{
+	const struct {
+		size_t size;
+		CUresult (*reset)(CUdevice);
+	} *table = NULL;
+	CUuuid id = {{0}};
+	CUstream late;
+	CUcontext c;
+	CUdeviceptr a, b;
+	start();
+	CHECK_EQ(cuMemAlloc(&a, P), 0);
+	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
+	CUevent ev = work_on(late);
+	CHECK_EQ(cuStreamDestroy(late), 0);
+	CHECK_EQ(cuEventDestroy(ev), 0);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuGetExportTable((const void **)&table, &id), 0);
+	CHECK_EQ(table->reset(0), 0);
+	CHECK_EQ(cuDevicePrimaryCtxRetain(&c, 0), 0);
+	CHECK_EQ(cuCtxSetCurrent(c), 0);
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ(cuMemAlloc(&b, P), 0);
+		CHECK_EQ(cuMemFree(b), 0);
+	}
+	CHECK_EQ(fake_calls("dead_handle"), 0);
+	CHECK_EQ(pool_stats(0).failures, 0);
 }
 
 /* A non-blocking stream destroyed before the device has a pool: nothing
@@ -836,7 +885,7 @@ int main(int argc, char **argv)
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
 		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
 		{"destroyed_quiet", destroyed_quiet}, {"green", green},
-		{"destroyed_last", destroyed_last},
+		{"destroyed_last", destroyed_last}, {"destroyed_reset", destroyed_reset},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);
 }

@@ -370,6 +370,8 @@ SYNCFREE_SCENARIO(destroyed_busy)
 SYNCFREE_SCENARIO(destroyed_quiet)
 /* The only one destroyed before the free: its work still waited for. */
 SYNCFREE_SCENARIO(destroyed_last)
+/* One parked at a primary context's reset: dead with it, not touched. */
+SYNCFREE_SCENARIO(destroyed_reset)
 /* A green context made (cuGreenCtxCreate): the frees synchronise. */
 SYNCFREE_SCENARIO(green)
 
