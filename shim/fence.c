@@ -4,7 +4,7 @@
  *
  * Owns: the per-context event the fences record on the legacy default
  * stream, what synchronous frees owe it (a record, a wait for the
- * non-blocking streams), the ended non-blocking streams' parked events,
+ * non-blocking streams), the events of ended non-blocking streams,
  * the count of what the malloc fence must cover,
  * the ranges freed since, the pool's handles not yet mapped, and the
  * wrappers on the pool's driver calls (records and waits on the legacy
@@ -53,10 +53,11 @@
  *  - A non-blocking stream destroyed: its last work is recorded on its
  *    event, in its own context, owed or not (work queued after the last
  *    wait for it would be waited for by no later fence), and the event is
- *    parked with its context's legacy stream: the next wait for the
+ *    kept with its context's legacy stream: the next wait for the
  *    non-blocking streams (before a record there that a free owes) waits
  *    for it too, then destroys it. The legacy stream waits at once only
- *    where PARK_MAX events are parked already (it waits for those too).
+ *    where ENDED_MAX such events are kept already (it waits for those
+ *    too).
  *    Until a free needs it, nothing orders the legacy stream after the
  *    ended stream's work, as without the shim.
  * May call: live_streams_int.h, resolve.h, devices.h and process.h (is
@@ -136,23 +137,23 @@ static bool has_nb_locked(CUcontext ctx)
 
 /* Whether the frees of `ctx` (slot k, -1: none) must have its legacy
  * stream wait before the next record there: for a non-blocking stream,
- * or an ended one's parked event. */
+ * or an ended one's event. */
 static bool owes_nb_locked(CUcontext ctx, int k)
 {
-	return (k >= 0 && vpmm_ls.legacy[k].n_parked) || has_nb_locked(ctx);
+	return (k >= 0 && vpmm_ls.legacy[k].n_ended) || has_nb_locked(ctx);
 }
 
-/* The legacy stream of slot k's context (current) waits for every parked
+/* The legacy stream of slot k's context (current) waits for every ended
  * event, which is then destroyed (the wait keeps the record it saw). */
-static CUresult unpark_locked(unsigned k)
+static CUresult wait_ended_locked(unsigned k)
 {
 	CUresult r = CUDA_SUCCESS;
-	while (r == CUDA_SUCCESS && vpmm_ls.legacy[k].n_parked) {
-		CUevent ev = vpmm_ls.legacy[k].parked[vpmm_ls.legacy[k].n_parked - 1];
+	while (r == CUDA_SUCCESS && vpmm_ls.legacy[k].n_ended) {
+		CUevent ev = vpmm_ls.legacy[k].ended[vpmm_ls.legacy[k].n_ended - 1];
 		r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, ev, 0);
 		if (r == CUDA_SUCCESS) {
 			vpmm_real.event_destroy(ev);
-			vpmm_ls.legacy[k].n_parked--;
+			vpmm_ls.legacy[k].n_ended--;
 		}
 	}
 	return r;
@@ -228,22 +229,22 @@ static CUresult nb_wait_locked(struct live *e)
 	return r;
 }
 
-/* Ending non-blocking stream e's last work recorded on its event, parked
+/* Ending non-blocking stream e's last work recorded on its event, kept
  * with its context's legacy stream (e's context current): the next wait
- * for the non-blocking streams waits for it. With PARK_MAX parked, the
+ * for the non-blocking streams waits for it. With ENDED_MAX kept, the
  * legacy stream waits now, for those and for this one. */
-static CUresult park_locked(struct live *e)
+static CUresult keep_ended_locked(struct live *e)
 {
 	int k = legacy_slot_locked(e->ctx);
-	if (k < 0 || vpmm_ls.legacy[k].n_parked == PARK_MAX) {
-		CUresult r = k < 0 ? CUDA_SUCCESS : unpark_locked((unsigned)k);
+	if (k < 0 || vpmm_ls.legacy[k].n_ended == ENDED_MAX) {
+		CUresult r = k < 0 ? CUDA_SUCCESS : wait_ended_locked((unsigned)k);
 		return r == CUDA_SUCCESS ? nb_wait_locked(e) : r;
 	}
 	CUresult r = e->ev ? CUDA_SUCCESS : vpmm_real.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
 	if (r == CUDA_SUCCESS)
 		r = vpmm_real.event_record(e->ev, e->s);
 	if (r == CUDA_SUCCESS) {
-		vpmm_ls.legacy[k].parked[vpmm_ls.legacy[k].n_parked++] = e->ev;
+		vpmm_ls.legacy[k].ended[vpmm_ls.legacy[k].n_ended++] = e->ev;
 		e->ev = NULL; /* the slot's now */
 	}
 	return r;
@@ -263,9 +264,9 @@ bool vpmm_fence_dying_locked(struct live *e)
 		return true;
 	/* Whether or not a wait is owed now: work queued on it since the
 	 * last one would otherwise be waited for by no later fence (a free
-	 * after its end pays the streams still there and the parked events).
+	 * after its end pays the streams still there and the ended ones).
 	 * In the stream's context: its event and the legacy slot it is
-	 * parked in are that context's, and cuStreamDestroy needs none
+	 * is kept in are that context's, and cuStreamDestroy needs none
 	 * current. */
 	CUcontext cur = NULL, popped;
 	bool pushed = vpmm_real.ctx_get_current(&cur) == CUDA_SUCCESS && cur != e->ctx &&
@@ -274,7 +275,7 @@ bool vpmm_fence_dying_locked(struct live *e)
 	if (cur == e->ctx || pushed)
 		r = capturing(e->s) || capturing(CU_STREAM_LEGACY)
 			    ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-			    : park_locked(e);
+			    : keep_ended_locked(e);
 	if (pushed)
 		vpmm_real.ctx_pop(&popped);
 	/* Else its work is waited for on the host: what it touched is then
@@ -307,7 +308,7 @@ static CUresult pay_nb_locked(unsigned k)
 		r = nb_wait_locked(e);
 	}
 	if (r == CUDA_SUCCESS)
-		r = unpark_locked(k);
+		r = wait_ended_locked(k);
 	if (r == CUDA_SUCCESS)
 		vpmm_ls_settle_nb_locked(k);
 	return r;
@@ -317,7 +318,7 @@ CUresult vpmm_fence_free(CUcontext ctx)
 {
 	CUresult r = CUDA_SUCCESS;
 	pthread_mutex_lock(&vpmm_ls.lock);
-	/* The wait for the non-blocking streams (and the ended ones' parked
+	/* The wait for the non-blocking streams (and the ended ones' kept
 	 * events) is left owed (pay_nb_locked: before any record on the
 	 * legacy stream, a capture's begin), so that a run of frees makes it
 	 * once.

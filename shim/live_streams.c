@@ -12,7 +12,7 @@
  *    id (cuCtxGetId), and ends its streams and events. The id is compared
  *    whenever a stream is made or a fence is asked for; a new one drops the
  *    context's entries without destroying their dead events.
- * May call: resolve.h, fence.c (a dying stream's last work parked), the
+ * May call: resolve.h, fence.c (a dying stream's last work kept), the
  * log and the hook counters (shim.h).
  */
 #include <dlfcn.h>
@@ -235,7 +235,7 @@ void vpmm_ls_ctx_end_locked(CUcontext ctx)
 			vpmm_ls_settle_locked(i);
 			vpmm_ls_settle_nb_locked(i);
 			vpmm_ls.legacy[i].ctx = NULL, vpmm_ls.legacy[i].ev = NULL;
-			vpmm_ls.legacy[i].n_parked = 0; /* dead with the context */
+			vpmm_ls.legacy[i].n_ended = 0; /* dead with the context */
 		}
 	/* What is left of its count is its legacy stream (ctx_made). */
 	for (unsigned k = 0; k < CTX_MAX; k++)

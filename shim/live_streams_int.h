@@ -14,8 +14,8 @@
 #define BUCKETS 1024
 #define CTX_MAX 64
 /* Ended non-blocking streams' events a context's legacy stream has not
- * waited for yet (fence.c, park_locked). */
-#define PARK_MAX 8
+ * waited for yet (fence.c, keep_ended_locked). */
+#define ENDED_MAX 8
 
 struct live {
 	CUstream s;
@@ -41,15 +41,15 @@ struct vpmm_ls_table {
 	 * count of obligations when the non-blocking streams last waited for
 	 * the legacy stream (vpmm_fence_malloc), or found the record they
 	 * would have waited for complete; fenced_freed the count of ranges
-	 * freed then (fence.c). parked: events recorded on non-blocking
+	 * freed then (fence.c). ended: events recorded on non-blocking
 	 * streams of the context as they ended, the last of their work; the
 	 * next wait for the non-blocking streams waits for these too, and
 	 * destroys them. */
 	struct {
 		CUcontext ctx;
 		CUevent ev;
-		CUevent parked[PARK_MAX];
-		unsigned n_parked;
+		CUevent ended[ENDED_MAX];
+		unsigned n_ended;
 		bool owed, nb_owed;
 		unsigned long fenced, fenced_freed;
 	} legacy[CTX_MAX];
@@ -113,8 +113,8 @@ void vpmm_ls_settle_nb_locked(unsigned k);
 
 /* fence.c */
 /* Non-blocking stream e is about to end: its last work is recorded and
- * parked for the next wait its context's legacy stream owes (or waited
- * for now, past PARK_MAX). False: neither that nor a host wait could be
+ * kept for the next wait its context's legacy stream owes (or waited
+ * for now, past ENDED_MAX). False: neither that nor a host wait could be
  * made. */
 bool vpmm_fence_dying_locked(struct live *e);
 

@@ -158,7 +158,7 @@ static void many(void)
 		/* each malloc: each of 64 waits for the legacy stream; the
 		 * second also makes the wait for each of 64 that the first
 		 * free owed the legacy stream (the second free's is owed
-		 * still), and for the destroyed one's parked event */
+		 * still), and for the destroyed one's kept event */
 		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 3 * (NB - 1) + 1);
 	}
 	for (int i = 0; i < NB - 1; i++)
@@ -213,7 +213,7 @@ static void destroyed(void)
  * still that of the stream's context. */
 /* A non-blocking stream destroyed with work still queued, after a fence
  * and before any free: the later free's fence pays the streams still
- * there and the parked event of this one's last work, recorded at its
+ * there and the kept event of this one's last work, recorded at its
  * end. */
 static void destroyed_busy(void)
 {
@@ -242,7 +242,7 @@ static void destroyed_busy(void)
 }
 
 /* The context's only non-blocking stream destroyed with its work queued,
- * before the free: no stream is left to wait for, but its parked event
+ * before the free: no stream is left to wait for, but its kept event
  * still makes the free owe the legacy stream its wait. The new owner
  * allocates synchronously, stream-ordered on the legacy stream, on a
  * blocking stream, or on a non-blocking stream made after the free. */
@@ -277,10 +277,10 @@ static void destroyed_last(void)
 	expect_fenced();
 }
 
-/* An event parked when the primary context is reset, unseen (the private
- * table the CUDA 13 runtime resets through; the hooked reset pays what is
- * owed first): it died with the context, and is neither waited for nor
- * destroyed after. */
+/* An ended stream's event kept when the primary context is reset unseen
+ * (through the private table the CUDA 13 runtime resets through; the
+ * hooked reset pays what is owed first): it died with the context, and is
+ * neither waited for nor destroyed after. */
 static void destroyed_reset(void)
 {
 	const struct {
@@ -312,9 +312,9 @@ static void destroyed_reset(void)
 
 /* A non-blocking stream destroyed before the device has a pool: nothing
  * of its work can touch pool memory, and the legacy stream does not wait
- * for it. Once there is a pool, its last work is parked: the legacy
+ * for it. Once there is a pool, its last work is kept: the legacy
  * stream waits for it at the next fence a free owes, not at its end; at
- * the ninth end with none such, for all nine (PARK_MAX). With
+ * the ninth end with none such, for all nine (ENDED_MAX). With
  * VPMM_SYNC_FREE=device, never. */
 static void destroyed_quiet(void)
 {
