@@ -418,18 +418,16 @@ static CUresult ended(CUresult r, CUstream s, bool ptsz)
 
 CUresult vpmm_cuStreamEndCapture(CUstream s, CUgraph *g)
 {
+	CUresult r;
 	vpmm_count(VPMM_HOOK_cuStreamEndCapture);
-	vpmm_resolve();
-	if (!vpmm_real.end_capture)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return ended(vpmm_real.end_capture(s, g), s, false);
+	VPMM_REAL_CALL(r, end_capture, s, g);
+	return ended(r, s, false);
 }
 
 CUresult vpmm_cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
 {
+	CUresult r;
 	vpmm_count(VPMM_HOOK_cuStreamEndCapture);
-	vpmm_resolve();
-	if (!vpmm_real.end_capture_ptsz)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return ended(vpmm_real.end_capture_ptsz(s, g), s, true);
+	VPMM_REAL_CALL(r, end_capture_ptsz, s, g);
+	return ended(r, s, true);
 }

@@ -91,10 +91,7 @@ CUresult vpmm_cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuMemGetInfo_v2);
-	vpmm_resolve();
-	if (!vpmm_real.mem_get_info)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mem_get_info(free_bytes, total);
+	VPMM_REAL_CALL(r, mem_get_info, free_bytes, total);
 	if (r == CUDA_SUCCESS && free_bytes && total)
 		vpmm_add_reusable(free_bytes, *total);
 	return r;
@@ -151,10 +148,7 @@ CUresult vpmm_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuCtxEnablePeerAccess);
-	vpmm_resolve();
-	if (!vpmm_real.peer_enable)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.peer_enable(peer, flags);
+	VPMM_REAL_CALL(r, peer_enable, peer, flags);
 	if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
 		vpmm_peer_enabled(peer);
 	return r;
@@ -166,10 +160,7 @@ CUresult vpmm_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuMemCreate);
-	vpmm_resolve();
-	if (!vpmm_real.mem_create)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mem_create(handle, size, prop, flags);
+	VPMM_REAL_CALL(r, mem_create, handle, size, prop, flags);
 	if (r == CUDA_SUCCESS)
 		vpmm_own_mapping(prop, size);
 	return r;
@@ -205,11 +196,10 @@ static CUresult ctx_made(CUresult r, CUcontext *pctx, CUdevice dev)
 /* Every form: the real call, then the table hears of the context. */
 #define CTX_CREATE(field, ...)                                                \
 	do {                                                                  \
+		CUresult r_;                                                  \
 		vpmm_count(VPMM_HOOK_cuCtxCreate);                            \
-		vpmm_resolve();                                               \
-		if (!vpmm_real.field)                                         \
-			return CUDA_ERROR_NOT_INITIALIZED;                    \
-		return ctx_made(vpmm_real.field(__VA_ARGS__), pctx, dev);     \
+		VPMM_REAL_CALL(r_, field, __VA_ARGS__);                       \
+		return ctx_made(r_, pctx, dev);                               \
 	} while (0)
 
 CUresult vpmm_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
@@ -256,10 +246,7 @@ CUresult vpmm_cuStreamCreate(CUstream *phStream, unsigned int flags)
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuStreamCreate);
-	vpmm_resolve();
-	if (!vpmm_real.stream_create)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.stream_create(phStream, flags);
+	VPMM_REAL_CALL(r, stream_create, phStream, flags);
 	if (r == CUDA_SUCCESS)
 		stream_made(*phStream, flags);
 	return r;
@@ -269,10 +256,7 @@ CUresult vpmm_cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuStreamCreateWithPriority);
-	vpmm_resolve();
-	if (!vpmm_real.stream_create_prio)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.stream_create_prio(phStream, flags, priority);
+	VPMM_REAL_CALL(r, stream_create_prio, phStream, flags, priority);
 	if (r == CUDA_SUCCESS)
 		stream_made(*phStream, flags);
 	return r;
@@ -288,10 +272,7 @@ CUresult vpmm_cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevi
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuGreenCtxCreate);
-	vpmm_resolve();
-	if (!vpmm_real.green_ctx_create)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.green_ctx_create(phCtx, desc, dev, flags);
+	VPMM_REAL_CALL(r, green_ctx_create, phCtx, desc, dev, flags);
 	if (r == CUDA_SUCCESS)
 		vpmm_live_streams_untrackable("a green context");
 	return r;
@@ -304,10 +285,7 @@ CUresult vpmm_cuGreenCtxStreamCreate(CUstream *phStream, CUgreenCtx greenCtx, un
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuGreenCtxStreamCreate);
-	vpmm_resolve();
-	if (!vpmm_real.green_stream_create)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.green_stream_create(phStream, greenCtx, flags, priority);
+	VPMM_REAL_CALL(r, green_stream_create, phStream, greenCtx, flags, priority);
 	if (r == CUDA_SUCCESS)
 		vpmm_live_streams_untrackable("a green context's stream");
 	return r;

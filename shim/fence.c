@@ -214,16 +214,23 @@ bool vpmm_fence_possible(CUcontext ctx, int dev)
 	return ok;
 }
 
-/* The legacy stream waits for the work queued so far on non-blocking
- * stream e: an event recorded there, made on first use and reused (a wait
- * captures the record it sees, so re-recording later is harmless). */
-static CUresult nb_wait_locked(struct live *e)
+/* The work queued so far on non-blocking stream e, recorded on its
+ * event, made on first use and reused (a wait captures the record it
+ * sees, so re-recording later is harmless). */
+static CUresult record_last_locked(struct live *e)
 {
 	CUresult r = CUDA_SUCCESS;
 	if (!e->ev)
 		r = vpmm_real.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
 	if (r == CUDA_SUCCESS)
 		r = vpmm_real.event_record(e->ev, e->s);
+	return r;
+}
+
+/* The legacy stream waits for the work queued so far on e. */
+static CUresult nb_wait_locked(struct live *e)
+{
+	CUresult r = record_last_locked(e);
 	if (r == CUDA_SUCCESS)
 		r = vpmm_real.stream_wait_event(CU_STREAM_LEGACY, e->ev, 0);
 	return r;
@@ -240,9 +247,7 @@ static CUresult keep_ended_locked(struct live *e)
 		CUresult r = k < 0 ? CUDA_SUCCESS : wait_ended_locked((unsigned)k);
 		return r == CUDA_SUCCESS ? nb_wait_locked(e) : r;
 	}
-	CUresult r = e->ev ? CUDA_SUCCESS : vpmm_real.event_create(&e->ev, CU_EVENT_DISABLE_TIMING);
-	if (r == CUDA_SUCCESS)
-		r = vpmm_real.event_record(e->ev, e->s);
+	CUresult r = record_last_locked(e);
 	if (r == CUDA_SUCCESS) {
 		vpmm_ls.legacy[k].ended[vpmm_ls.legacy[k].n_ended++] = e->ev;
 		e->ev = NULL; /* the slot's now */

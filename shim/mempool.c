@@ -95,10 +95,7 @@ CUresult vpmm_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuDeviceSetMemPool);
-	vpmm_resolve();
-	if (!vpmm_real.device_set_mempool)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.device_set_mempool(dev, pool);
+	VPMM_REAL_CALL(r, device_set_mempool, dev, pool);
 	if (r == CUDA_SUCCESS)
 		made_current((int)dev, pool);
 	return r;
@@ -109,10 +106,7 @@ CUresult vpmm_cuMemSetMemPool(CUmemLocation *location, CUmemAllocationType type,
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuMemSetMemPool);
-	vpmm_resolve();
-	if (!vpmm_real.mem_set_mempool)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mem_set_mempool(location, type, pool);
+	VPMM_REAL_CALL(r, mem_set_mempool, location, type, pool);
 	/* Device memory's current pool: the one the pool stands in for. */
 	if (r == CUDA_SUCCESS && location && location->type == CU_MEM_LOCATION_TYPE_DEVICE &&
 	    type == CU_MEM_ALLOCATION_TYPE_PINNED)
@@ -124,10 +118,7 @@ CUresult vpmm_cuMemPoolDestroy(CUmemoryPool pool)
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuMemPoolDestroy);
-	vpmm_resolve();
-	if (!vpmm_real.mempool_destroy)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mempool_destroy(pool);
+	VPMM_REAL_CALL(r, mempool_destroy, pool);
 	/* Destroying a device's current pool makes its default one current. */
 	for (int d = 0; r == CUDA_SUCCESS && pool && d < VPMM_MAX_DEVICES; d++)
 		if (atomic_load(&chosen[d]) == (uintptr_t)pool)
@@ -154,10 +145,7 @@ CUresult vpmm_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
 	CUresult r;
 	int d;
 	vpmm_count(VPMM_HOOK_cuMemPoolGetAttribute);
-	vpmm_resolve();
-	if (!vpmm_real.mempool_get_attr)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mempool_get_attr(pool, attr, value);
+	VPMM_REAL_CALL(r, mempool_get_attr, pool, attr, value);
 	if (r != CUDA_SUCCESS || !value || (d = served_default(pool)) < 0)
 		return r;
 	vpmm_pool *p = vpmm_device_pool(d, NULL);
@@ -192,10 +180,7 @@ CUresult vpmm_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
 	CUresult r;
 	int d;
 	vpmm_count(VPMM_HOOK_cuMemPoolSetAttribute);
-	vpmm_resolve();
-	if (!vpmm_real.mempool_set_attr)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mempool_set_attr(pool, attr, value);
+	VPMM_REAL_CALL(r, mempool_set_attr, pool, attr, value);
 	if (r != CUDA_SUCCESS || !value || (d = served_default(pool)) < 0)
 		return r;
 	vpmm_pool *p = vpmm_device_pool(d, NULL);
@@ -230,10 +215,7 @@ CUresult vpmm_cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep)
 	CUresult r;
 	int d;
 	vpmm_count(VPMM_HOOK_cuMemPoolTrimTo);
-	vpmm_resolve();
-	if (!vpmm_real.mempool_trim)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.mempool_trim(pool, min_bytes_to_keep);
+	VPMM_REAL_CALL(r, mempool_trim, pool, min_bytes_to_keep);
 	if (r != CUDA_SUCCESS || (d = served_default(pool)) < 0)
 		return r;
 	vpmm_pool *p = vpmm_device_pool(d, NULL);

@@ -188,10 +188,7 @@ CUresult vpmm_cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrib
 	size_t size = 0;
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuPointerGetAttributes);
-	vpmm_resolve();
-	if (!vpmm_real.ptr_attrs)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.ptr_attrs(n, attributes, data, ptr);
+	VPMM_REAL_CALL(r, ptr_attrs, n, attributes, data, ptr);
 	if (r != CUDA_SUCCESS || !attributes || !data)
 		return r;
 	enum vpmm_where w = vpmm_find_live(ptr, &base, &size);

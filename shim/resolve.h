@@ -154,6 +154,16 @@ extern void *(*vpmm_real_dlsym_fn)(void *, const char *) VPMM_HIDDEN;
 void vpmm_resolve_dlsym(void);
 /* Everything else: libcuda and its entry points. Idempotent, thread-safe. */
 void vpmm_resolve(void);
+/* r = the real entry point `field` called with the rest, libcuda resolved
+ * first; where it lacks that entry point, the calling hook returns
+ * CUDA_ERROR_NOT_INITIALIZED. */
+#define VPMM_REAL_CALL(r, field, ...)                                         \
+	do {                                                                  \
+		vpmm_resolve();                                               \
+		if (!vpmm_real.field)                                         \
+			return CUDA_ERROR_NOT_INITIALIZED;                    \
+		(r) = vpmm_real.field(__VA_ARGS__);                           \
+	} while (0)
 /* Whether this thread is inside vpmm_resolve() (dlopen of libcuda). */
 bool vpmm_resolving(void);
 

@@ -42,10 +42,7 @@ CUresult vpmm_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersio
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuGetProcAddress_v2);
-	vpmm_resolve();
-	if (!vpmm_real.gpa_v2)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
+	VPMM_REAL_CALL(r, gpa_v2, symbol, pfn, cudaVersion, flags, symbolStatus);
 	if (r == CUDA_SUCCESS)
 		wrap_answer(symbol, pfn, cudaVersion, flags);
 	return r;
@@ -56,10 +53,7 @@ CUresult vpmm_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
 {
 	CUresult r;
 	vpmm_count(VPMM_HOOK_cuGetProcAddress);
-	vpmm_resolve();
-	if (!vpmm_real.gpa_v1)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = vpmm_real.gpa_v1(symbol, pfn, cudaVersion, flags);
+	VPMM_REAL_CALL(r, gpa_v1, symbol, pfn, cudaVersion, flags);
 	if (r == CUDA_SUCCESS)
 		wrap_answer(symbol, pfn, cudaVersion, flags);
 	return r;
