@@ -2,8 +2,9 @@
 # gpu-replay-ab.sh — the pool of another revision against this tree's, on
 # the benchmark's replays (cudaMalloc through the shim), alternated round by
 # round beside the CUDA pool, so that both see the same machine. Prints one
-# line per replay, then per workload the medians and how many rounds the
-# tree was faster.
+# line per replay, then per workload the medians of the time in allocator
+# calls, how many rounds the tree was faster, and in how many replays each
+# pool's peak was at or below the CUDA pool's.
 #
 # The other revision's sources must be in the working tree, since the
 # device machine gets no git history: before the device call,
@@ -11,13 +12,14 @@
 # with OLD_DIR untracked (not ignored), e.g. exp-old/.
 #
 # Environment: OLD (exp-old), ROUNDS (6), WLS (the four large workloads),
-# CUDA_HOME. Needs gcc and python3; the replays need CUDA and NVML.
+# SEEDS (the workloads' seeds, 5), CUDA_HOME. Needs gcc and python3; the replays need CUDA and NVML.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OLD=$(cd "${OLD:-$ROOT/exp-old}" && pwd) || exit 1
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 ROUNDS=${ROUNDS:-6}
 WLS=${WLS:-llm_serving training_varlen moe scratch_streams}
+SEEDS=${SEEDS:-5}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 # shellcheck source=scripts/gpu-build.sh
@@ -25,23 +27,29 @@ trap 'rm -rf "$W"' EXIT
 # Each tree's shim, from that tree's own meson.build source lists.
 vpmm_build_lib "$W/old/libvpmm.so" "$OLD" || { echo "building $OLD failed"; exit 1; }
 vpmm_build_lib "$W/new/libvpmm.so" "$ROOT" || { echo "building this tree failed"; exit 1; }
-python3 "$ROOT/bench/workloads.py" --out "$W/wl" >/dev/null || exit 1
+for seed in $SEEDS; do
+	python3 "$ROOT/bench/workloads.py" --seed "$seed" --out "$W/wl$seed" >/dev/null || exit 1
+done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 replay() { # ALLOC TRACE [LD_PRELOAD]: the RESULT json of one replay
 	env VPMM_SOCKET=off ${3:+LD_PRELOAD=$3} python3 "$ROOT/bench/replay_gpu.py" run \
 		--alloc "$1" --trace "$2" 2>&1 | sed -n 's/^RESULT //p'
 }
 for r in $(seq "$ROUNDS"); do
-	for wl in $WLS; do
-		echo "$r $wl cuda $(replay cuda_pool "$W/wl/$wl.csv")"
-		for v in old new; do
-			echo "$r $wl $v $(replay vpmm_preload "$W/wl/$wl.csv" "$W/$v/libvpmm.so")"
+	for seed in $SEEDS; do
+		for wl in $WLS; do
+			t=$W/wl$seed/$wl.csv
+			echo "$r.$seed $wl cuda $(replay cuda_pool "$t")"
+			for v in old new; do
+				echo "$r.$seed $wl $v $(replay vpmm_preload "$t" "$W/$v/libvpmm.so")"
+			done
 		done
 	done
 done >"$W/results.txt"
 python3 - "$W/results.txt" <<'PY'
 import collections, json, statistics, sys
 calls = collections.defaultdict(list)
+peaks = {}
 for line in open(sys.argv[1]):
     r, wl, v, js = line.split(" ", 3)
     d = json.loads(js) if js.strip() else {}
@@ -53,6 +61,7 @@ for line in open(sys.argv[1]):
         r, wl, v, d["call_s"], d["ratio"] or 0, s.get("handles_created", "-"),
         s.get("handles_remapped", "-"), s.get("reclaims_deferred", "-")))
     calls[wl, v].append(d["call_s"])
+    peaks[r, wl, v] = d["ratio"] or 0
 for wl in dict.fromkeys(k[0] for k in calls):
     c, o, n = (calls[wl, v] for v in ("cuda", "old", "new"))
     if not (c and o and n):
@@ -61,4 +70,11 @@ for wl in dict.fromkeys(k[0] for k in calls):
     print("%-16s CUDA pool %.4f s, old %.4f s, new %.4f s: new/old %.3f, faster in %d of %d" % (
         wl, statistics.median(c), statistics.median(o), statistics.median(n),
         statistics.median(n) / statistics.median(o), faster, min(len(o), len(n))))
+    runs = [r for (r, w, v) in peaks if w == wl and v == "cuda"]
+    for v in ("old", "new"):
+        both = [r for r in runs if (r, wl, v) in peaks]
+        at = sum(peaks[r, wl, v] <= peaks[r, wl, "cuda"] for r in both)
+        excess = statistics.mean(peaks[r, wl, v] - peaks[r, wl, "cuda"] for r in both) if both else 0
+        print("%-16s %s: peak at or below the CUDA pool's in %d of %d replays, %+.4f on average" % (
+            wl, v, at, len(both), excess))
 PY
