@@ -37,6 +37,20 @@
  * next: growth then follows VPMM_REMAP=always's policy. */
 #define GROWTH_READ_NS 100000000ull /* 100 ms */
 
+/* The device's free bytes as last read (less what the pool created since),
+ * within VPMM_LIMIT. */
+static size_t room_left(const vpmm_pool *p)
+{
+	size_t room = p->dev_free;
+	if (p->cfg.limit) {
+		uint64_t used = p->st.mapped + p->inflight;
+		size_t left = used < p->cfg.limit ? p->cfg.limit - (size_t)used : 0;
+		if (left < room)
+			room = left;
+	}
+	return room;
+}
+
 size_t vpi_growth_headroom(vpmm_pool *p)
 {
 	uint64_t now = vpi_now_ns();
@@ -47,15 +61,16 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 		p->dev_free = r == CUDA_SUCCESS ? fr : 0;
 		p->dev_read_ns = now ? now : 1;
 	}
-	size_t room = p->dev_free;
-	if (p->cfg.limit) {
-		uint64_t used = p->st.mapped + p->inflight;
-		size_t left = used < p->cfg.limit ? p->cfg.limit - (size_t)used : 0;
-		if (left < room)
-			room = left;
-	}
+	size_t room = room_left(p);
 	p->st.headroom = room;
 	return room;
+}
+
+bool vpi_growth_ample(const vpmm_pool *p)
+{
+	if (p->cfg.remap != VPMM_REMAP_PRESSURE || !p->dev_read_ns || p->dev_unknown)
+		return false;
+	return room_left(p) / GROWTH_COARSE_RATIO >= p->st.mapped;
 }
 
 /* The largest power of two of pages within `bytes`, at most `most`; one
@@ -120,25 +135,32 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	 * makes them, not one a page until the next read. */
 	if (p->dev_unknown)
 		return split_size(p, shortfall, most);
-	/* A device mostly empty, and room for the request: coarse handles,
-	 * one a growth for room (as cudaMalloc would make), at most 1/64 of
-	 * the pool in a defragmentation's (whose pool is fragmented already).
+	/* A device mostly empty, and room for the request: coarse handles of
+	 * up to GROWTH_COARSE_MAX, and at most 1/64 of the pool in a
+	 * defragmentation's (whose pool is fragmented already). Never finer
+	 * than the split rule, which keeps a growth that outweighs the pool
+	 * (model weights into an empty one, VPMM_PAGES mapped up front, a
+	 * large request on a small pool) one handle, as cudaMalloc would make
+	 * it: one handle a page costs a driver call or three each. Past 64 MiB
+	 * a handle strands what a request placed at its start leaves of it
+	 * (place.c), and the CUDA pool grows in 32 MiB steps (docs/design.md,
+	 * "Placement with room").
 	 * The device filling: the split rule, at most 1/256 of the room, so
 	 * that what live memory strands in the handles made now stays small
 	 * against what is left once the device is full. */
 	if (left / GROWTH_COARSE_RATIO >= p->st.mapped && left / GROWTH_ROOM_RATIO >= need) {
+		size_t split = split_size(p, shortfall, cap);
+		size_t coarse = pages_within(p, GROWTH_COARSE_MAX, cap);
+		if (coarse < split)
+			coarse = split;
 		if (!room) {
-			/* Never finer than the split rule: 1/64 of a pool that
-			 * the growth outweighs (VPMM_PAGES mapped up front into
-			 * an empty one, a large request on a small pool) is a
-			 * page or a few, and one handle a page costs a driver
-			 * call or three each. */
-			size_t split = split_size(p, shortfall, cap);
-			cap = pages_within(p, (size_t)p->st.mapped / GROWTH_POOL_RATIO, cap);
-			if (cap < split)
-				cap = split;
+			size_t share = pages_within(p, (size_t)p->st.mapped / GROWTH_POOL_RATIO, cap);
+			if (share < split)
+				share = split;
+			if (share < coarse)
+				coarse = share;
 		}
-		return shortfall < cap ? shortfall : cap;
+		return shortfall < coarse ? shortfall : coarse;
 	}
 	return split_size(p, shortfall, cap);
 }

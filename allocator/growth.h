@@ -11,13 +11,19 @@
 
 #define GROWTH_ROOM_RATIO 16     /* room needed per byte grown without remapping */
 #define GROWTH_HANDLE_RATIO 256  /* room needed per byte of a new handle */
-#define GROWTH_SPARE_PERMILLE 20 /* free share of the pool that stops growth */
+#define GROWTH_SPARE_PERMILLE 10 /* free share of the pool that stops growth */
 #define GROWTH_COARSE_RATIO 4    /* room per byte of the pool for coarse handles */
 #define GROWTH_POOL_RATIO 64     /* pool bytes per byte of a defragmentation's
 				  * coarse handle */
+#define GROWTH_COARSE_MAX (64u << 20) /* largest coarse handle, unless the
+				       * split rule makes it coarser */
 
 /* What the device's free memory and VPMM_LIMIT leave the pool. */
 size_t vpi_growth_headroom(vpmm_pool *p);
+/* Whether the device is mostly empty: the headroom last read, less what the
+ * pool created since, is GROWTH_COARSE_RATIO times the pool. Reads no
+ * driver; false until the first read and while the room is unknown. */
+bool vpi_growth_ample(const vpmm_pool *p);
 /* Whether `need` bytes grow the pool without remapping (else a
  * defragmentation serves them). */
 bool vpi_growth_room(vpmm_pool *p, size_t need);

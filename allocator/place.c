@@ -1,13 +1,16 @@
 /* place.c — placement: of the free memory a request fits, the place that
  * strands the least (free memory in a handle that also holds live memory,
  * which no defragmentation can move), and the places a loop went before.
+ * While the device has room, a free region's start is its only place.
  *
- * Calls region.c, handle.c (the home map) and front.c (a place may hold an
+ * Calls region.c, handle.c (the home map), growth.c (whether the device
+ * has room, from what was read last) and front.c (a place may hold an
  * allocation parked in the caller's cache). Lock held; no driver call.
  */
 #include <stdint.h>
 
 #include "front.h"
+#include "growth.h"
 #include "handle.h"
 #include "place.h"
 #include "pool.h"
@@ -49,16 +52,16 @@ static size_t place_cost(const struct region *r, CUdeviceptr x, size_t need,
 
 /* The cheapest place for `need` bytes in r (need <= r->size) among those
  * where the cost can change: r's two ends, and the request's start or end
- * on the handle boundary nearest either end of r. The home map finds the
- * handle over any page of r. */
+ * on the handle boundary nearest either end of r; r's start alone when
+ * `start`. The home map finds the handle over any page of r. */
 static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
-			    size_t *cost)
+			    bool start, size_t *cost)
 {
 	CUdeviceptr a = r->va, b = r->va + r->size, best = a;
 	struct mapping *head = vpi_home_at(p, r->chunk, a);
 	struct mapping *first_end = vpi_home_at(p, r->chunk, a + need - 1);
 	*cost = place_cost(r, a, need, head, first_end);
-	if (need == r->size)
+	if (need == r->size || start)
 		return a;
 	struct mapping *tail = vpi_home_at(p, r->chunk, b - 1);
 	struct mapping *last_start = vpi_home_at(p, r->chunk, b - need);
@@ -100,10 +103,19 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
 /* Phase 1's choice: of the free regions usable by caller that fit `need`,
  * the smallest few, and in each the cheapest place (place_cost); the
  * cheapest wins, the smaller region on a tie. NULL if none fits. No driver
- * call, and no lock but the pool's. */
+ * call, and no lock but the pool's.
+ *
+ * While the device has room (vpi_growth_ample), each region is costed at
+ * its start only: requests made one after another then lie side by side,
+ * as they would in fresh memory, instead of each on the handle boundary
+ * that suits it, with the gaps between them left too small for the next
+ * (docs/design.md, "Placement with room"). A defragmentation has little to
+ * move then; past that room, the cost chooses the place inside a region
+ * too, and keeps handles whole for the remaps to come. */
 struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need,
 				   CUdeviceptr *at, size_t *cost)
 {
+	bool start = vpi_growth_ample(p);
 	struct region probe = {.size = need}, *best = NULL;
 	struct vpi_tnode *t[2] = {
 		caller ? vpi_tree_ceil(&caller->free_by_size, &probe.by_size) : NULL,
@@ -114,7 +126,7 @@ struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need
 		int i = !t[0] || (t[1] && vpi_region_by_size(t[1], t[0]) < 0);
 		struct region *r = REG(t[i], by_size);
 		size_t c;
-		CUdeviceptr x = place_in(p, r, need, &c);
+		CUdeviceptr x = place_in(p, r, need, start, &c);
 		t[i] = vpi_tree_next(t[i]);
 		if (c < best_cost) { /* a tie keeps the smaller region */
 			best = r;

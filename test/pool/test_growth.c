@@ -72,9 +72,9 @@ Test(growth, room_grows_without_remapping)
 		struct pt t;
 		open_growth(&t, always ? VPMM_REMAP_ALWAYS : VPMM_REMAP_PRESSURE, 0);
 		CUstream s = vpmm_host_stream_create(t.drv);
-		/* 100 x 8 pages, one in 50 freed: 2 % of the pool is free
+		/* 200 x 8 pages, one in 100 freed: 1 % of the pool is free
 		 * in pieces of 8 pages, under the spare share once grown. */
-		CUdeviceptr *p = scatter(&t, s, 100, 8, 50);
+		CUdeviceptr *p = scatter(&t, s, 200, 8, 100);
 		struct grown g = grow_once(&t, 16, s);
 		if (always) {
 			cr_expect_gt(g.remapped, 0, "always: the scattered pages were not remapped");
@@ -88,7 +88,7 @@ Test(growth, room_grows_without_remapping)
 			cr_expect_gt(pt_stats(&t).headroom, 0);
 		}
 		PT_FREE(&t, g.ptr, s);
-		unscatter(&t, s, p, 100);
+		unscatter(&t, s, p, 200);
 		pt_close(&t);
 	}
 }
@@ -193,7 +193,7 @@ Test(growth, refused_growth_falls_back_to_remapping)
 	struct pt t;
 	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
 	CUstream s = vpmm_host_stream_create(t.drv);
-	CUdeviceptr *p = scatter(&t, s, 100, 8, 50);
+	CUdeviceptr *p = scatter(&t, s, 200, 8, 100); /* 1 % free: a growth */
 	/* The pool read the device's free memory at its last growth; now
 	 * another process takes all of it. */
 	vpmm_host_set_tenant(t.drv, DEVICE_PAGES * PAGE);
@@ -219,7 +219,7 @@ Test(growth, refused_growth_falls_back_to_remapping)
 	cr_expect_eq(vpmm_pool_malloc(t.pool, 64 * PAGE, s, &q), -ENOMEM);
 	PT_CHECK(&t);
 	vpmm_host_set_tenant(t.drv, 0);
-	unscatter(&t, s, p, 100);
+	unscatter(&t, s, p, 200);
 	pt_close(&t);
 }
 
@@ -331,5 +331,30 @@ Test(growth, unread_free_memory_grows_as_always)
 	cr_expect_eq(again.created, 1);
 	PT_FREE(&t, again.ptr, s);
 	PT_FREE(&t, g.ptr, s);
+	pt_close(&t);
+}
+
+/* With room, the first growth of an empty pool is one handle, as cudaMalloc
+ * would make it (the split rule keeps a growth that outweighs the pool
+ * whole); later growths are made of handles of GROWTH_COARSE_MAX (64 MiB)
+ * at most, so that a request placed at a free region's start strands
+ * little of a handle. 2 MiB pages, handles of up to 1 GiB, 256 GiB of
+ * device: room for 1 GiB handles (1/256 of the room). */
+Test(growth, room_handles_are_coarse_up_to_64_mib)
+{
+	struct pt t;
+	struct pt_setup su = { .granularity = 2 * PT_MiB, .capacity = 256 * PT_GiB,
+			       .unbacked = true, .va_pages = 4096,
+			       .handle_pages = 512, .no_loop_growth = true };
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	struct grown g = grow_once(&t, 512, s); /* 1 GiB into an empty pool */
+	cr_expect_eq(g.room_growths, 1);
+	cr_expect_eq(g.created, 1, "first growth: %llu handles", (unsigned long long)g.created);
+	g = grow_once(&t, 512, s); /* 1 GiB more: 16 handles of 64 MiB */
+	cr_expect_eq(g.room_growths, 1);
+	cr_expect_eq(g.created, 16, "second growth: %llu handles", (unsigned long long)g.created);
+	g = grow_once(&t, 16, s); /* 32 MiB: one handle */
+	cr_expect_eq(g.created, 1, "32 MiB: %llu handles", (unsigned long long)g.created);
 	pt_close(&t);
 }

@@ -8,10 +8,14 @@
 #include "pool_test.h"
 
 /* Handles of up to 4 pages, a growth of n pages made of as few as that
- * allows (split 1): 12 pages are 3 handles of 4. */
+ * allows (split 1): 12 pages are 3 handles of 4. VPMM_REMAP=always: the
+ * placement of a device filling up, where the cost chooses the place
+ * inside a free region too (with room, a region's start is its only
+ * place: with_room_requests_lie_side_by_side below). */
 static void open_handles(struct pt *t)
 {
-	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1};
+	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
+			      .remap = VPMM_REMAP_ALWAYS};
 	pt_open(t, &su);
 }
 
@@ -140,7 +144,8 @@ static void lab_case_after_a_small_tensor(unsigned split)
 {
 	struct pt t;
 	struct pt_setup su = {.va_pages = 4096, .handle_pages = 64, .growth_split = split,
-			      .grain = 4 * PT_KiB, .small_max = 32 * PT_KiB};
+			      .grain = 4 * PT_KiB, .small_max = 32 * PT_KiB,
+			      .remap = VPMM_REMAP_ALWAYS};
 	pt_open(&t, &su);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	const size_t u = 16;
@@ -199,4 +204,34 @@ Test(placement, growth_splits_finer_as_the_pool_grows)
 	cr_assert_eq(s3.handles_created - s2.handles_created, 16, "growth in a large pool: %llu",
 		     (unsigned long long)(s3.handles_created - s2.handles_created));
 	pt_close(&t);
+}
+
+/* Requests made one after another into free memory, as a training step's
+ * activations come after the last step's were freed: handles of 4 pages
+ * [0,4) [4,8) [8,12) [12,13), 2 pages live at the start. Near the limit
+ * (here VPMM_REMAP=always) the cost puts 4 pages on the handle [4,8) they
+ * fill exactly and leaves [2,4) between, too small for the next request
+ * of 6, which needs more memory. With room, each request starts where the
+ * free region does: 2 + 4 + 6 pages fit the 13 mapped. */
+Test(placement, with_room_requests_lie_side_by_side)
+{
+	for (int room = 0; room < 2; room++) {
+		struct pt t;
+		struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
+				      .remap = room ? VPMM_REMAP_PRESSURE : VPMM_REMAP_ALWAYS};
+		pt_open(&t, &su);
+		CUstream s = vpmm_host_stream_create(t.drv);
+		PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
+		PT_MALLOC(&t, 2, s);
+		PT_MALLOC(&t, 4, s);
+		PT_LAYOUT_IS(&t, room ? "[2][4][-7][*51]" : "[2][-2][4][-5][*51]");
+		PT_MALLOC(&t, 6, s);
+		struct vpmm_stats st = pt_stats(&t);
+		if (room)
+			cr_expect_eq(st.mapped_peak, 13 * t.page, "room: %zu pages mapped for 12 live",
+				     (size_t)(st.mapped_peak / t.page));
+		else
+			cr_expect_gt(st.mapped_peak, 13 * t.page, "always: 12 live in the 13 mapped");
+		pt_close(&t);
+	}
 }

@@ -217,15 +217,15 @@ Test(replay, spec_scenario_with_enough_pages_needs_no_defrag)
 	cr_expect_eq(json_u64(r.out, "pages_remapped"), 0, "%s", r.out);
 	run_free(&r);
 }
-/* 50 GiB in 1 GiB pieces, one freed in the middle (under 1/50 of the
+/* 100 GiB in 1 GiB pieces, one freed in the middle (under 1/100 of the
  * pool free), then 2 GiB: a request no free range fits. */
 static const char *growth_log(void)
 {
 	struct logbuf l;
 	log_open(&l);
-	for (int i = 0; i < 50; i++)
+	for (int i = 0; i < 100; i++)
 		log_add(&l, "1,10:00:00.000001,allocate,0x%x,%" PRIu64 ",0x0", 0x1000 + i, GiB);
-	log_add(&l, "1,10:00:00.000002,free,0x%x,%" PRIu64 ",0x0", 0x1000 + 25, GiB);
+	log_add(&l, "1,10:00:00.000002,free,0x%x,%" PRIu64 ",0x0", 0x1000 + 50, GiB);
 	log_add(&l, "1,10:00:00.000003,allocate,0x9000,%" PRIu64 ",0x0", 2 * GiB);
 	return log_write(&l, "growth.csv");
 }
@@ -241,13 +241,13 @@ Test(replay, remap_follows_the_room_a_tenant_leaves)
 		uint64_t remapped, created;
 		const char *says;
 	} c[] = {
-		{ { "--capacity", "1T", NULL }, 0, 52, "\"remap\": \"pressure\"" },
-		{ { "--capacity", "1T", "--remap", "always", NULL }, 1, 51, "\"remap\": \"always\"" },
-		/* 54 GiB for the pool: 4 GiB of room once 50 are mapped, under
-		 * 16 times the request. */
-		{ { "--capacity", "1T", "--tenant", "0:970G", NULL }, 1, 51, "\"remap\": \"pressure\"" },
-		/* The tenant comes only after the 2 GiB request (operation 51). */
-		{ { "--capacity", "1T", "--tenant", "52:970G", NULL }, 0, 52, "\"remap\": \"pressure\"" },
+		{ { "--capacity", "1T", NULL }, 0, 102, "\"remap\": \"pressure\"" },
+		{ { "--capacity", "1T", "--remap", "always", NULL }, 1, 101, "\"remap\": \"always\"" },
+		/* 104 GiB for the pool: 4 GiB of room once 100 are mapped,
+		 * under 16 times the request. */
+		{ { "--capacity", "1T", "--tenant", "0:920G", NULL }, 1, 101, "\"remap\": \"pressure\"" },
+		/* The tenant comes only after the 2 GiB request (operation 101). */
+		{ { "--capacity", "1T", "--tenant", "102:920G", NULL }, 0, 102, "\"remap\": \"pressure\"" },
 	};
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		const char *args[16] = { "--page-size", "1G", "--json" };
