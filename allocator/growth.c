@@ -4,10 +4,10 @@
  * (docs/policy.md, "Growth follows the headroom").
  *
  * Owns: the headroom estimate (the device's free bytes, read at most every
- * GROWTH_READ_NS on the growth path, less what the pool created since) and
- * the rules below. Calls nothing in allocator/ (the driver's mem_info
- * through its table). Called by take.c and defrag.c with the pool lock
- * held.
+ * GROWTH_READ_NS on the growth path and every GROWTH_AMPLE_NS on the
+ * placement path, less what the pool created since) and the rules below.
+ * Calls nothing in allocator/ (the driver's mem_info through its table).
+ * Called by take.c, defrag.c and place.c with the pool lock held.
  *
  * Three regimes, by the headroom H left after the pool's own memory:
  *  - room: H is at least GROWTH_ROOM_RATIO times the request, and growing
@@ -19,10 +19,12 @@
  *    VPMM_HANDLE_SIZE): what live allocations can strand in the handles
  *    made now stays small against what is left, so that they can still be
  *    served once the device is full. While H is GROWTH_COARSE_RATIO times
- *    the pool, a growth for room is one handle, and a defragmentation's
- *    new handles are up to 1/GROWTH_POOL_RATIO of the pool (or as the
- *    split rule makes them, where that is coarser); past that, the
- *    split rule (VPMM_GROWTH_SPLIT) sizes them;
+ *    the pool (vpi_growth_ample), new handles are up to GROWTH_COARSE_MAX,
+ *    a defragmentation's up to 1/GROWTH_POOL_RATIO of the pool too, and
+ *    the first growth of an empty pool is one handle (or as the split rule
+ *    makes them, where that is coarser); placement then takes a free
+ *    region's start (place.c); past that, the split rule
+ *    (VPMM_GROWTH_SPLIT) sizes them;
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
  */
@@ -36,6 +38,10 @@
  * failed read (no context, an error) leaves the room unknown until the
  * next: growth then follows VPMM_REMAP=always's policy. */
 #define GROWTH_READ_NS 100000000ull /* 100 ms */
+/* ... and on the placement path once older than this: a pool that only
+ * reuses memory reads no room on the growth path, and another process may
+ * have filled the device meanwhile. */
+#define GROWTH_AMPLE_NS 1000000000ull /* 1 s */
 
 /* The device's free bytes as last read (less what the pool created since),
  * within VPMM_LIMIT. */
@@ -66,9 +72,13 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 	return room;
 }
 
-bool vpi_growth_ample(const vpmm_pool *p)
+bool vpi_growth_ample(vpmm_pool *p)
 {
-	if (p->cfg.remap != VPMM_REMAP_PRESSURE || !p->dev_read_ns || p->dev_unknown)
+	if (p->cfg.remap != VPMM_REMAP_PRESSURE || !p->dev_read_ns)
+		return false;
+	if (vpi_now_ns() - p->dev_read_ns >= GROWTH_AMPLE_NS)
+		vpi_growth_headroom(p); /* older than GROWTH_READ_NS too: reads */
+	if (p->dev_unknown)
 		return false;
 	return room_left(p) / GROWTH_COARSE_RATIO >= p->st.mapped;
 }
@@ -78,7 +88,7 @@ bool vpi_growth_ample(const vpmm_pool *p)
 static size_t pages_within(const vpmm_pool *p, size_t bytes, size_t most)
 {
 	size_t h = p->page;
-	while (h * 2 <= bytes && h * 2 <= most)
+	while (h <= bytes / 2 && h <= most / 2)
 		h *= 2;
 	return h;
 }
@@ -143,14 +153,14 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	 * large request on a small pool) one handle, as cudaMalloc would make
 	 * it: one handle a page costs a driver call or three each. Past 64 MiB
 	 * a handle strands what a request placed at its start leaves of it
-	 * (place.c), and the CUDA pool grows in 32 MiB steps (docs/design.md,
+	 * (place.c), and the CUDA pool grows in 32 MiB steps (docs/policy.md,
 	 * "Placement with room").
 	 * The device filling: the split rule, at most 1/256 of the room, so
 	 * that what live memory strands in the handles made now stays small
 	 * against what is left once the device is full. */
 	if (left / GROWTH_COARSE_RATIO >= p->st.mapped && left / GROWTH_ROOM_RATIO >= need) {
 		size_t split = split_size(p, shortfall, cap);
-		size_t coarse = pages_within(p, GROWTH_COARSE_MAX, cap);
+		size_t coarse = p->st.mapped ? pages_within(p, GROWTH_COARSE_MAX, cap) : cap;
 		if (coarse < split)
 			coarse = split;
 		if (!room) {

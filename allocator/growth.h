@@ -15,15 +15,17 @@
 #define GROWTH_COARSE_RATIO 4    /* room per byte of the pool for coarse handles */
 #define GROWTH_POOL_RATIO 64     /* pool bytes per byte of a defragmentation's
 				  * coarse handle */
-#define GROWTH_COARSE_MAX (64u << 20) /* largest coarse handle, unless the
-				       * split rule makes it coarser */
+#define GROWTH_COARSE_MAX (64u << 20) /* largest coarse handle after the
+				       * first growth, unless the split rule
+				       * or the page makes it coarser */
 
 /* What the device's free memory and VPMM_LIMIT leave the pool. */
 size_t vpi_growth_headroom(vpmm_pool *p);
 /* Whether the device is mostly empty: the headroom last read, less what the
- * pool created since, is GROWTH_COARSE_RATIO times the pool. Reads no
- * driver; false until the first read and while the room is unknown. */
-bool vpi_growth_ample(const vpmm_pool *p);
+ * pool created since, is GROWTH_COARSE_RATIO times the pool. Reads the
+ * device's free memory again once the last read is a second old; false
+ * until the growth path's first read and while the room is unknown. */
+bool vpi_growth_ample(vpmm_pool *p);
 /* Whether `need` bytes grow the pool without remapping (else a
  * defragmentation serves them). */
 bool vpi_growth_room(vpmm_pool *p, size_t need);

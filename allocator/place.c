@@ -4,8 +4,9 @@
  * While the device has room, a free region's start is its only place.
  *
  * Calls region.c, handle.c (the home map), growth.c (whether the device
- * has room, from what was read last) and front.c (a place may hold an
- * allocation parked in the caller's cache). Lock held; no driver call.
+ * has room: the device's free memory, read again at most once a second)
+ * and front.c (a place may hold an allocation parked in the caller's
+ * cache). Lock held; no other driver call.
  */
 #include <stdint.h>
 
@@ -109,7 +110,7 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
  * its start only: requests made one after another then lie side by side,
  * as they would in fresh memory, instead of each on the handle boundary
  * that suits it, with the gaps between them left too small for the next
- * (docs/design.md, "Placement with room"). A defragmentation has little to
+ * (docs/policy.md, "Placement with room"). A defragmentation has little to
  * move then; past that room, the cost chooses the place inside a region
  * too, and keeps handles whole for the remaps to come. */
 struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need,

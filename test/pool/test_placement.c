@@ -1,10 +1,13 @@
 /* test_placement.c — where a request goes when handles are larger than a
  * page: free memory in a handle that also holds live memory cannot move
  * (a handle moves only whole), so the pool avoids leaving any. In place,
- * the request goes where it pins the fewest wholly free handles and puts
- * its ends on handle boundaries or in handles shared already; a
+ * on a device filling up, the request goes where it pins the fewest wholly
+ * free handles and puts its ends on handle boundaries or in handles shared
+ * already (with room, at a free region's start: the last two tests); a
  * defragmentation moves only the slabs that fit what the request lacks,
  * and a free region beside the hole lends its bytes from either side. */
+#include <time.h>
+
 #include "pool_test.h"
 
 /* Handles of up to 4 pages, a growth of n pages made of as few as that
@@ -234,4 +237,26 @@ Test(placement, with_room_requests_lie_side_by_side)
 			cr_expect_gt(st.mapped_peak, 13 * t.page, "always: 12 live in the 13 mapped");
 		pt_close(&t);
 	}
+}
+
+/* Another process fills the device while the pool only reuses memory, so
+ * no growth reads the room: the placement reads it again once the last
+ * read is a second old, and places by cost from then on. The layout of
+ * with_room_requests_lie_side_by_side's VPMM_REMAP=always case. */
+Test(placement, a_device_filled_since_the_last_read_places_by_cost)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
+			      .capacity = 4096 * 64 * PT_KiB};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
+	/* 8 pages left beside the pool's 13: no room for 4 times the pool. */
+	vpmm_host_set_tenant(t.drv, (4096 - 13 - 8) * t.page);
+	nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
+	PT_MALLOC(&t, 2, s);
+	PT_MALLOC(&t, 4, s);
+	PT_LAYOUT_IS(&t, "[2][-2][4][-5][*51]");
+	vpmm_host_set_tenant(t.drv, 0);
+	pt_close(&t);
 }
