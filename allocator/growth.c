@@ -72,6 +72,13 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 	return room;
 }
 
+/* Whether `room` is GROWTH_COARSE_RATIO times the pool: coarse handles,
+ * and placement at a free region's start. */
+static bool coarse_room(const vpmm_pool *p, size_t room)
+{
+	return room / GROWTH_COARSE_RATIO >= p->st.mapped;
+}
+
 bool vpi_growth_ample(vpmm_pool *p)
 {
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE || !p->dev_read_ns)
@@ -80,7 +87,7 @@ bool vpi_growth_ample(vpmm_pool *p)
 		vpi_growth_headroom(p); /* older than GROWTH_READ_NS too: reads */
 	if (p->dev_unknown)
 		return false;
-	return room_left(p) / GROWTH_COARSE_RATIO >= p->st.mapped;
+	return coarse_room(p, room_left(p));
 }
 
 /* The largest power of two of pages within `bytes`, at most `most`; one
@@ -158,7 +165,7 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	 * The device filling: the split rule, at most 1/256 of the room, so
 	 * that what live memory strands in the handles made now stays small
 	 * against what is left once the device is full. */
-	if (left / GROWTH_COARSE_RATIO >= p->st.mapped && left / GROWTH_ROOM_RATIO >= need) {
+	if (coarse_room(p, left) && left / GROWTH_ROOM_RATIO >= need) {
 		size_t split = split_size(p, shortfall, cap);
 		size_t coarse = p->st.mapped ? pages_within(p, GROWTH_COARSE_MAX, cap) : cap;
 		if (coarse < split)

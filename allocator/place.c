@@ -103,8 +103,9 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
 
 /* Phase 1's choice: of the free regions usable by caller that fit `need`,
  * the smallest few, and in each the cheapest place (place_cost); the
- * cheapest wins, the smaller region on a tie. NULL if none fits. No driver
- * call, and no lock but the pool's.
+ * cheapest wins, the smaller region on a tie. NULL if none fits. No lock
+ * but the pool's, and no driver call but vpi_growth_ample's read of the
+ * device's free memory, at most once a second.
  *
  * While the device has room (vpi_growth_ample), each region is costed at
  * its start only: requests made one after another then lie side by side,
