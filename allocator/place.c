@@ -1,7 +1,8 @@
 /* place.c — placement: of the free memory a request fits, the place that
  * strands the least (free memory in a handle that also holds live memory,
  * which no defragmentation can move), and the places a loop went before.
- * While the device has room, a free region's start is its only place.
+ * While the device has room, a free region's start is its only place, until
+ * a loop's malloc finds none of its earlier places (take.c).
  *
  * Calls region.c, handle.c (the home map), growth.c (whether the device
  * has room: the device's free memory, read again at most once a second)
@@ -113,11 +114,16 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
  * that suits it, with the gaps between them left too small for the next
  * (docs/policy.md, "Placement with room"). A defragmentation has little to
  * move then; past that room, the cost chooses the place inside a region
- * too, and keeps handles whole for the remaps to come. */
+ * too, and keeps handles whole for the remaps to come. So it does, room or
+ * not, once a malloc that repeats a loop found none of its earlier places
+ * free and no region that fits (p->loop_missed): a step whose tensors
+ * lie side by side drifts out of its places then, each tensor taking the
+ * start where another went the step before, and remaps every step (the
+ * PyTorch step: about one defragmentation a step, none by cost). */
 struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need,
 				   CUdeviceptr *at, size_t *cost)
 {
-	bool start = vpi_growth_ample(p);
+	bool start = !p->loop_missed && vpi_growth_ample(p);
 	struct region probe = {.size = need}, *best = NULL;
 	struct vpi_tnode *t[2] = {
 		caller ? vpi_tree_ceil(&caller->free_by_size, &probe.by_size) : NULL,

@@ -145,6 +145,10 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		if (rc)
 			return rc;
 		p->st.defrags++;
+		/* A loop's malloc that the start placement could not keep
+		 * in its places (place.c). */
+		if (nhint)
+			p->loop_missed = true;
 	}
 	/* Phases 0-2 may have dropped the lock (zombies unmapped, a chunk
 	 * reserved, a defragmentation's driver work): the structs reserved

@@ -3,9 +3,10 @@
  * (a handle moves only whole), so the pool avoids leaving any. In place,
  * on a device filling up, the request goes where it pins the fewest wholly
  * free handles and puts its ends on handle boundaries or in handles shared
- * already (with room, at a free region's start: the last two tests); a
- * defragmentation moves only the slabs that fit what the request lacks,
- * and a free region beside the hole lends its bytes from either side. */
+ * already (with room, at a free region's start until a loop misses its
+ * places: the last three tests); a defragmentation moves only the slabs
+ * that fit what the request lacks, and a free region beside the hole lends
+ * its bytes from either side. */
 #include <time.h>
 
 #include "pool_test.h"
@@ -259,4 +260,77 @@ Test(placement, a_device_filled_since_the_last_read_places_by_cost)
 	PT_LAYOUT_IS(&t, "[2][-2][4][-5][*51]");
 	vpmm_host_set_tenant(t.drv, 0);
 	pt_close(&t);
+}
+
+/* One step of a training loop on s: 24 single pages, every other one
+ * freed, then 12 pages, which no free range fits (test_loop.c's step). */
+static void loop_step(struct pt *t, CUstream s)
+{
+	CUdeviceptr x[24], y;
+	for (int i = 0; i < 24; i++)
+		x[i] = PT_MALLOC(t, 1, s);
+	for (int i = 1; i < 24; i += 2)
+		PT_FREE(t, x[i], s);
+	y = PT_MALLOC(t, 12, s);
+	for (int i = 0; i < 24; i += 2)
+		PT_FREE(t, x[i], s);
+	PT_FREE(t, y, s);
+}
+
+/* Takes every free region on stream o, each by a request of its size. */
+static void take_all_free(struct pt *t, CUstream o)
+{
+	struct vpmm_region_info r[512];
+	size_t n = vpmm_pool_regions(t->pool, r, 512);
+	cr_assert_leq(n, 512);
+	for (size_t i = 0; i < n; i++)
+		if (r[i].kind == VPMM_REGION_FREE)
+			PT_MALLOC_BYTES(t, r[i].size, o);
+	n = vpmm_pool_regions(t->pool, r, 512);
+	for (size_t i = 0; i < n; i++)
+		cr_assert_neq(r[i].kind, VPMM_REGION_FREE, "free left: %s", pt_layout(t));
+}
+
+/* With room, the start placement holds until a malloc that repeats a loop
+ * finds none of its earlier places free: then the pool places by cost, as
+ * the PyTorch step needs (docs/policy.md, "Placement with room"). A loop
+ * settles on stream s beside 13 pages held on stream o, in handles of 4
+ * pages. Before the loop's next step o takes the 24 pages of the loop's
+ * last malloc, or not. Then o takes all free memory but the 13 pages, and
+ * 2 and 4 pages there: with_room_requests_lie_side_by_side's layouts,
+ * side by side where the loop kept its places, by cost where it missed. */
+Test(placement, a_loop_that_misses_its_places_places_by_cost)
+{
+	for (int miss = 0; miss < 2; miss++) {
+		struct pt t;
+		struct pt_setup su = {.va_pages = 4096, .handle_pages = 4, .growth_split = 1};
+		pt_open(&t, &su);
+		CUstream s = vpmm_host_stream_create(t.drv), o = vpmm_host_stream_create(t.drv);
+		CUdeviceptr h = PT_MALLOC(&t, 13, o);
+		PT_MALLOC(&t, 64, s);
+		for (int i = 0; i < 5; i++)
+			loop_step(&t, s);
+		uint64_t hints = pt_stats(&t).loop_hints;
+		loop_step(&t, s);
+		cr_assert_gt(pt_stats(&t).loop_hints, hints, "the loop was not seen");
+		uint64_t defrags = pt_stats(&t).defrags;
+		if (miss)
+			PT_MALLOC(&t, 24, o);
+		loop_step(&t, s);
+		defrags = pt_stats(&t).defrags - defrags;
+		if (miss)
+			cr_assert_gt(defrags, 0, "o's 24 pages left the loop its places");
+		else
+			cr_assert_eq(defrags, 0, "the loop did not keep its places");
+		pt_settle(&t);
+		take_all_free(&t, o);
+		PT_FREE(&t, h, o);
+		pt_settle(&t);
+		CUdeviceptr a = PT_MALLOC(&t, 2, o), b = PT_MALLOC(&t, 4, o);
+		cr_assert_eq(a, h, "the 2 pages not at the 13's start: %s", pt_layout(&t));
+		cr_assert_eq(b, h + (miss ? 4 : 2) * t.page, "%s: the 4 pages at page %lld: %s",
+			     miss ? "after the miss" : "the loop in its places",
+			     (long long)((b - h) / t.page), pt_layout(&t));
+		pt_close(&t);
+	}
 }
