@@ -146,8 +146,10 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			return rc;
 		p->st.defrags++;
 		/* A loop's malloc that the start placement could not keep
-		 * in its places (place.c). */
-		if (nhint)
+		 * in its places, once some had been kept (place.c). A loop
+		 * seen only now, its first hints missing, is often none:
+		 * sizes that repeat by chance while the pool fills. */
+		if (nhint && p->st.loop_hints)
 			p->loop_missed = true;
 	}
 	/* Phases 0-2 may have dropped the lock (zombies unmapped, a chunk
