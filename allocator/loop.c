@@ -38,7 +38,6 @@
 #include "vpi.h"
 
 #define BASE VPMM_LOOP_BASE
-#define MIN_PERIOD 16         /* mallocs; shorter repeats are no step */
 
 /* Without memory for the rings the stream's loops go unseen; the count
  * goes on, and the rings are asked for again a ring's worth of mallocs
@@ -113,7 +112,7 @@ static uint64_t size_of(const struct loop *l, uint64_t i)
 static bool window_repeats(const struct loop *l, uint64_t period)
 {
 	uint64_t n = l->n, bp = power(BASE, period);
-	if (!l->prefix || period < MIN_PERIOD ||
+	if (!l->prefix || period < VPMM_LOOP_MIN_PERIOD ||
 	    (VPMM_LOOP_TIMES + 1) * period >= l->ring ||
 	    n - l->start < VPMM_LOOP_TIMES * period)
 		return false;

@@ -107,9 +107,10 @@ struct vpmm_pool {
 			       * until the next (growth.c) */
 	bool loop_missed;     /* a malloc that repeats a loop found none of
 			       * its earlier places free and no free region
-			       * that fits, after loops had kept places
-			       * (take.c): placement by cost from then on,
-			       * room or not (place.c) */
+			       * that fits, after loops had kept at least
+			       * VPMM_LOOP_MIN_PERIOD places (take.c):
+			       * placement by cost from then on, room or not
+			       * (place.c) */
 
 	/* Devices granted access to every mapped page: [0] is cfg.device, then
 	 * peers (vpmm_pool_grant). A defragmentation copies the list before

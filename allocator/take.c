@@ -12,6 +12,7 @@
 #include "defrag.h"
 #include "front.h"
 #include "growth.h"
+#include "loop.h"
 #include "place.h"
 #include "pool.h"
 #include "reclaim.h"
@@ -146,10 +147,10 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			return rc;
 		p->st.defrags++;
 		/* A loop's malloc that the start placement could not keep
-		 * in its places, once some had been kept (place.c). A loop
-		 * seen only now, its first hints missing, is often none:
-		 * sizes that repeat by chance while the pool fills. */
-		if (nhint && p->st.loop_hints)
+		 * in its places, once loops had kept a shortest step's worth
+		 * of them (place.c). A loop whose first places miss is often
+		 * none: sizes that repeat by chance while the pool fills. */
+		if (nhint && p->st.loop_hints >= VPMM_LOOP_MIN_PERIOD)
 			p->loop_missed = true;
 	}
 	/* Phases 0-2 may have dropped the lock (zombies unmapped, a chunk

@@ -298,9 +298,11 @@ static void take_all_free(struct pt *t, CUstream o)
  * on stream o, in handles of 4 pages, and then:
  *  0. keeps its places;
  *  1. finds the place of its 12 pages taken by o's 24: a miss;
- *  2. finds every place taken by o at the step where its hints begin:
- *     misses before any place was kept, as sizes that repeat by chance
- *     while a pool fills do, which do not count.
+ *  2. finds every place taken by o at the step where its hints begin,
+ *     and keeps only one or two in the next: misses before loops kept a
+ *     shortest step's worth of places (VPMM_LOOP_MIN_PERIOD, 16), as
+ *     sizes that repeat by chance while a pool fills do, which do not
+ *     count.
  * Then o takes all free memory but the 13 pages, and 2 and 4 pages there:
  * with_room_requests_lie_side_by_side's layouts, side by side (0, 2) or by
  * cost (1). */
@@ -318,12 +320,19 @@ Test(placement, a_loop_that_misses_its_places_places_by_cost)
 		struct vpmm_stats s0 = pt_stats(&t);
 		cr_assert_eq(s0.loop_hints, 0, "hints before the fourth step: the test shows nothing");
 		if (mode == 2) {
-			/* The fourth step, its hints all missing. */
+			/* The fourth step, its hints all missing; the fifth
+			 * keeps a place or two and misses again. */
 			take_all_free(&t, o);
 			loop_step(&t, s);
 			struct vpmm_stats s1 = pt_stats(&t);
 			cr_assert_gt(s1.defrags, s0.defrags, "no miss");
 			cr_assert_eq(s1.loop_hints, 0, "a place was kept");
+			loop_step(&t, s);
+			struct vpmm_stats s2 = pt_stats(&t);
+			cr_assert_gt(s2.defrags, s1.defrags, "no miss in the fifth step");
+			cr_assert(s2.loop_hints > 0 && s2.loop_hints < 16,
+				  "%llu places kept: the test shows nothing",
+				  (unsigned long long)s2.loop_hints);
 		} else {
 			for (int i = 0; i < 3; i++)
 				loop_step(&t, s);
