@@ -23,7 +23,8 @@
  *    a defragmentation's up to 1/GROWTH_POOL_RATIO of the pool too, and
  *    the first growth of an empty pool is one handle (or as the split rule
  *    makes them, where that is coarser); placement then takes a free
- *    region's start (place.c); past that, the split rule
+ *    region's start until a loop misses its places (place.c); past
+ *    that, the split rule
  *    (VPMM_GROWTH_SPLIT) sizes them;
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
@@ -73,7 +74,8 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 }
 
 /* Whether `room` is GROWTH_COARSE_RATIO times the pool: coarse handles,
- * and placement at a free region's start. */
+ * and placement at a free region's start until a loop misses its places
+ * (place.c). */
 static bool coarse_room(const vpmm_pool *p, size_t room)
 {
 	return room / GROWTH_COARSE_RATIO >= p->st.mapped;

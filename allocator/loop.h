@@ -18,6 +18,10 @@
 #define VPMM_LOOP_TIMES 3    /* stretches of a period that must repeat exactly */
 #define VPMM_LOOP_HINTS 2    /* steps back a malloc's place is looked up (loop.c) */
 #define VPMM_LOOP_MIN_PERIOD 16 /* mallocs; shorter repeats are no step */
+#define VPMM_LOOP_KEPT VPMM_LOOP_MIN_PERIOD /* places the loops kept (pool-wide)
+						  * before a loop's miss turns the
+						  * placement to the cost (take.c):
+						  * a shortest step's worth */
 #define VPMM_LOOP_BASE 0x100000001b3ull /* the sequence's hash (loop.c); odd:
 					 * multiplying by it loses nothing mod 2^64 */
 

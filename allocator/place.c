@@ -123,7 +123,8 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
 struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need,
 				   CUdeviceptr *at, size_t *cost)
 {
-	bool start = !p->loop_missed && vpi_growth_ample(p);
+	/* The room read first: its once-a-second read goes on after a miss. */
+	bool start = vpi_growth_ample(p) && !p->loop_missed;
 	struct region probe = {.size = need}, *best = NULL;
 	struct vpi_tnode *t[2] = {
 		caller ? vpi_tree_ceil(&caller->free_by_size, &probe.by_size) : NULL,

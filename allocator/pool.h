@@ -105,12 +105,12 @@ struct vpmm_pool {
 	uint64_t dev_read_ns; /* when they were read; 0: never */
 	bool dev_unknown;     /* that read failed: VPMM_REMAP=always's policy
 			       * until the next (growth.c) */
-	bool loop_missed;     /* a malloc that repeats a loop found none of
-			       * its earlier places free and no free region
-			       * that fits, after loops had kept at least
-			       * VPMM_LOOP_MIN_PERIOD places (take.c):
-			       * placement by cost from then on, room or not
-			       * (place.c) */
+	bool loop_missed;     /* while the device had room, a malloc that
+			       * repeats a loop found none of its earlier
+			       * places free and no free region that fits,
+			       * after the loops had kept VPMM_LOOP_KEPT
+			       * places (take.c): placement by cost for the
+			       * pool's life, room or not (place.c) */
 
 	/* Devices granted access to every mapped page: [0] is cfg.device, then
 	 * peers (vpmm_pool_grant). A defragmentation copies the list before

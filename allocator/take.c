@@ -146,11 +146,12 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 		if (rc)
 			return rc;
 		p->st.defrags++;
-		/* A loop's malloc that the start placement could not keep
-		 * in its places, once loops had kept a shortest step's worth
-		 * of them (place.c). A loop whose first places miss is often
-		 * none: sizes that repeat by chance while the pool fills. */
-		if (nhint && p->st.loop_hints >= VPMM_LOOP_MIN_PERIOD)
+		/* A loop's malloc that the start placement, in use while
+		 * the device has room, could not keep in its places, once
+		 * the loops had kept VPMM_LOOP_KEPT places (place.c). A loop
+		 * whose first places miss is often none: sizes that repeat
+		 * by chance while the pool fills. */
+		if (nhint && p->st.loop_hints >= VPMM_LOOP_KEPT && vpi_growth_ample(p))
 			p->loop_missed = true;
 	}
 	/* Phases 0-2 may have dropped the lock (zombies unmapped, a chunk

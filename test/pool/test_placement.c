@@ -9,6 +9,7 @@
  * its bytes from either side. */
 #include <time.h>
 
+#include "loop.h"
 #include "pool_test.h"
 
 /* Handles of up to 4 pages, a growth of n pages made of as few as that
@@ -292,17 +293,17 @@ static void take_all_free(struct pt *t, CUstream o)
 }
 
 /* With room, the start placement holds until a malloc that repeats a loop
- * finds none of its earlier places free, once loops had kept some: then
- * the pool places by cost, as the PyTorch step needs (docs/policy.md,
- * "Placement with room"). A loop settles on stream s beside 13 pages held
- * on stream o, in handles of 4 pages, and then:
- *  0. keeps its places;
- *  1. finds the place of its 12 pages taken by o's 24: a miss;
- *  2. finds every place taken by o at the step where its hints begin,
- *     and keeps only one or two in the next: misses before loops kept a
- *     shortest step's worth of places (VPMM_LOOP_MIN_PERIOD, 16), as
- *     sizes that repeat by chance while a pool fills do, which do not
- *     count.
+ * finds none of its earlier places free, once the loops had kept
+ * VPMM_LOOP_KEPT (16) places: then the pool places by cost, as the PyTorch
+ * step needs (docs/policy.md, "Placement with room"). A loop settles on
+ * stream s beside 13 pages held on stream o, in handles of 4 pages; in its
+ * fourth step it keeps its 25 places, and then:
+ *  0. it keeps them again, and o grows the pool: a growth out of any loop;
+ *  1. the place of its 12 pages is taken by o's 24: a miss;
+ *  2. (instead of the fourth step) o takes every place first, and the
+ *     loop keeps only one or two in the step after: misses before the
+ *     loops kept VPMM_LOOP_KEPT places, as sizes that repeat by chance
+ *     while a pool fills make them, which do not count.
  * Then o takes all free memory but the 13 pages, and 2 and 4 pages there:
  * with_room_requests_lie_side_by_side's layouts, side by side (0, 2) or by
  * cost (1). */
@@ -318,10 +319,8 @@ Test(placement, a_loop_that_misses_its_places_places_by_cost)
 		for (int i = 0; i < 3; i++)
 			loop_step(&t, s);
 		struct vpmm_stats s0 = pt_stats(&t);
-		cr_assert_eq(s0.loop_hints, 0, "hints before the fourth step: the test shows nothing");
+		cr_assert_eq(s0.loop_hints, 0, "places kept before the fourth step: the test shows nothing");
 		if (mode == 2) {
-			/* The fourth step, its hints all missing; the fifth
-			 * keeps a place or two and misses again. */
 			take_all_free(&t, o);
 			loop_step(&t, s);
 			struct vpmm_stats s1 = pt_stats(&t);
@@ -330,22 +329,28 @@ Test(placement, a_loop_that_misses_its_places_places_by_cost)
 			loop_step(&t, s);
 			struct vpmm_stats s2 = pt_stats(&t);
 			cr_assert_gt(s2.defrags, s1.defrags, "no miss in the fifth step");
-			cr_assert(s2.loop_hints > 0 && s2.loop_hints < 16,
+			cr_assert(s2.loop_hints > 0 && s2.loop_hints < VPMM_LOOP_KEPT,
 				  "%llu places kept: the test shows nothing",
 				  (unsigned long long)s2.loop_hints);
 		} else {
-			for (int i = 0; i < 3; i++)
-				loop_step(&t, s);
-			cr_assert_gt(pt_stats(&t).loop_hints, 0, "the loop was not seen");
+			loop_step(&t, s);
+			uint64_t kept = pt_stats(&t).loop_hints;
+			cr_assert(kept >= VPMM_LOOP_KEPT && kept < 2 * VPMM_LOOP_KEPT,
+				  "%llu places kept: the test shows too little", (unsigned long long)kept);
 			uint64_t defrags = pt_stats(&t).defrags;
 			if (mode == 1)
 				PT_MALLOC(&t, 24, o);
 			loop_step(&t, s);
 			defrags = pt_stats(&t).defrags - defrags;
-			if (mode == 1)
+			if (mode == 1) {
 				cr_assert_gt(defrags, 0, "o's 24 pages left the loop its places");
-			else
+			} else {
 				cr_assert_eq(defrags, 0, "the loop did not keep its places");
+				take_all_free(&t, o);
+				uint64_t before = pt_stats(&t).defrags;
+				PT_MALLOC(&t, 8, o);
+				cr_assert_gt(pt_stats(&t).defrags, before, "o's 8 pages did not grow the pool");
+			}
 		}
 		pt_settle(&t);
 		take_all_free(&t, o);
