@@ -23,9 +23,8 @@
  *    a defragmentation's up to 1/GROWTH_POOL_RATIO of the pool too, and
  *    the first growth of an empty pool is one handle (or as the split rule
  *    makes them, where that is coarser); placement then takes a free
- *    region's start until a loop misses its places (place.c); past
- *    that, the split rule
- *    (VPMM_GROWTH_SPLIT) sizes them;
+ *    region's start until a loop misses its places (place.c); past that,
+ *    the split rule (VPMM_GROWTH_SPLIT) sizes them;
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
  */

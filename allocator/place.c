@@ -119,7 +119,7 @@ static CUdeviceptr place_in(vpmm_pool *p, const struct region *r, size_t need,
  * free and no region that fits (p->loop_missed): a step whose tensors
  * lie side by side drifts out of its places then, each tensor taking the
  * start where another went the step before, and remaps every step (the
- * PyTorch step: about one defragmentation a step, none by cost). */
+ * PyTorch step: 0.13 to 1.03 defragmentations a step, none by cost). */
 struct region *vpi_place_locked(vpmm_pool *p, struct stream *caller, size_t need,
 				   CUdeviceptr *at, size_t *cost)
 {
