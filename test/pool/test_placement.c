@@ -303,15 +303,20 @@ static void take_all_free(struct pt *t, CUstream o)
  *  2. (instead of the fourth step) o takes every place first, and the
  *     loop keeps only one or two in the step after: misses before the
  *     loops kept VPMM_LOOP_KEPT places, as sizes that repeat by chance
- *     while a pool fills make them, which do not count.
+ *     while a pool fills make them, which do not count;
+ *  3. as 1, but another process holds all but 3 times the pool: a miss
+ *     while the placement is by cost anyway, which does not count once
+ *     the device is free again.
  * Then o takes all free memory but the 13 pages, and 2 and 4 pages there:
- * with_room_requests_lie_side_by_side's layouts, side by side (0, 2) or by
- * cost (1). */
+ * with_room_requests_lie_side_by_side's layouts, side by side (0, 2, 3) or
+ * by cost (1). */
 Test(placement, a_loop_that_misses_its_places_places_by_cost)
 {
-	for (int mode = 0; mode < 3; mode++) {
+	const struct timespec read_again = {.tv_sec = 1, .tv_nsec = 100 * 1000 * 1000};
+	for (int mode = 0; mode < 4; mode++) {
 		struct pt t;
-		struct pt_setup su = {.va_pages = 4096, .handle_pages = 4, .growth_split = 1};
+		struct pt_setup su = {.va_pages = 4096, .handle_pages = 4, .growth_split = 1,
+				      .capacity = 4096 * 64 * PT_KiB};
 		pt_open(&t, &su);
 		CUstream s = vpmm_host_stream_create(t.drv), o = vpmm_host_stream_create(t.drv);
 		CUdeviceptr h = PT_MALLOC(&t, 13, o);
@@ -337,13 +342,23 @@ Test(placement, a_loop_that_misses_its_places_places_by_cost)
 			uint64_t kept = pt_stats(&t).loop_hints;
 			cr_assert(kept >= VPMM_LOOP_KEPT && kept < 2 * VPMM_LOOP_KEPT,
 				  "%llu places kept: the test shows too little", (unsigned long long)kept);
+			if (mode == 3) {
+				size_t mapped = pt_stats(&t).mapped;
+				vpmm_host_set_tenant(t.drv, 4096 * t.page - 4 * mapped);
+				nanosleep(&read_again, NULL);
+			}
 			uint64_t defrags = pt_stats(&t).defrags;
-			if (mode == 1)
+			if (mode & 1)
 				PT_MALLOC(&t, 24, o);
 			loop_step(&t, s);
 			defrags = pt_stats(&t).defrags - defrags;
-			if (mode == 1) {
+			if (mode & 1) {
 				cr_assert_gt(defrags, 0, "o's 24 pages left the loop its places");
+				if (mode == 3) {
+					cr_assert_eq(pt_stats(&t).growth_refusals, 0);
+					vpmm_host_set_tenant(t.drv, 0);
+					nanosleep(&read_again, NULL);
+				}
 			} else {
 				cr_assert_eq(defrags, 0, "the loop did not keep its places");
 				take_all_free(&t, o);
