@@ -55,7 +55,8 @@ def check_cpu(tmp):
     assert len(out.splitlines()) <= 16, out
     # The figures are vpmm-replay's own.
     csv = os.path.join(tmp, "out", "llm_serving.csv")
-    j = subprocess.run([os.path.join(BUILD, "tools", "vpmm-replay"), "--json", csv],
+    j = subprocess.run([os.path.join(BUILD, "tools", "vpmm-replay"), "--json",
+                        "--event-interval-us", "0", csv],
                        stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
     import json
     j = json.loads(j)
