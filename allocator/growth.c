@@ -19,12 +19,15 @@
  *    VPMM_HANDLE_SIZE): what live allocations can strand in the handles
  *    made now stays small against what is left, so that they can still be
  *    served once the device is full. While H is GROWTH_COARSE_RATIO times
- *    the pool (vpi_growth_ample), new handles are up to GROWTH_COARSE_MAX,
- *    a defragmentation's up to 1/GROWTH_POOL_RATIO of the pool too, and
- *    the first growth of an empty pool is one handle (or as the split rule
- *    makes them, where that is coarser); placement then takes a free
- *    region's start until a loop misses its places (place.c); past that,
- *    the split rule (VPMM_GROWTH_SPLIT) sizes them;
+ *    the pool, new handles are up to GROWTH_COARSE_MAX, a
+ *    defragmentation's up to 1/GROWTH_POOL_RATIO of the pool too, and the
+ *    first growth of an empty pool is one handle (or as the split rule
+ *    makes them, where that is coarser); past that, the split rule
+ *    (VPMM_GROWTH_SPLIT) sizes them. While H is GROWTH_START_RATIO times
+ *    the pool (vpi_growth_ample), placement takes a free region's start
+ *    until a loop misses its places (place.c): the start placement needs
+ *    less room than the coarse handles, which can strand more once the
+ *    device is full (docs/policy.md, "Placement with room");
  *  - the limit (cuMemCreate out of memory, or VPMM_LIMIT reached): the
  *    caller falls back to remapping only.
  */
@@ -72,9 +75,7 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 	return room;
 }
 
-/* Whether `room` is GROWTH_COARSE_RATIO times the pool: coarse handles,
- * and placement at a free region's start until a loop misses its places
- * (place.c). */
+/* Whether `room` is GROWTH_COARSE_RATIO times the pool: coarse handles. */
 static bool coarse_room(const vpmm_pool *p, size_t room)
 {
 	return room / GROWTH_COARSE_RATIO >= p->st.mapped;
@@ -88,7 +89,7 @@ bool vpi_growth_ample(vpmm_pool *p)
 		vpi_growth_headroom(p); /* older than GROWTH_READ_NS too: reads */
 	if (p->dev_unknown)
 		return false;
-	return coarse_room(p, room_left(p));
+	return room_left(p) / GROWTH_START_RATIO >= p->st.mapped;
 }
 
 /* The largest power of two of pages within `bytes`, at most `most`; one

@@ -13,6 +13,8 @@
 #define GROWTH_HANDLE_RATIO 256  /* room needed per byte of a new handle */
 #define GROWTH_SPARE_PERMILLE 10 /* free share of the pool that stops growth */
 #define GROWTH_COARSE_RATIO 4    /* room per byte of the pool for coarse handles */
+#define GROWTH_START_RATIO 2     /* ... and for the placement at a free region's
+				  * start (place.c) */
 #define GROWTH_POOL_RATIO 64     /* pool bytes per byte of a defragmentation's
 				  * coarse handle */
 #define GROWTH_COARSE_MAX (64u << 20) /* largest coarse handle after the
@@ -21,10 +23,11 @@
 
 /* What the device's free memory and VPMM_LIMIT leave the pool. */
 size_t vpi_growth_headroom(vpmm_pool *p);
-/* Whether the device is mostly empty: the headroom last read, less what the
- * pool created since, is GROWTH_COARSE_RATIO times the pool. Reads the
- * device's free memory again once the last read is a second old; false
- * until the growth path's first read and while the room is unknown. */
+/* Whether the device has room for the start placement: the headroom last
+ * read, less what the pool created since, is GROWTH_START_RATIO times the
+ * pool. Reads the device's free memory again once the last read is a
+ * second old; false until the growth path's first read and while the room
+ * is unknown. */
 bool vpi_growth_ample(vpmm_pool *p);
 /* Whether `need` bytes grow the pool without remapping (else a
  * defragmentation serves them). */

@@ -74,9 +74,10 @@ static const char *const sync_free_names[] = { "events", "device", NULL };
 	  "(only as memory runs out: while the device and VPMM_LIMIT leave "  \
 	  "16 times the request and the pool holds under 1/100 free, it "     \
 	  "grows instead, in handles of at most 1/256 of that room; while "   \
-	  "they leave 4 times the pool, in handles of at most 64 MiB, and a " \
-	  "request goes to a free region's start until a loop misses its "    \
-	  "places) or always (the least memory at every moment)")             \
+	  "they leave 4 times the pool, in handles of at most 64 MiB; while " \
+	  "twice the pool, a request goes to a free region's start until a "  \
+	  "loop misses its places) or always (the least memory at every "     \
+	  "moment)")                                                          \
 	X(EVENT_INTERVAL_US, "VPMM_EVENT_INTERVAL_US", G_POOL, T_COUNT, NULL,  \
 	  "50",                                                                \
 	  "microseconds: a free records a new event on its stream only if "    \

@@ -253,12 +253,33 @@ Test(placement, a_device_filled_since_the_last_read_places_by_cost)
 	pt_open(&t, &su);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
-	/* 8 pages left beside the pool's 13: no room for 4 times the pool. */
+	/* 8 pages left beside the pool's 13: no room for twice the pool. */
 	vpmm_host_set_tenant(t.drv, (4096 - 13 - 8) * t.page);
 	nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
 	PT_MALLOC(&t, 2, s);
 	PT_MALLOC(&t, 4, s);
 	PT_LAYOUT_IS(&t, "[2][-2][4][-5][*51]");
+	vpmm_host_set_tenant(t.drv, 0);
+	pt_close(&t);
+}
+
+/* The start placement needs less room than the coarse handles: with 3
+ * times the pool left (under GROWTH_COARSE_RATIO, over GROWTH_START_RATIO)
+ * requests still lie side by side, with_room_requests_lie_side_by_side's
+ * layout with room. */
+Test(placement, with_room_for_twice_the_pool_requests_lie_side_by_side)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
+			      .capacity = 4096 * 64 * PT_KiB};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
+	vpmm_host_set_tenant(t.drv, (4096 - 13 - 3 * 13) * t.page);
+	nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
+	PT_MALLOC(&t, 2, s);
+	PT_MALLOC(&t, 4, s);
+	PT_LAYOUT_IS(&t, "[2][4][-7][*51]");
 	vpmm_host_set_tenant(t.drv, 0);
 	pt_close(&t);
 }
@@ -304,9 +325,9 @@ static void take_all_free(struct pt *t, CUstream o)
  *     loop keeps only one or two in the step after: misses before the
  *     loops kept VPMM_LOOP_KEPT places, as sizes that repeat by chance
  *     while a pool fills make them, which do not count;
- *  3. as 1, but another process holds all but 3 times the pool: a miss
- *     while the placement is by cost anyway, which does not count once
- *     the device is free again.
+ *  3. as 1, but another process leaves the pool only its own size again:
+ *     a miss while the placement is by cost anyway, which does not count
+ *     once the device is free again.
  * Then o takes all free memory but the 13 pages, and 2 and 4 pages there:
  * with_room_requests_lie_side_by_side's layouts, side by side (0, 2, 3) or
  * by cost (1). */
@@ -344,7 +365,7 @@ Test(placement, a_loop_that_misses_its_places_places_by_cost)
 				  "%llu places kept: the test shows too little", (unsigned long long)kept);
 			if (mode == 3) {
 				size_t mapped = pt_stats(&t).mapped;
-				vpmm_host_set_tenant(t.drv, 4096 * t.page - 4 * mapped);
+				vpmm_host_set_tenant(t.drv, 4096 * t.page - 2 * mapped);
 				nanosleep(&read_again, NULL);
 			}
 			uint64_t defrags = pt_stats(&t).defrags;
