@@ -4,7 +4,7 @@
  * on a device filling up, the request goes where it pins the fewest wholly
  * free handles and puts its ends on handle boundaries or in handles shared
  * already (with room, at a free region's start until a loop misses its
- * places: the last three tests); a defragmentation moves only the slabs
+ * places: the last four tests); a defragmentation moves only the slabs
  * that fit what the request lacks, and a free region beside the hole lends
  * its bytes from either side. */
 #include <time.h>
@@ -263,25 +263,29 @@ Test(placement, a_device_filled_since_the_last_read_places_by_cost)
 	pt_close(&t);
 }
 
-/* The start placement needs less room than the coarse handles: with 3
- * times the pool left (under GROWTH_COARSE_RATIO, over GROWTH_START_RATIO)
- * requests still lie side by side, with_room_requests_lie_side_by_side's
- * layout with room. */
+/* The start placement needs less room than the coarse handles: with twice
+ * the pool left (GROWTH_START_RATIO; the coarse handles need
+ * GROWTH_COARSE_RATIO, 4 times) requests still lie side by side, as in
+ * with_room_requests_lie_side_by_side; a page less, by cost. */
 Test(placement, with_room_for_twice_the_pool_requests_lie_side_by_side)
 {
-	struct pt t;
-	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
-			      .capacity = 4096 * 64 * PT_KiB};
-	pt_open(&t, &su);
-	CUstream s = vpmm_host_stream_create(t.drv);
-	PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
-	vpmm_host_set_tenant(t.drv, (4096 - 13 - 3 * 13) * t.page);
-	nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
-	PT_MALLOC(&t, 2, s);
-	PT_MALLOC(&t, 4, s);
-	PT_LAYOUT_IS(&t, "[2][4][-7][*51]");
-	vpmm_host_set_tenant(t.drv, 0);
-	pt_close(&t);
+	for (size_t left = 25; left <= 26; left++) {
+		struct pt t;
+		struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
+				      .capacity = 4096 * 64 * PT_KiB};
+		pt_open(&t, &su);
+		CUstream s = vpmm_host_stream_create(t.drv);
+		PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
+		vpmm_host_set_tenant(t.drv, (4096 - 13 - left) * t.page);
+		nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
+		PT_MALLOC(&t, 2, s);
+		cr_assert_eq(pt_stats(&t).headroom, left * t.page, "the room read: %zu pages",
+			     (size_t)(pt_stats(&t).headroom / t.page));
+		PT_MALLOC(&t, 4, s);
+		PT_LAYOUT_IS(&t, left == 26 ? "[2][4][-7][*51]" : "[2][-2][4][-5][*51]");
+		vpmm_host_set_tenant(t.drv, 0);
+		pt_close(&t);
+	}
 }
 
 /* One step of a training loop on s: 24 single pages, every other one
