@@ -241,6 +241,26 @@ Test(placement, with_room_requests_lie_side_by_side)
 	}
 }
 
+/* The placement reads the device's free memory again once the last read
+ * is a second old. */
+static const struct timespec read_again = {.tv_sec = 1, .tv_nsec = 100 * 1000 * 1000};
+
+/* 13 pages freed on a stream, returned, in handles of 4 pages [0,4) [4,8)
+ * [8,12) [12,13) (with_room_requests_lie_side_by_side's), on a device of
+ * 4096 pages that another process then fills but for `left` pages; once
+ * the placement has read that again. */
+static CUstream thirteen_pages_and_room(struct pt *t, size_t left)
+{
+	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
+			      .capacity = 4096 * 64 * PT_KiB};
+	pt_open(t, &su);
+	CUstream s = vpmm_host_stream_create(t->drv);
+	PT_FREE(t, PT_MALLOC(t, 13, s), s);
+	vpmm_host_set_tenant(t->drv, (4096 - 13 - left) * t->page);
+	nanosleep(&read_again, NULL);
+	return s;
+}
+
 /* Another process fills the device while the pool only reuses memory, so
  * no growth reads the room: the placement reads it again once the last
  * read is a second old, and places by cost from then on. The layout of
@@ -248,14 +268,8 @@ Test(placement, with_room_requests_lie_side_by_side)
 Test(placement, a_device_filled_since_the_last_read_places_by_cost)
 {
 	struct pt t;
-	struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
-			      .capacity = 4096 * 64 * PT_KiB};
-	pt_open(&t, &su);
-	CUstream s = vpmm_host_stream_create(t.drv);
-	PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
 	/* 8 pages left beside the pool's 13: no room for twice the pool. */
-	vpmm_host_set_tenant(t.drv, (4096 - 13 - 8) * t.page);
-	nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
+	CUstream s = thirteen_pages_and_room(&t, 8);
 	PT_MALLOC(&t, 2, s);
 	PT_MALLOC(&t, 4, s);
 	PT_LAYOUT_IS(&t, "[2][-2][4][-5][*51]");
@@ -271,13 +285,7 @@ Test(placement, with_room_for_twice_the_pool_requests_lie_side_by_side)
 {
 	for (size_t left = 25; left <= 26; left++) {
 		struct pt t;
-		struct pt_setup su = {.va_pages = 64, .handle_pages = 4, .growth_split = 1,
-				      .capacity = 4096 * 64 * PT_KiB};
-		pt_open(&t, &su);
-		CUstream s = vpmm_host_stream_create(t.drv);
-		PT_FREE(&t, PT_MALLOC(&t, 13, s), s);
-		vpmm_host_set_tenant(t.drv, (4096 - 13 - left) * t.page);
-		nanosleep(&(struct timespec){ .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 }, NULL);
+		CUstream s = thirteen_pages_and_room(&t, left);
 		PT_MALLOC(&t, 2, s);
 		cr_assert_eq(pt_stats(&t).headroom, left * t.page, "the room read: %zu pages",
 			     (size_t)(pt_stats(&t).headroom / t.page));
@@ -337,7 +345,6 @@ static void take_all_free(struct pt *t, CUstream o)
  * by cost (1). */
 Test(placement, a_loop_that_misses_its_places_places_by_cost)
 {
-	const struct timespec read_again = {.tv_sec = 1, .tv_nsec = 100 * 1000 * 1000};
 	for (int mode = 0; mode < 4; mode++) {
 		struct pt t;
 		struct pt_setup su = {.va_pages = 4096, .handle_pages = 4, .growth_split = 1,
