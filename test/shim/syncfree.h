@@ -17,6 +17,9 @@ bool device_mode(void);
 void start(void);
 /* "Work" on s: an event recorded there, run when the device gets to it. */
 CUevent work_on(CUstream s);
+/* *a, 4 pages, written on `late` and freed by cuMemFree (the legacy
+ * stream's order): the write's event. */
+CUevent freed_after_work(CUstream late, CUdeviceptr *a);
 /* The new owner's write on `next` must not complete before `old`; then b
  * is freed. */
 void new_write(CUevent old, CUstream next, CUdeviceptr b);

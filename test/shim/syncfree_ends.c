@@ -177,9 +177,7 @@ void destroyed_elsewhere(void)
 	CHECK_EQ(cuCtxGetCurrent(&primary), 0);
 	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
 	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CUevent old = work_on(late);
-	CHECK_EQ(cuMemFree(a), 0);
+	CUevent old = freed_after_work(late, &a);
 	CHECK_EQ(cuCtxSetCurrent(NULL), 0);
 	CHECK_EQ(cuStreamDestroy(late), 0);
 	CHECK_EQ(cuCtxSetCurrent(primary), 0);

@@ -38,6 +38,14 @@ CUevent work_on(CUstream s)
 	return ev;
 }
 
+CUevent freed_after_work(CUstream late, CUdeviceptr *a)
+{
+	CHECK_EQ(cuMemAlloc(a, 4 * P), 0);
+	CUevent ev = work_on(late);
+	CHECK_EQ(cuMemFree(*a), 0);
+	return ev;
+}
+
 /* The new owner's write on `next`, which the device runs first: it must
  * not complete before `old`, the old owner's late write (destroyed). */
 static void expect_ordered(CUevent old, CUstream next)
@@ -67,9 +75,7 @@ void new_write(CUevent old, CUstream next, CUdeviceptr b)
 bool late_write_then(CUstream late, CUstream next, bool destroy_late)
 {
 	CUdeviceptr a, b;
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CUevent old = work_on(late);
-	CHECK_EQ(cuMemFree(a), 0);
+	CUevent old = freed_after_work(late, &a);
 	if (destroy_late)
 		CHECK_EQ(cuStreamDestroy(late), 0);
 	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0);
@@ -483,9 +489,7 @@ static void pool_record_run(void)
 	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
 	CHECK_EQ(cuStreamCreate(&next, CU_STREAM_NON_BLOCKING), 0);
 	for (int round = 0; round < 2; round++) {
-		CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-		CUevent old = work_on(late);
-		CHECK_EQ(cuMemFree(a), 0);
+		CUevent old = freed_after_work(late, &a);
 		CHECK_EQ(cuMemAllocAsync(&b, 4 * P, next), 0);
 		/* a's pages, moved: nothing else fits the limit */
 		if (expect_pool())
@@ -574,9 +578,7 @@ static void capture_owed_with(bool elsewhere)
 	CHECK_EQ(cuCtxGetCurrent(&primary), 0);
 	CHECK_EQ(cuStreamCreate(&late, CU_STREAM_NON_BLOCKING), 0);
 	CHECK_EQ(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), 0);
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CUevent old = work_on(late);
-	CHECK_EQ(cuMemFree(a), 0);
+	CUevent old = freed_after_work(late, &a);
 	if (elsewhere)
 		CHECK_EQ(cuCtxCreate_v2(&mine, 0, 0), 0); /* current now */
 	CHECK_EQ(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_RELAXED), 0);
