@@ -75,10 +75,11 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 	return room;
 }
 
-/* Whether `room` is GROWTH_COARSE_RATIO times the pool: coarse handles. */
-static bool coarse_room(const vpmm_pool *p, size_t room)
+/* Whether `room` is `times` times the pool: GROWTH_START_RATIO for the
+ * start placement, GROWTH_COARSE_RATIO for coarse handles. */
+static bool room_for_pool(const vpmm_pool *p, size_t room, size_t times)
 {
-	return room / GROWTH_COARSE_RATIO >= p->st.mapped;
+	return room / times >= p->st.mapped;
 }
 
 bool vpi_growth_ample(vpmm_pool *p)
@@ -89,7 +90,7 @@ bool vpi_growth_ample(vpmm_pool *p)
 		vpi_growth_headroom(p); /* older than GROWTH_READ_NS too: reads */
 	if (p->dev_unknown)
 		return false;
-	return room_left(p) / GROWTH_START_RATIO >= p->st.mapped;
+	return room_for_pool(p, room_left(p), GROWTH_START_RATIO);
 }
 
 /* The largest power of two of pages within `bytes`, at most `most`; one
@@ -167,7 +168,7 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	 * The device filling: the split rule, at most 1/256 of the room, so
 	 * that what live memory strands in the handles made now stays small
 	 * against what is left once the device is full. */
-	if (coarse_room(p, left) && left / GROWTH_ROOM_RATIO >= need) {
+	if (room_for_pool(p, left, GROWTH_COARSE_RATIO) && left / GROWTH_ROOM_RATIO >= need) {
 		size_t split = split_size(p, shortfall, cap);
 		size_t coarse = p->st.mapped ? pages_within(p, GROWTH_COARSE_MAX, cap) : cap;
 		if (coarse < split)
