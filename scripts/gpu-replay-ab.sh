@@ -8,11 +8,13 @@
 #
 # The other revision's sources must be in the working tree, since the
 # device machine gets no git history: before the device call,
-#   git archive REV allocator shim | tar -x -C OLD_DIR
+#   git archive REV allocator shim include tools meson.build | tar -x -C OLD_DIR
 # with OLD_DIR untracked (not ignored), e.g. exp-old/.
 #
 # Environment: OLD (exp-old), ROUNDS (6), WLS (the four large workloads),
-# SEEDS (the workloads' seeds, 5), CUDA_HOME. Needs gcc and python3; the replays need CUDA and NVML.
+# SEEDS (the workloads' seeds, 5), CUDA_HOME, OUT (a folder to keep every
+# replay's raw result in, as replay-ab.txt; unset, none is kept). Needs gcc
+# and python3; the replays need CUDA and NVML.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OLD=$(cd "${OLD:-$ROOT/exp-old}" && pwd) || exit 1
@@ -46,9 +48,11 @@ for r in $(seq "$ROUNDS"); do
 		done
 	done
 done >"$W/results.txt"
+[ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp "$W/results.txt" "$OUT/replay-ab.txt"
 python3 - "$W/results.txt" <<'PY'
 import collections, json, statistics, sys
 calls = collections.defaultdict(list)
+parts = collections.defaultdict(list)   # (median alloc ns, median free ns, slow s)
 peaks = {}
 for line in open(sys.argv[1]):
     r, wl, v, js = line.split(" ", 3)
@@ -57,10 +61,13 @@ for line in open(sys.argv[1]):
         print("%s %s %s: %s" % (r, wl, v, d.get("error", "no result")))
         continue
     s = d.get("pool_stats", {})
-    print("%s %-16s %-4s call %.4f s  peak/live %.4f  created %s remapped %s deferred %s" % (
+    print("%s %-16s %-4s call %.4f s  peak/live %.4f  created %s remapped %s deferred %s"
+          "  median alloc %s ns free %s ns  slow %d calls %.4f s" % (
         r, wl, v, d["call_s"], d["ratio"] or 0, s.get("handles_created", "-"),
-        s.get("handles_remapped", "-"), s.get("reclaims_deferred", "-")))
+        s.get("handles_remapped", "-"), s.get("reclaims_deferred", "-"),
+        d.get("alloc_ns"), d.get("free_ns"), d.get("slow_calls", 0), d.get("slow_s", 0)))
     calls[wl, v].append(d["call_s"])
+    parts[wl, v].append((d.get("alloc_ns") or 0, d.get("free_ns") or 0, d.get("slow_s", 0)))
     peaks[r, wl, v] = d["ratio"] or 0
 for wl in dict.fromkeys(k[0] for k in calls):
     c, o, n = (calls[wl, v] for v in ("cuda", "old", "new"))
@@ -70,6 +77,10 @@ for wl in dict.fromkeys(k[0] for k in calls):
     print("%-16s CUDA pool %.4f s, old %.4f s, new %.4f s: new/old %.3f, faster in %d of %d" % (
         wl, statistics.median(c), statistics.median(o), statistics.median(n),
         statistics.median(n) / statistics.median(o), faster, min(len(o), len(n))))
+    print("%-16s medians of a call (alloc / free ns) and of the slow calls' time: %s" % (
+        wl, ", ".join("%s %.0f / %.0f, %.4f s" % (v, *(statistics.median(x[i] for x in parts[wl, v])
+                                                        for i in range(3)))
+                      for v in ("cuda", "old", "new"))))
     runs = [r for (r, w, v) in peaks if w == wl and v == "cuda"]
     for v in ("old", "new"):
         both = [r for r in runs if (r, wl, v) in peaks]
