@@ -349,13 +349,14 @@ static bool fence_free(int owner, bool *pushed)
 
 /* What a free tells the malloc fence (fence.c), before the pool's free
  * (after it, the memory may be handed out): the range, if it is freed on
- * the legacy stream, so that only a malloc of that memory fences again;
- * else that something was freed. */
+ * the legacy stream while non-blocking streams exist, so that only a
+ * malloc of that memory fences them again; else that something was
+ * freed. */
 static void tell_fence(vpmm_pool *pool, CUdeviceptr ptr, CUstream ps)
 {
 	CUdeviceptr base;
 	size_t size;
-	if (!ps && !vpmm_pool_find(pool, ptr, &base, &size))
+	if (!ps && vpmm_fence_wants_ranges() && !vpmm_pool_find(pool, ptr, &base, &size))
 		vpmm_fence_freed_range(base, size);
 	else
 		vpmm_fence_freeing();

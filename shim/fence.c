@@ -11,36 +11,35 @@
  * stream, handles made, mapped and released).
  *
  * Decisions, and why:
- *  - cudaFree promises that no work issued before it, on any stream of
- *    the context, touches the memory once someone else owns it.
- *    Synchronising the context keeps it but stops the host. The legacy
- *    default stream does most of that on the device: work queued on it
- *    waits for the work queued before on every blocking stream of its
- *    context (the per-thread default streams included), and work queued
- *    later on a blocking stream waits for it. Only non-blocking streams
- *    escape both directions. So a synchronous free becomes a free on the
- *    legacy stream that owes it two things, made once for a run of frees:
- *    a wait for each non-blocking stream (an event recorded there, one
- *    per stream, reused: a wait captures the record it sees, so
- *    re-recording later is harmless), made before anything records on the
- *    legacy stream or reuses the memory in its order; and an event record
- *    (the blocking streams order against the legacy stream only through
- *    its actions: without one between the free and the malloc, two
- *    blocking streams would not be ordered), which the next malloc on the
- *    legacy stream makes (a synchronous one only if it may hand out
- *    memory freed since the last record one made). A synchronous malloc
- *    is a malloc on the legacy stream after which each non-blocking
- *    stream waits for it, if what it hands out may be pending there:
- *    freed since they last did (the freed ranges below), or an obligation
- *    came (a free that named no range, a wait of the pool's on the legacy
- *    stream, pages the pool moved); none either once that record is found
- *    complete (every old owner's work has run). Programs without
- *    non-blocking streams (PyTorch without side streams) pay at most one
- *    event record for each run of frees, and reuse memory at once in
- *    stream order, as through the pluggable allocator. With them, each
- *    stream costs about 0.6 us a run of frees and 0.35 us a malloc after
- *    one (two driver calls and one; an H200): PyTorch's 32 pool streams
- *    had cost 64 calls a free and 32 a malloc.
+ *  - cudaFree promises that no work issued before it, on any stream of the
+ *    context, touches the memory once someone else owns it. Synchronising
+ *    the context keeps it but stops the host. The legacy default stream
+ *    does most of that on the device: work queued on it waits for the work
+ *    queued before on every blocking stream of its context (the per-thread
+ *    default streams included), and work queued later on a blocking stream
+ *    waits for it. Only non-blocking streams escape both directions. So a
+ *    synchronous free becomes a free on the legacy stream that owes it two
+ *    things, made once for a run of frees: a wait for each non-blocking
+ *    stream (an event recorded there, one per stream, reused: a wait
+ *    captures the record it sees, so re-recording later is harmless),
+ *    made before anything records on the legacy stream or reuses the
+ *    memory in its order; and an event record (the blocking streams order
+ *    against the legacy stream only through its actions: without one
+ *    between the free and the malloc, two blocking streams would not be
+ *    ordered), which the next malloc on the legacy stream makes. A
+ *    synchronous malloc is a malloc on the legacy stream after which each
+ *    non-blocking stream waits for it, if what it hands out may be pending
+ *    there: freed since they last did (the freed ranges below), or an
+ *    obligation came (a free that named no range, a wait of the pool's on
+ *    the legacy stream, pages the pool moved); none either once that
+ *    record is found complete (every old owner's work has run). Programs
+ *    without
+ *    non-blocking streams (PyTorch without side streams) pay one event
+ *    record for each run of frees, and reuse memory at once in stream
+ *    order, as through the pluggable allocator. With them, each stream
+ *    costs about 0.6 us a run of frees and 0.35 us a malloc after one
+ *    (two driver calls and one; an H200): PyTorch's 32 pool streams had
+ *    cost 64 calls a free and 32 a malloc.
  *  - That holds only while every non-blocking stream is known: while the
  *    table can be trusted (live_streams.c says when it cannot), else
  *    synchronous frees synchronise.
@@ -84,15 +83,13 @@
  * malloc makes no new one. */
 static atomic_ulong obligations;
 
-/* The ranges freed on the legacy stream (vpmm_fence_freed_range), the
- * last FREED_MAX of them, in order: entry n is
+/* The ranges freed on the legacy stream while non-blocking streams exist
+ * (vpmm_fence_freed_range), the last FREED_MAX of them, in order: entry n is
  * freed[n % FREED_MAX], for n < freed_count. Under vpmm_ls.lock. A
  * malloc whose memory overlaps none of those since the last fence, and
  * that no obligation came before, hands out memory whose old owners'
  * work the non-blocking streams already wait for (or new memory): in a
- * PyTorch step beside 32 idle pool streams, each fence costs 32-64 us.
- * Without non-blocking streams, the same since the last record a malloc
- * made: that record orders the blocking streams around it. */
+ * PyTorch step beside 32 idle pool streams, each fence costs 32-64 us. */
 #define FREED_MAX 256
 static struct {
 	CUdeviceptr va;
@@ -377,9 +374,8 @@ static int legacy_slot_locked(CUcontext ctx)
 		return -1;
 	vpmm_ls.legacy[none].ctx = ctx;
 	vpmm_ls.legacy[none].owed = vpmm_ls.legacy[none].nb_owed = false;
-	/* the first malloc fences, and records what is owed */
-	vpmm_ls.legacy[none].fenced = vpmm_ls.legacy[none].recorded = ~0ul;
-	vpmm_ls.legacy[none].fenced_freed = vpmm_ls.legacy[none].recorded_freed = freed_count;
+	vpmm_ls.legacy[none].fenced = ~0ul; /* the first malloc fences */
+	vpmm_ls.legacy[none].fenced_freed = freed_count;
 	return (int)none;
 }
 
@@ -441,7 +437,7 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	unsigned long now = atomic_load_explicit(&obligations, memory_order_acquire);
 	pthread_mutex_lock(&vpmm_ls.lock);
 	nb = has_nb_locked(ctx);
-	int k = nb ? legacy_slot_locked(ctx) : slot_of_locked(ctx);
+	int k = nb ? legacy_slot_locked(ctx) : -1;
 	/* The non-blocking streams wait again only if something since their
 	 * last wait can have left this memory pending on the legacy stream:
 	 * a free of part of it, or an obligation (a free with no range, a
@@ -452,30 +448,12 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	 * orders the blocking streams around their memory, not this. */
 	wait = nb && (k < 0 || vpmm_ls.legacy[k].fenced != now ||
 		      freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size));
-	/* Without them, the record the frees owe orders the blocking streams
-	 * around the memory those frees gave back, and so does the record
-	 * the last malloc made, for the frees before it. Memory not freed
-	 * since that record, with no obligation since either, owes none
-	 * then: the record stays owed, for a malloc of what they freed. In
-	 * replays of cudaMalloc and cudaFree alone, 6 to 7 mallocs in 10
-	 * had recorded, about 1 us each on an H100 (docs/shim.md). */
-	bool owed = !nb && k >= 0 && vpmm_ls.legacy[k].owed;
-	bool spared = owed && vpmm_ls.legacy[k].recorded == now &&
-		      !freed_since_locked(vpmm_ls.legacy[k].recorded_freed, va, size);
-	record = wait || (owed && !spared);
+	record = wait || (!nb && owed_locked(ctx));
 	if (nb && !wait)
 		vpmm_count(VPMM_HOOK_fence_clean);
-	if (spared)
-		vpmm_count(VPMM_HOOK_fence_spared);
 	unsigned long freed_now = freed_count;
-	if (record) {
+	if (record)
 		r = legacy_record_locked(ctx, &ev);
-		k = slot_of_locked(ctx);
-		if (r == CUDA_SUCCESS && k >= 0) {
-			vpmm_ls.legacy[k].recorded = now;
-			vpmm_ls.legacy[k].recorded_freed = freed_now;
-		}
-	}
 	if (r == CUDA_SUCCESS && wait) {
 		/* The legacy stream already past the record: the work of every
 		 * old owner completed (the record came after the legacy
@@ -537,6 +515,11 @@ void vpmm_fence_capture_began(void)
 void vpmm_fence_freeing(void)
 {
 	atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
+}
+
+bool vpmm_fence_wants_ranges(void)
+{
+	return atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) != 0;
 }
 
 void vpmm_fence_freed_range(CUdeviceptr va, size_t size)

@@ -41,10 +41,7 @@ struct vpmm_ls_table {
 	 * count of obligations when the non-blocking streams last waited for
 	 * the legacy stream (vpmm_fence_malloc), or found the record they
 	 * would have waited for complete; fenced_freed the count of ranges
-	 * freed then (fence.c). recorded, recorded_freed: the same two
-	 * counts when a synchronous malloc last recorded there: a later one
-	 * of memory freed before owes no record (vpmm_fence_malloc). ended:
-	 * events recorded on non-blocking
+	 * freed then (fence.c). ended: events recorded on non-blocking
 	 * streams of the context as they ended, the last of their work; the
 	 * next wait for the non-blocking streams waits for these too, and
 	 * destroys them. */
@@ -54,7 +51,7 @@ struct vpmm_ls_table {
 		CUevent ended[ENDED_MAX];
 		unsigned n_ended;
 		bool owed, nb_owed;
-		unsigned long fenced, fenced_freed, recorded, recorded_freed;
+		unsigned long fenced, fenced_freed;
 	} legacy[CTX_MAX];
 	/* The contexts with streams in the table, their devices and counts;
 	 * overflow: more contexts than that (each device then synchronises). */

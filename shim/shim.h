@@ -112,7 +112,6 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(fence_owed)               /* legacy records that runs of frees owed */ \
 	X(fence_clean)              /* fence_malloc with nothing to wait for */ \
 	X(fence_done)               /* fence_malloc after the old work completed */ \
-	X(fence_spared)             /* fence_malloc of memory not freed since a record */ \
 	X(cuStreamBeginCapture)     /* every form */                            \
 	X(cuStreamEndCapture)                                                 \
 	X(capture_deferred)         /* frees of pool memory a capture held back */ \

@@ -362,70 +362,6 @@ static void clean(void)
 	expect_fenced();
 }
 
-/* Without non-blocking streams: a synchronous malloc of memory no free
- * gave back since the last record a malloc made records nothing; the
- * record that the frees since owe is made by the malloc that takes their
- * memory, and the order between the blocking streams holds. */
-static void spared(void)
-{
-	CUstream b1, b2;
-	CUdeviceptr a, c, g, x, h, b, d, y, z, e, f;
-	start();
-	CHECK_EQ(cuStreamCreate(&b1, 0), 0);
-	CHECK_EQ(cuStreamCreate(&b2, 0), 0);
-	CHECK_EQ(cuMemAllocAsync(&z, P, b1), 0); /* freed on b1 at the end */
-	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
-	CHECK_EQ(cuMemAlloc(&c, 4 * P), 0);
-	CHECK_EQ(cuMemAlloc(&g, 4 * P), 0);
-	CHECK_EQ(cuMemAlloc(&x, 2 * P), 0);
-	CHECK_EQ(cuMemAlloc(&h, P), 0);
-	CHECK_EQ(cuMemFree(a), 0);
-	CHECK_EQ(cuMemFree(c), 0);
-	bool counted = !device_mode() && expect_pool();
-	long long owed = hook_calls("fence_owed");
-	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0); /* half of a and c's 8 pages */
-	if (counted)
-		CHECK_EQ(hook_calls("fence_owed") - owed, 1);
-	/* The other half was freed before that record; x's two pages after,
-	 * written late on b1. */
-	CUevent old = work_on(b1);
-	CHECK_EQ(cuMemFree(x), 0);
-	long long records = fake_calls("cuEventRecord");
-	long long spares = hook_calls("fence_spared");
-	CHECK_EQ(cuMemAlloc(&d, 4 * P), 0);
-	if (counted) {
-		CHECK(d + 4 * P <= x || x + 2 * P <= d);
-		CHECK_EQ(fake_calls("cuEventRecord"), records);
-		CHECK_EQ(hook_calls("fence_spared") - spares, 1);
-	}
-	CHECK_EQ(cuMemAlloc(&y, 2 * P), 0); /* x's pages: the record now */
-	if (counted) {
-		CHECK_EQ(y, x);
-		CHECK_EQ(fake_calls("cuEventRecord") - records, 1);
-		CHECK_EQ(hook_calls("fence_owed") - owed, 2);
-	}
-	new_write(old, b2, y);
-	/* b and d freed, half of their pages taken again (a record), then h
-	 * freed and z on b1: a free with no range on the legacy stream. The
-	 * malloc of the other half, freed before that record, records what
-	 * h's free owes all the same. */
-	CHECK_EQ(cuMemFree(b), 0);
-	CHECK_EQ(cuMemFree(d), 0);
-	CHECK_EQ(cuMemAlloc(&e, 4 * P), 0);
-	CHECK_EQ(cuMemFree(h), 0);
-	CHECK_EQ(cuMemFreeAsync(z, b1), 0);
-	owed = hook_calls("fence_owed");
-	CHECK_EQ(cuMemAlloc(&f, 4 * P), 0);
-	if (counted) {
-		CHECK(f == (e == b ? d : b));
-		CHECK_EQ(hook_calls("fence_owed") - owed, 1);
-	}
-	CHECK_EQ(cuMemFree(e), 0);
-	CHECK_EQ(cuMemFree(f), 0);
-	CHECK_EQ(cuMemFree(g), 0);
-	expect_fenced();
-}
-
 /* More frees since the last fence than the ranges kept (256): a malloc of
  * memory whose range was overwritten since still fences. */
 static void overflow(void)
@@ -772,7 +708,6 @@ int main(int argc, char **argv)
 		{"pool_record_forked", pool_record_forked},
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
-		{"spared", spared},
 		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
 		{"destroyed_quiet", destroyed_quiet}, {"green", green},
 		{"destroyed_last", destroyed_last}, {"destroyed_reset", destroyed_reset},

@@ -388,8 +388,6 @@ SYNCFREE_SCENARIO(owed)
  * the pool can only move them). */
 SYNCFREE_SCENARIO(clean)
 SYNCFREE_SCENARIO(overflow)
-/* The same without non-blocking streams, for the record the frees owe. */
-SYNCFREE_SCENARIO(spared)
 /* No stream waits for a legacy record that has completed already. */
 SYNCFREE_SCENARIO(idle)
 SYNCFREE_SCENARIO_ENV(moved, "VPMM_LIMIT=256K")
