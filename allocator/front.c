@@ -204,6 +204,27 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	return -EAGAIN;
 }
 
+int vpmm_pool_find_own(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+	struct region **slot = p ? vpi_gmap_slot(p, ptr) : NULL, *r;
+	if (!slot || !(r = __atomic_load_n(slot, __ATOMIC_ACQUIRE)))
+		return -EINVAL;
+	/* Read as vpi_front_free reads it: the claim, then the fields. While
+	 * its owner holds a plain live allocation, nothing claims it and its
+	 * va and size stay; a slab, a parked allocation, one being freed are
+	 * claimed. */
+	if (vpi_claimed(r))
+		return -EINVAL;
+	size_t n = r->size;
+	if (r->va != ptr)
+		return -EINVAL;
+	if (base)
+		*base = ptr;
+	if (size)
+		*size = n;
+	return 0;
+}
+
 /* ---- the pool's side ---------------------------------------------------------------------- */
 
 /* Gives every entry back to the pool. Under the front lock throughout: only

@@ -356,7 +356,9 @@ static void tell_fence(vpmm_pool *pool, CUdeviceptr ptr, CUstream ps)
 {
 	CUdeviceptr base;
 	size_t size;
-	if (!ps && vpmm_fence_wants_ranges() && !vpmm_pool_find(pool, ptr, &base, &size))
+	if (!ps && vpmm_fence_wants_ranges() &&
+	    (!vpmm_pool_find_own(pool, ptr, &base, &size) ||
+	     !vpmm_pool_find(pool, ptr, &base, &size)))
 		vpmm_fence_freed_range(base, size);
 	else
 		vpmm_fence_freeing();

@@ -5,11 +5,16 @@
 #define PAGE (2 * PT_MiB)
 #define GRAIN (64 * PT_KiB)
 
-static void open_grain(struct pt *t)
+static void open_grain_front(struct pt *t, unsigned front_entries)
 {
 	struct pt_setup su = {.granularity = PAGE, .unbacked = true, .va_pages = 64,
-			      .grain = GRAIN, .unit = GRAIN};
+			      .grain = GRAIN, .unit = GRAIN, .front_entries = front_entries};
 	pt_open(t, &su);
+}
+
+static void open_grain(struct pt *t)
+{
+	open_grain_front(t, 0);
 }
 
 static CUdeviceptr gmalloc(struct pt *t, size_t n, CUstream s)
@@ -46,6 +51,36 @@ Test(grain, neighbours_share_pages)
 	PT_FREE(&t, a, s);
 	PT_FREE(&t, b, s);
 	PT_LAYOUT_IS(&t, "[-96][*1952]"); /* 64 KiB units: 3 pages, 61 */
+	pt_close(&t);
+}
+
+/* Without the lock, for the owner of an allocation's start: the answer
+ * vpmm_pool_find gives; nothing for a pointer inside it, nor once it is
+ * freed (parked in its stream's cache, or given back). */
+Test(grain, the_owner_finds_its_allocation_without_the_lock)
+{
+	struct pt t;
+	open_grain_front(&t, 4);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = gmalloc(&t, 3 * PT_MiB + 1, s);
+	CUdeviceptr b = gmalloc(&t, 2 * PT_MiB + 1, s);
+	CUdeviceptr base = 0, base2 = 0;
+	size_t size = 0, size2 = 0;
+	for (int i = 0; i < 2; i++) {
+		CUdeviceptr p = i ? b : a;
+		cr_assert_eq(vpmm_pool_find_own(t.pool, p, &base, &size), 0);
+		cr_assert_eq(vpmm_pool_find(t.pool, p, &base2, &size2), 0);
+		cr_assert_eq(base, p);
+		cr_assert_eq(base2, p);
+		cr_assert_eq(size, size2);
+	}
+	cr_assert_eq(size, 2 * PT_MiB + GRAIN);
+	cr_assert_eq(vpmm_pool_find_own(t.pool, b + GRAIN, &base, &size), -EINVAL);
+	cr_assert_eq(vpmm_pool_find_own(NULL, b, &base, &size), -EINVAL);
+	PT_FREE(&t, a, s);
+	cr_assert_eq(vpmm_pool_find_own(t.pool, a, &base, &size), -EINVAL);
+	PT_FREE(&t, b, s);
+	cr_assert_eq(vpmm_pool_find_own(t.pool, b, &base, &size), -EINVAL);
 	pt_close(&t);
 }
 

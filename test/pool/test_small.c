@@ -180,6 +180,8 @@ Test(small, classes_cover_everything_under_a_page)
 		CUdeviceptr base;
 		size_t size;
 		cr_assert_eq(vpmm_pool_find(t.pool, p, &base, &size), 0);
+		/* a block of a slab: only the locked find tells */
+		cr_assert_eq(vpmm_pool_find_own(t.pool, p, NULL, NULL), -EINVAL);
 		cr_assert_geq(size, n, "class %zu for %zu bytes", size, n);
 		cr_assert_leq(size, n + n / 4 + 512, "class %zu wastes too much for %zu",
 			      size, n);
