@@ -149,14 +149,22 @@ static uint16_t take_slot(struct front *f)
 	return slot;
 }
 
+/* The region the page map names at ptr's grain (a live allocation's
+ * first, or any of a slab's), read without the lock; NULL if none. */
+static struct region *published(vpmm_pool *p, CUdeviceptr ptr)
+{
+	struct region **slot = vpi_gmap_slot(p, ptr);
+	return slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : NULL;
+}
+
 int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 {
-	struct region **slot = vpi_gmap_slot(p, ptr), *r;
+	struct region *r = published(p, ptr);
 	struct slab *small;
 	struct front *f;
 	size_t size;
 
-	if (!slot || !(r = __atomic_load_n(slot, __ATOMIC_ACQUIRE)))
+	if (!r)
 		return -EAGAIN;
 	/* r may be out of date by now: freed under the lock by a racing
 	 * double free of ptr, even reused. The claim settles it: it fails
@@ -206,8 +214,8 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 
 int vpmm_pool_find_own(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
 {
-	struct region **slot = p ? vpi_gmap_slot(p, ptr) : NULL, *r;
-	if (!slot || !(r = __atomic_load_n(slot, __ATOMIC_ACQUIRE)))
+	struct region *r = p ? published(p, ptr) : NULL;
+	if (!r)
 		return -EINVAL;
 	/* Read as vpi_front_free reads it: the claim, then the fields. While
 	 * its owner holds a plain live allocation, nothing claims it and its
