@@ -284,7 +284,11 @@ bool vpmm_fence_dying_locked(struct live *e)
 	if (pushed)
 		vpmm_real.ctx_pop(&popped);
 	/* Else its work is waited for on the host: what it touched is then
-	 * done whoever reuses it. */
+	 * done whoever reuses it. Under the table's lock, on purpose: a fence
+	 * taking the lock meanwhile would find the stream neither known nor
+	 * kept, and could hand out memory its work still touches. A capture
+	 * in progress, a failed record or a context that cannot be made
+	 * current leads here, rarely. */
 	return r == CUDA_SUCCESS || vpmm_real.stream_synchronize(e->s) == CUDA_SUCCESS;
 }
 
