@@ -99,12 +99,14 @@ static unsigned bucket(size_t size)
 	return vpi_hash_bits(size, VPMM_FRONT_BUCKET_BITS);
 }
 
-/* Takes the entry *link names out of its chain; its slot goes to the
+/* Takes the entry *link names out of chain b; its slot goes to the
  * unused list. Front lock held. */
-static inline void unlink_entry(struct front *f, uint16_t *link)
+static inline void unlink_entry(struct front *f, uint16_t *link, unsigned b)
 {
 	uint16_t slot = *link;
 	*link = f->e[slot - 1].next;
+	if (!f->head[b])
+		f->used &= ~(1ull << b);
 	f->e[slot - 1].next = f->unused;
 	f->unused = slot;
 	f->n--;
@@ -118,12 +120,13 @@ int vpi_front_malloc(vpmm_pool *p, size_t size, CUstream stream, CUdeviceptr *ou
 	struct front *f = front_of(p, stream, &s);
 	if (!f)
 		return -EAGAIN;
+	unsigned b = bucket(want);
 	vpi_mutex_lock(&f->lock);
-	for (uint16_t *link = &f->head[bucket(want)]; *link; link = &f->e[*link - 1].next) {
+	for (uint16_t *link = &f->head[b]; *link; link = &f->e[*link - 1].next) {
 		struct fentry e = f->e[*link - 1];
 		if (e.size != want)
 			continue;
-		unlink_entry(f, link);
+		unlink_entry(f, link, b);
 		f->hits++;
 		vpi_loop_note(&f->loop, size, e.ptr);
 		vpi_mutex_unlock(&f->lock);
@@ -193,10 +196,11 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		vpi_mutex_lock(&f->lock);
 		if (f->n < p->cfg.front_entries && f->bytes + size <= p->cfg.front_bytes &&
 		    (at = take_slot(f))) {
-			uint16_t *head = &f->head[bucket(size)];
+			unsigned b = bucket(size);
 			f->e[at - 1] = (struct fentry){.ptr = ptr, .size = size, .epoch = epoch,
-						       .r = r, .next = *head};
-			*head = at;
+						       .r = r, .next = f->head[b]};
+			f->head[b] = at;
+			f->used |= 1ull << b;
 			f->n++;
 			f->bytes += size;
 			f->parks++;
@@ -259,6 +263,7 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 		}
 	}
 	memset(f->head, 0, sizeof(f->head));
+	f->used = 0;
 	f->n = 0;
 	f->bytes = 0;
 	f->unused = 0;
@@ -278,7 +283,9 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 	if (!p->cfg.front_entries)
 		return 0;
 	vpi_mutex_lock(&f->lock);
-	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS && f->n; b++) {
+	/* The chains not empty only: a miss may look on every malloc. */
+	for (uint64_t m = f->used; m && f->n; m &= m - 1) {
+		unsigned b = (unsigned)__builtin_ctzll(m);
 		uint16_t *link = &f->head[b];
 		while (*link) {
 			struct fentry e = f->e[*link - 1];
@@ -286,7 +293,7 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 				link = &f->e[*link - 1].next;
 				continue;
 			}
-			unlink_entry(f, link);
+			unlink_entry(f, link, b);
 			vpi_give_locked(p, e.r, s, e.epoch); /* stays claimed */
 			n++;
 		}
@@ -369,7 +376,8 @@ static bool entry_ok(vpmm_pool *p, const struct fentry *all, unsigned i)
 
 /* Broken invariants of one cache: entries not parked live memory, in the
  * wrong chain or twice, counts that disagree with the chains (a cycle shows
- * as more entries than slots), and slots lost or listed twice. */
+ * as more entries than slots), slots lost or listed twice, and chains
+ * marked wrongly in `used`. */
 static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE *log)
 {
 	size_t bad = 0, bytes = 0;
@@ -377,6 +385,13 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 	uint64_t seen[VPMM_FRONT_MAX / 64] = {0}; /* slots in a chain */
 	vpi_mutex_lock(&f->lock);
 	for (unsigned b = 0; b < VPMM_FRONT_BUCKETS; b++) {
+		if (!(f->used >> b & 1) != !f->head[b]) {
+			bad++;
+			if (log)
+				fprintf(log, "vpmm check: front chain %u %s but marked %s\n", b,
+					f->head[b] ? "holds entries" : "is empty",
+					f->used >> b & 1 ? "in use" : "empty");
+		}
 		for (uint16_t slot = f->head[b]; slot; slot = f->e[slot - 1].next) {
 			if (slot > f->touched || ++steps > VPMM_FRONT_MAX) {
 				bad++;

@@ -16,6 +16,7 @@ struct stream;
 #define VPMM_FRONT_MAX VPMM_FRONT_ENTRIES_MAX /* entries of a stream's cache */
 #define VPMM_FRONT_BUCKET_BITS 6 /* its chains by rounded size (front.c) */
 #define VPMM_FRONT_BUCKETS (1u << VPMM_FRONT_BUCKET_BITS)
+_Static_assert(VPMM_FRONT_BUCKETS == 64, "struct front's `used` has a bit a chain");
 
 struct fentry { /* an allocation parked in a stream's cache */
 	CUdeviceptr ptr;
@@ -35,6 +36,7 @@ struct front {
 	size_t bytes;         /* their sizes' sum */
 	uint64_t hits, parks;
 	uint16_t head[VPMM_FRONT_BUCKETS]; /* slot + 1 of each chain's newest */
+	uint64_t used;        /* bit b set iff head[b] != 0: walks skip empty chains */
 	uint16_t unused;      /* slot + 1 of the first slot freed by a hit */
 	uint16_t touched;     /* slots [0, touched) were used since the flush */
 	struct fentry e[VPMM_FRONT_MAX];
@@ -44,8 +46,8 @@ struct front {
 /* Every entry `ep` of front `f`, chain by chain (front lock held). Slots
  * outside the chains hold stale entries: never read them any other way. */
 #define VPMM_FRONT_FOR_EACH(f, ep)                                            \
-	for (unsigned fb_ = 0; fb_ < VPMM_FRONT_BUCKETS; fb_++)               \
-		for (uint16_t fs_ = (f)->head[fb_];                           \
+	for (uint64_t fm_ = (f)->used; fm_; fm_ &= fm_ - 1)                   \
+		for (uint16_t fs_ = (f)->head[__builtin_ctzll(fm_)];          \
 		     fs_ && ((ep) = &(f)->e[fs_ - 1], 1); fs_ = (ep)->next)
 
 void vpi_front_pool_init(vpmm_pool *p);
