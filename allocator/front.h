@@ -44,7 +44,8 @@ struct front {
 };
 
 /* Every entry `ep` of front `f`, chain by chain (front lock held). Slots
- * outside the chains hold stale entries: never read them any other way. */
+ * outside the chains hold stale entries: never read them any other way.
+ * The chains in use are read once: the body may not park. */
 #define VPMM_FRONT_FOR_EACH(f, ep)                                            \
 	for (uint64_t fm_ = (f)->used; fm_; fm_ &= fm_ - 1)                   \
 		for (uint16_t fs_ = (f)->head[__builtin_ctzll(fm_)];          \
