@@ -56,10 +56,16 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 	CUdeviceptr expect = 0;
 	const struct region *prev = NULL;
 
+	const struct region *before = NULL; /* r's predecessor in the tree */
 	for (struct vpi_tnode *n = vpi_tree_first(&p->regions); n;
 	     n = vpi_tree_next(n)) {
 		const struct region *r = REG(n, by_va);
 		const struct chunk *c;
+		/* The address links follow the tree (region.h). */
+		if (r->lower != before || (before && before->upper != r))
+			bad += complain(log, "region %#" PRIx64 " linked out of address order",
+					(uint64_t)r->va);
+		before = r;
 		if (r->chunk >= p->nchunks) {
 			bad += complain(log, "region %#" PRIx64 " in chunk %u of %u",
 					(uint64_t)r->va, r->chunk, p->nchunks);
@@ -154,6 +160,9 @@ static size_t check_regions(vpmm_pool *p, FILE *log, uint64_t sums[4],
 		}
 		prev = r;
 	}
+	if (before && before->upper)
+		bad += complain(log, "last region %#" PRIx64 " linked to another",
+				(uint64_t)before->va);
 	if (prev && expect != p->chunks[prev->chunk].va + p->chunks[prev->chunk].size)
 		bad += complain(log, "last chunk not covered to its end");
 	if (runs != p->nchunks)

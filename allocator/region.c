@@ -89,6 +89,12 @@ struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 	r->size = size;
 	r->chunk = chunk;
 	vpi_tree_insert(&p->regions, &r->by_va);
+	r->lower = REG(vpi_tree_prev(&r->by_va), by_va);
+	r->upper = REG(vpi_tree_next(&r->by_va), by_va);
+	if (r->lower)
+		r->lower->upper = r;
+	if (r->upper)
+		r->upper->lower = r;
 	p->st.regions++;
 	return r;
 }
@@ -96,6 +102,10 @@ struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 void vpi_region_delete(vpmm_pool *p, struct region *r)
 {
 	vpi_tree_remove(&p->regions, &r->by_va);
+	if (r->lower)
+		r->lower->upper = r->upper;
+	if (r->upper)
+		r->upper->lower = r->lower;
 	p->st.regions--;
 	r->next = p->region_cache;
 	p->region_cache = r;

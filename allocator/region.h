@@ -26,6 +26,12 @@ struct region {
 	struct vpi_tnode by_va;   /* pool->regions: every region */
 	struct vpi_tnode by_size; /* FREE: stream's or settled tree; HOLE: holes */
 	struct region *prev, *next; /* pending FREE: stream fifo; ZOMBIE: zombie list */
+	/* Its neighbours in pool->regions, by address (NULL at either end),
+	 * linked as the tree is changed (vpi_region_new/delete): a neighbour
+	 * in two loads, where the tree's walk climbed parent links. The
+	 * release walk asks for both of every parked entry on most misses
+	 * (front.c). */
+	struct region *lower, *upper;
 	CUdeviceptr va;
 	size_t size;              /* > 0, multiple of the grain */
 	enum rkind kind;
@@ -73,12 +79,12 @@ static inline void vpi_unclaim(struct region *r)
 
 static inline struct region *vpi_region_next(struct region *r)
 {
-	return REG(vpi_tree_next(&r->by_va), by_va);
+	return r->upper;
 }
 
 static inline struct region *vpi_region_prev(struct region *r)
 {
-	return REG(vpi_tree_prev(&r->by_va), by_va);
+	return r->lower;
 }
 
 int vpi_region_by_va(const struct vpi_tnode *a, const struct vpi_tnode *b);
