@@ -40,7 +40,7 @@ static inline struct region **vpi_gmap_slot(vpmm_pool *p, CUdeviceptr va)
 	for (unsigned i = 0; i < n; i++) {
 		struct chunk *c = &p->chunks[i];
 		if (va >= c->va && va - c->va < c->size)
-			return &c->gmap[(va - c->va) / p->grain];
+			return &c->gmap[(va - c->va) >> p->grain_shift];
 	}
 	return NULL;
 }

@@ -43,7 +43,7 @@ static inline struct mapping *vpi_mapping_next(struct mapping *m)
 static inline struct mapping *vpi_home_at(vpmm_pool *p, unsigned chunk, CUdeviceptr va)
 {
 	struct chunk *c = &p->chunks[chunk];
-	return c->home[(va - c->va) / p->page];
+	return c->home[vpi_page_index(p, va - c->va)];
 }
 
 /* The first mapping at or after va, which lies in live, free or busy

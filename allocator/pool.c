@@ -69,6 +69,8 @@ int vpmm_pool_create(const struct vpmm_config *cfg, vpmm_driver *drv,
 	vpmm_config_units(cfg, gran, &units);
 	p->page = units.page;
 	p->grain = units.grain;
+	p->grain_shift = (unsigned)__builtin_ctzll(units.grain);
+	p->page_shift = units.page & (units.page - 1) ? 0 : (unsigned)__builtin_ctzll(units.page);
 	p->cfg.page_size = units.page;
 	p->cfg.handle_size = units.handle;
 	p->cfg.grain = units.grain;

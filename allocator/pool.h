@@ -43,6 +43,13 @@ struct vpmm_pool {
 	size_t page;  /* the unit of physical memory: slabs are whole pages */
 	size_t grain; /* the unit of allocation: regions are whole grains; holes,
 		       * slabs and zombies whole pages */
+	/* log2 of each: the home map, the grain map and the rounding of
+	 * every request shift where they divided (a 64-bit division takes
+	 * tens of cycles; placement looks up a dozen handles a miss). The
+	 * grain is a power of two (options.c); the page is where the driver's
+	 * granularity is, as CUDA's always is, else page_shift is 0 and they
+	 * divide. */
+	unsigned page_shift, grain_shift;
 
 	struct chunk *chunks; /* VPMM_MAX_CHUNKS of them */
 	unsigned nchunks;     /* written under the lock, read atomically */
@@ -131,13 +138,19 @@ void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
  * takes, and a slab's size (small.c). */
 static inline size_t vpi_grains(const vpmm_pool *p, size_t size)
 {
-	return (size + p->grain - 1) / p->grain * p->grain;
+	return (size + p->grain - 1) & ~(p->grain - 1);
+}
+
+/* The page `off` bytes into a chunk lies in. */
+static inline size_t vpi_page_index(const vpmm_pool *p, uint64_t off)
+{
+	return p->page_shift ? (size_t)(off >> p->page_shift) : (size_t)(off / p->page);
 }
 
 /* `bytes` rounded up to whole pages: what the driver maps. */
 static inline size_t vpi_whole_pages(const vpmm_pool *p, size_t bytes)
 {
-	return (bytes + p->page - 1) / p->page * p->page;
+	return vpi_page_index(p, bytes + p->page - 1) * p->page;
 }
 
 /* s's cache, or the synchronous callers' for s NULL. */
