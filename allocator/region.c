@@ -76,8 +76,8 @@ int vpi_reserve_regions(vpmm_pool *p, unsigned n)
 	return 0;
 }
 
-struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
-				 size_t size, unsigned chunk)
+static struct region *region_take(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
+				  size_t size, unsigned chunk)
 {
 	struct region *r = p->region_cache; /* vpi_reserve_regions() guaranteed one */
 	p->region_cache = r->next;
@@ -88,6 +88,14 @@ struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 	r->va = va;
 	r->size = size;
 	r->chunk = chunk;
+	p->st.regions++;
+	return r;
+}
+
+struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
+				 size_t size, unsigned chunk)
+{
+	struct region *r = region_take(p, kind, va, size, chunk);
 	vpi_tree_insert(&p->regions, &r->by_va);
 	r->lower = REG(vpi_tree_prev(&r->by_va), by_va);
 	r->upper = REG(vpi_tree_next(&r->by_va), by_va);
@@ -95,7 +103,19 @@ struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 		r->lower->upper = r;
 	if (r->upper)
 		r->upper->lower = r;
-	p->st.regions++;
+	return r;
+}
+
+struct region *vpi_region_new_after(vpmm_pool *p, struct region *before, enum rkind kind,
+				       CUdeviceptr va, size_t size)
+{
+	struct region *r = region_take(p, kind, va, size, before->chunk);
+	vpi_tree_insert_after(&p->regions, &before->by_va, &r->by_va);
+	r->lower = before;
+	r->upper = before->upper;
+	before->upper = r;
+	if (r->upper)
+		r->upper->lower = r;
 	return r;
 }
 
@@ -259,7 +279,7 @@ void vpi_zombie_append(vpmm_pool *p, struct region *z)
  * address tree, whose order this keeps. Region structs must be reserved. */
 struct region *vpi_split_off(vpmm_pool *p, struct region *r, CUdeviceptr at)
 {
-	struct region *n = vpi_region_new(p, r->kind, at, r->va + r->size - at, r->chunk);
+	struct region *n = vpi_region_new_after(p, r, r->kind, at, r->va + r->size - at);
 	n->was = r->was;
 	n->stream = r->stream;
 	n->epoch = r->epoch;

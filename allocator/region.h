@@ -27,10 +27,10 @@ struct region {
 	struct vpi_tnode by_size; /* FREE: stream's or settled tree; HOLE: holes */
 	struct region *prev, *next; /* pending FREE: stream fifo; ZOMBIE: zombie list */
 	/* Its neighbours in pool->regions, by address (NULL at either end),
-	 * linked as the tree is changed (vpi_region_new/delete): a neighbour
-	 * in two loads, where the tree's walk climbed parent links. The
-	 * release walk asks for both of every parked entry on most misses
-	 * (front.c). */
+	 * linked where the tree is changed (vpi_region_new, _new_after and
+	 * _delete): a neighbour in two loads, where the tree's walk climbed
+	 * parent links. The release walk asks for both of every parked
+	 * entry on most misses (front.c). */
 	struct region *lower, *upper;
 	CUdeviceptr va;
 	size_t size;              /* > 0, multiple of the grain */
@@ -96,6 +96,10 @@ struct region *vpi_find_region(vpmm_pool *p, CUdeviceptr ptr);
 int vpi_reserve_regions(vpmm_pool *p, unsigned n);
 struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 			      size_t size, unsigned chunk);
+/* The same, for a region that lies right after `before` in its chunk:
+ * no search of the address tree. */
+struct region *vpi_region_new_after(vpmm_pool *p, struct region *before, enum rkind kind,
+				       CUdeviceptr va, size_t size);
 void vpi_region_delete(vpmm_pool *p, struct region *r);
 /* A FREE region into (out of) its stream's index and fifo or the settled
  * index; no merging. */

@@ -28,8 +28,8 @@ static struct region *carve_live(vpmm_pool *p, struct region *r, size_t need)
 {
 	vpi_free_unindex(p, r);
 	if (r->size > need) {
-		struct region *t = vpi_region_new(p, R_FREE, r->va + need, r->size - need,
-					      r->chunk);
+		struct region *t = vpi_region_new_after(p, r, R_FREE, r->va + need,
+						    r->size - need);
 		t->stream = r->stream;
 		t->epoch = r->epoch;
 		vpi_free_index(p, t);

@@ -53,6 +53,15 @@ static void rotate_up(struct vpi_tree *t, struct vpi_tnode *n)
 	p->parent = n;
 }
 
+/* n takes a fresh priority and rises to its place in the heap order. */
+static void lift(struct vpi_tree *t, struct vpi_tnode *n)
+{
+	n->prio = next_prio(t);
+	while (n->parent && n->parent->prio > n->prio)
+		rotate_up(t, n);
+	t->count++;
+}
+
 void vpi_tree_insert(struct vpi_tree *t, struct vpi_tnode *n)
 {
 	struct vpi_tnode **link = &t->root, *parent = NULL;
@@ -62,11 +71,25 @@ void vpi_tree_insert(struct vpi_tree *t, struct vpi_tnode *n)
 	}
 	n->left = n->right = NULL;
 	n->parent = parent;
-	n->prio = next_prio(t);
 	*link = n;
-	while (n->parent && n->parent->prio > n->prio)
-		rotate_up(t, n);
-	t->count++;
+	lift(t, n);
+}
+
+void vpi_tree_insert_after(struct vpi_tree *t, struct vpi_tnode *pos, struct vpi_tnode *n)
+{
+	/* The in-order slot right after pos: its right child, or else the
+	 * left child of the first node of its right subtree. */
+	struct vpi_tnode *parent = pos, **link = &pos->right;
+	if (*link) {
+		parent = pos->right;
+		while (parent->left)
+			parent = parent->left;
+		link = &parent->left;
+	}
+	n->left = n->right = NULL;
+	n->parent = parent;
+	*link = n;
+	lift(t, n);
 }
 
 void vpi_tree_remove(struct vpi_tree *t, struct vpi_tnode *n)

@@ -28,6 +28,9 @@ struct vpi_tree {
 
 void vpi_tree_init(struct vpi_tree *t, vpi_tcmp cmp, uint32_t seed);
 void vpi_tree_insert(struct vpi_tree *t, struct vpi_tnode *n);
+/* n, which must sort right after pos (already in t), without comparing:
+ * the same tree as vpi_tree_insert makes. */
+void vpi_tree_insert_after(struct vpi_tree *t, struct vpi_tnode *pos, struct vpi_tnode *n);
 void vpi_tree_remove(struct vpi_tree *t, struct vpi_tnode *n);
 struct vpi_tnode *vpi_tree_first(const struct vpi_tree *t);
 struct vpi_tnode *vpi_tree_last(const struct vpi_tree *t);
