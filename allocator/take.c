@@ -95,8 +95,6 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			p->st.loop_hints++;
 		}
 	size_t cost = 0;
-	if (!r)
-		r = vpi_place_locked(p, caller, need, &at, &cost);
 	/* A place that strands memory, or none: the caller's parked
 	 * allocations beside free memory join it, and the place is sought
 	 * again. Parked, such an allocation keeps a free range from growing,
@@ -104,9 +102,21 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	 * design.md, "Why a cache packs worse"). Only then: a miss that
 	 * gave back every such entry emptied the cache of a program cycling
 	 * through a few sizes, and the hot path went from 470 to 2 721
-	 * instructions a pair (bench/callgrind.sh). */
-	if ((!r || cost > need) && vpi_front_release_beside_free_locked(p, caller))
+	 * instructions a pair (bench/callgrind.sh). Where the stream's last
+	 * miss found only a place that strands, this one likely will too:
+	 * while the device has room (vpi_growth_ample), the entries go back
+	 * before the first place, which then is the only one (docs/
+	 * design.md, "A miss places once"). */
+	struct front *f = vpi_front_of(p, caller);
+	if (!r) {
+		bool walked = f->strands && p->cfg.front_entries && vpi_growth_ample(p);
+		if (walked)
+			vpi_front_release_beside_free_locked(p, caller);
 		r = vpi_place_locked(p, caller, need, &at, &cost);
+		f->strands = r && cost > need;
+		if ((!r || cost > need) && !walked && vpi_front_release_beside_free_locked(p, caller))
+			r = vpi_place_locked(p, caller, need, &at, &cost);
+	}
 	if (!r && vpi_front_flush_locked(p))
 		r = vpi_place_locked(p, caller, need, &at, &cost);
 	if (!r) {

@@ -181,6 +181,43 @@ Test(front, a_place_that_strands_nothing_leaves_the_cache)
 	pt_close(&t);
 }
 
+/* After a miss whose place stranded, the stream's next miss gives back its
+ * parked allocations beside free memory before it places, even where its
+ * place would strand nothing (take.c): most misses of such a stream gave
+ * some back anyway, after a first place, and placed twice. A 3-page malloc
+ * strands a page of big1 and sends y back; m3, parked beside that page,
+ * goes back on the next miss (4 pages), which fills a handle exactly. */
+Test(front, after_a_miss_that_strands_the_next_gives_back_first)
+{
+	struct pt t;
+	open_handles(&t, 2);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr x = PT_MALLOC(&t, 1, s);
+	CUdeviceptr y = PT_MALLOC(&t, 1, s);
+	PT_MALLOC(&t, 1, s);
+	CUdeviceptr z = PT_MALLOC(&t, 1, s);
+	PT_MALLOC(&t, 1, s);
+	CUdeviceptr big1 = PT_MALLOC(&t, 4, s);
+	PT_MALLOC(&t, 1, s);
+	CUdeviceptr big2 = PT_MALLOC(&t, 4, s);
+	PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, z, s);    /* parked, between live neighbours */
+	PT_FREE(&t, y, s);    /* parked: the cache is full */
+	PT_FREE(&t, x, s);    /* to the pool, beside y */
+	PT_FREE(&t, big1, s);
+	PT_FREE(&t, big2, s);
+	CUdeviceptr m3 = PT_MALLOC(&t, 3, s); /* strands a page: y goes back */
+	cr_assert(m3 == big1 || m3 == big2, "m3 at %#llx", (unsigned long long)m3);
+	cr_assert_eq(pt_stats(&t).parked, t.page, "y stayed parked: the test shows nothing");
+	PT_FREE(&t, m3, s); /* parked, beside the page it left free */
+	cr_assert_eq(pt_stats(&t).parked, 4 * t.page);
+	CUdeviceptr q = PT_MALLOC(&t, 4, s);
+	PT_CHECK(&t);
+	cr_assert(q == big1 || q == big2, "q at %#llx", (unsigned long long)q);
+	cr_assert_eq(pt_stats(&t).parked, t.page, "m3 stayed parked (z alone should)");
+	pt_close(&t);
+}
+
 /* e, parked by a synchronous caller, lies between a free page pending on
  * stream u and a settled 4-page handle r. A 1-page malloc would strand 3
  * pages of r, but given back, e would merge with both neighbours into one
