@@ -274,8 +274,9 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 
 /* Gives back the entries of s's cache that lie beside free memory, so that
  * they join it: the pool asks for it when a malloc that missed the cache
- * finds no place, or only one that strands memory (pool.c). Under the
- * front lock, as flush_one(). */
+ * finds no place, or only one that strands memory, or, while the device
+ * has room, before the first place of a miss that follows one that
+ * stranded (take.c). Under the front lock, as flush_one(). */
 size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 {
 	struct front *f = vpi_front_of(p, s);

@@ -39,8 +39,9 @@ struct front {
 	uint64_t used;        /* bit b set iff head[b] != 0: walks skip empty chains */
 	uint16_t unused;      /* slot + 1 of the first slot freed by a hit */
 	uint16_t touched;     /* slots [0, touched) were used since the flush */
-	bool strands;         /* pool lock: this stream's last miss found no
-			       * place, or one that strands (take.c) */
+	bool strands;         /* pool lock: this stream's last miss found a
+			       * place, and it strands (a miss that finds
+			       * none, a growth, clears it; take.c) */
 	struct fentry e[VPMM_FRONT_MAX];
 	struct loop loop;
 };

@@ -47,8 +47,9 @@ struct vpmm_pool {
 	 * every request shift where they divided (a 64-bit division takes
 	 * tens of cycles; placement looks up a dozen handles a miss). The
 	 * grain is a power of two (options.c); the page is where the driver's
-	 * granularity is, as CUDA's always is, else page_shift is 0 and they
-	 * divide. */
+	 * granularity is, as CUDA's always is, and VPMM_PAGE_SIZE must be, but
+	 * through the API any multiple of the granularity is: then page_shift
+	 * is 0 and they divide (test grain::a_page_of_three_grains). */
 	unsigned page_shift, grain_shift;
 
 	struct chunk *chunks; /* VPMM_MAX_CHUNKS of them */

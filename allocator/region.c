@@ -64,7 +64,7 @@ int vpi_reserve_regions(vpmm_pool *p, unsigned n)
 	for (struct region *r = p->region_cache; r && have < n; r = r->next)
 		have++;
 	for (; have < n; have++) {
-		/* Cache lines of its own: front.c flips `parked` of live
+		/* Cache lines of its own: front.c flips `claim` of live
 		 * regions from any thread without the lock. */
 		struct region *r = aligned_alloc(64, (sizeof(*r) + 63) & ~(size_t)63);
 		if (!r)

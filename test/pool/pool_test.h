@@ -28,6 +28,7 @@ struct pt {
 /* One description of a test pool; zeroes mean "the test does not care". */
 struct pt_setup {
 	size_t granularity;   /* host driver granularity (default 64 KiB) */
+	size_t page_size;     /* the pool's page (0: the granularity) */
 	size_t capacity;      /* host driver capacity in bytes (0 = its default) */
 	bool unbacked;
 	size_t va_pages;      /* VA chunk in pages (default 1024) */
@@ -92,7 +93,7 @@ static inline void pt_open(struct pt *t, const struct pt_setup *s)
 
 	struct vpmm_config cfg;
 	vpmm_config_default(&cfg);
-	cfg.page_size = ho.granularity;
+	cfg.page_size = s->page_size ? s->page_size : ho.granularity;
 	cfg.va_size = (s->va_pages ? s->va_pages : 1024) * cfg.page_size;
 	cfg.initial_pages = s->initial_pages;
 	cfg.limit = s->limit_pages * cfg.page_size;

@@ -161,3 +161,33 @@ Test(grain, holes_stay_page_aligned)
 	pt_settle(&t);
 	pt_close(&t);
 }
+
+/* A page of three grains (192 KiB, set through the API, which allows any
+ * multiple of the granularity): the home map and the rounding to pages
+ * divide where a power of two would shift (pool.h, vpi_page_index).
+ * Mallocs of 1-7 grains and frees in a fixed order, a defragmentation
+ * among them, the pool checked after each; then the page maps and the
+ * regions that cover a remapped handle must agree. */
+Test(grain, a_page_of_three_grains)
+{
+	struct pt t;
+	struct pt_setup su = {.granularity = GRAIN, .page_size = 3 * GRAIN, .unbacked = true,
+			      .va_pages = 256, .grain = GRAIN, .unit = GRAIN, .handle_pages = 4};
+	pt_open(&t, &su);
+	cr_assert_eq(t.page, 3 * GRAIN);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p[24];
+	for (int i = 0; i < 24; i++)
+		p[i] = gmalloc(&t, (size_t)(i % 7 + 1) * GRAIN - 100, s);
+	for (int i = 0; i < 24; i += 2)
+		PT_FREE(&t, p[i], s);
+	pt_settle(&t);
+	CUdeviceptr big = gmalloc(&t, 40 * GRAIN, s);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_gt(st.pages_remapped + st.pages_created, 0, "the big malloc mapped nothing");
+	PT_FREE(&t, big, s);
+	for (int i = 1; i < 24; i += 2)
+		PT_FREE(&t, p[i], s);
+	pt_settle(&t);
+	pt_close(&t);
+}
