@@ -92,18 +92,26 @@ static struct region *region_take(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 	return r;
 }
 
+/* r, just put in the tree between lower and upper, joins their links. */
+static struct region *link_between(struct region *r, struct region *lower,
+				   struct region *upper)
+{
+	r->lower = lower;
+	r->upper = upper;
+	if (lower)
+		lower->upper = r;
+	if (upper)
+		upper->lower = r;
+	return r;
+}
+
 struct region *vpi_region_new(vpmm_pool *p, enum rkind kind, CUdeviceptr va,
 				 size_t size, unsigned chunk)
 {
 	struct region *r = region_take(p, kind, va, size, chunk);
 	vpi_tree_insert(&p->regions, &r->by_va);
-	r->lower = REG(vpi_tree_prev(&r->by_va), by_va);
-	r->upper = REG(vpi_tree_next(&r->by_va), by_va);
-	if (r->lower)
-		r->lower->upper = r;
-	if (r->upper)
-		r->upper->lower = r;
-	return r;
+	return link_between(r, REG(vpi_tree_prev(&r->by_va), by_va),
+			    REG(vpi_tree_next(&r->by_va), by_va));
 }
 
 struct region *vpi_region_new_after(vpmm_pool *p, struct region *before, enum rkind kind,
@@ -111,12 +119,7 @@ struct region *vpi_region_new_after(vpmm_pool *p, struct region *before, enum rk
 {
 	struct region *r = region_take(p, kind, va, size, before->chunk);
 	vpi_tree_insert_after(&p->regions, &before->by_va, &r->by_va);
-	r->lower = before;
-	r->upper = before->upper;
-	before->upper = r;
-	if (r->upper)
-		r->upper->lower = r;
-	return r;
+	return link_between(r, before, before->upper);
 }
 
 void vpi_region_delete(vpmm_pool *p, struct region *r)

@@ -107,8 +107,8 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 	 * while the device has room (vpi_growth_ample), the entries go back
 	 * before the first place, which then is the only one (docs/
 	 * design.md, "A miss places once"). */
-	struct front *f = vpi_front_of(p, caller);
 	if (!r) {
+		struct front *f = vpi_front_of(p, caller);
 		bool walked = f->strands && p->cfg.front_entries && vpi_growth_ample(p);
 		if (walked)
 			vpi_front_release_beside_free_locked(p, caller);
