@@ -177,6 +177,18 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	if (small) {
 		if (vpi_small_park(p, small, r, ptr, &size))
 			return -EAGAIN; /* the pool lock decides what is wrong */
+		/* A block of a destroyed stream's slab is not parked: in a
+		 * cache it kept the slab, and the stream's record with it,
+		 * until the cache was flushed, which nothing may do again
+		 * (a program's last free, on a pool that goes idle). Freed
+		 * under the lock, it empties the slab, which then goes back
+		 * (small.c). Read once the park holds the block: the slab,
+		 * and so its owner's record, stay while a block is used. */
+		struct stream *owner = small->owner;
+		if (owner && __atomic_load_n(&owner->dead, __ATOMIC_ACQUIRE)) {
+			vpi_small_unpark(p, small, r, ptr);
+			return -EAGAIN;
+		}
 	} else {
 		uint32_t seen = __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE);
 		size = r->size;

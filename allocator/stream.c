@@ -391,7 +391,7 @@ static void dead_append(vpmm_pool *p, struct stream *s)
  * p->dead until nothing refers to it. */
 void vpi_stream_forget_locked(vpmm_pool *p, struct stream *s, struct stream **link)
 {
-	s->dead = true;
+	__atomic_store_n(&s->dead, true, __ATOMIC_RELEASE); /* front.c reads it unlocked */
 	vpi_mutex_lock(&s->front.lock);
 	vpi_loop_fini(&s->front.loop);
 	vpi_mutex_unlock(&s->front.lock);

@@ -57,7 +57,8 @@ struct stream {
 	/* The program destroyed it: nothing is recorded on it any more; its
 	 * last event covers every free it had (vpmm_pool_stream_gone). Out
 	 * of the hash, on pool->dead until nothing refers to it any more
-	 * (vpi_stream_reap_locked). */
+	 * (vpi_stream_reap_locked). Set atomically: a lock-free free reads
+	 * it (front.c). */
 	bool dead;
 	struct stream *hash_next;
 	struct stream *prev, *next; /* pool->streams, creation order */

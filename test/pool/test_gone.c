@@ -423,3 +423,36 @@ Test(gone, a_freed_record_keeps_its_calls_counted)
 	cr_expect_eq(st.frees, calls, "frees %" PRIu64 ", calls %" PRIu64, st.frees, calls);
 	pt_close(&t);
 }
+
+/* A block of a destroyed stream's slab, freed afterwards, goes to the slab,
+ * not to a cache: parked in the freeing stream's cache (or the synchronous
+ * callers', where a program's last free goes), it kept the slab, and the
+ * destroyed stream's record, until that cache was flushed, which a pool
+ * that goes idle never does. Once the device ran the work, a poll frees
+ * the record. */
+Test(gone, a_block_freed_after_its_slabs_stream_is_gone_is_not_parked)
+{
+	for (int sync = 0; sync < 2; sync++) {
+		struct pt t;
+		open_churn(&t);
+		CUstream s = vpmm_host_stream_create(t.drv), u = vpmm_host_stream_create(t.drv);
+		CUdeviceptr keep = PT_MALLOC(&t, 1, u); /* u's record, for its cache */
+		PT_FREE(&t, keep, u);
+		CUdeviceptr b;
+		cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
+		cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
+		vpmm_host_stream_destroy(t.drv, s);
+		uint64_t parks = pt_stats(&t).front_parks;
+		cr_assert_eq(vpmm_pool_free(t.pool, b, sync ? VPMM_NO_STREAM : u), 0);
+		cr_expect_eq(pt_stats(&t).front_parks, parks, "%s: the block was parked",
+			     sync ? "synchronous" : "another stream");
+		vpmm_host_complete_all(t.drv);
+		cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+		PT_CHECK(&t);
+		cr_expect_eq(pt_stats(&t).streams, 1, "%s: %" PRIu64 " stream records left, "
+			     "u's only expected", sync ? "synchronous" : "another stream",
+			     pt_stats(&t).streams);
+		PT_FREE(&t, PT_MALLOC(&t, 1, u), u); /* the pool still serves u */
+		pt_close(&t);
+	}
+}
