@@ -233,6 +233,17 @@ int vpmm_pool_find_own(vpmm_pool *p, CUdeviceptr ptr, CUdeviceptr *base, size_t 
 	struct region *r = p ? published(p, ptr) : NULL;
 	if (!r)
 		return -EINVAL;
+	struct slab *small = __atomic_load_n(&r->small, __ATOMIC_ACQUIRE);
+	if (small) {
+		size_t n;
+		if (vpi_small_find_own(p, small, r, ptr, &n))
+			return -EINVAL;
+		if (base)
+			*base = ptr;
+		if (size)
+			*size = n;
+		return 0;
+	}
 	/* Read as vpi_front_free reads it: the claim, then the fields. While
 	 * its owner holds a plain live allocation, nothing claims it and its
 	 * va and size stay; a slab, a parked allocation, one being freed are

@@ -316,6 +316,23 @@ int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 	return 0;
 }
 
+int vpi_small_find_own(vpmm_pool *p, struct slab *sl, struct region *r, CUdeviceptr ptr,
+		       size_t *size)
+{
+	size_t bs = vpi_small_st(p)->block[sl->cls];
+	CUdeviceptr va = r->va;
+	CUdeviceptr off = ptr - va;
+	uint32_t b = (uint32_t)(off / bs);
+	uint64_t bit = 1ull << (b % 64);
+	if (ptr < va || off % bs || b >= sl->nblocks ||
+	    !(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit) ||
+	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & bit) ||
+	    __atomic_load_n(&r->small, __ATOMIC_ACQUIRE) != sl || r->va != va)
+		return -EINVAL;
+	*size = bs;
+	return 0;
+}
+
 void vpi_small_unpark(vpmm_pool *p, struct slab *sl, struct region *r,
 		       CUdeviceptr ptr)
 {

@@ -133,6 +133,11 @@ int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 void vpi_small_unpark(vpmm_pool *p, struct slab *sl, struct region *r,
 		       CUdeviceptr ptr);
 bool vpi_small_is_parked(vpmm_pool *p, struct region *r, CUdeviceptr ptr);
+/* Lock-free, for the owner of the block at ptr before it frees it: 0 and
+ * the block's class size, or -EINVAL if ptr is not a handed-out, unparked
+ * block of sl (read from r, which may have changed since). */
+int vpi_small_find_own(vpmm_pool *p, struct slab *sl, struct region *r, CUdeviceptr ptr,
+		       size_t *size);
 
 /* The list of owner's slabs of class cls with room; NULL without memory. */
 struct slab **vpi_small_partial_list(vpmm_pool *p, struct stream *owner,

@@ -172,10 +172,10 @@ size_t vpmm_pool_release_threshold(vpmm_pool *pool, const size_t *set);
 int vpmm_pool_find(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,
 		   size_t *size);
 /* The same without the pool lock, for the owner of the live allocation
- * that starts at `ptr`, before it frees it: -EINVAL where the page map
- * cannot tell (a request under a page, a pointer inside an allocation,
- * one parked or being freed), and vpmm_pool_find then answers. For any
- * other caller the answer may already be stale. */
+ * (or sub-page block) that starts at `ptr`, before it frees it: -EINVAL
+ * where the page map cannot tell (a pointer inside an allocation, one
+ * parked or being freed), and vpmm_pool_find then answers. For any other
+ * caller the answer may already be stale. */
 int vpmm_pool_find_own(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,
 		       size_t *size);
 /* Whether `ptr` lies in VA this pool reserved (live or not). */

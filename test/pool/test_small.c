@@ -180,8 +180,14 @@ Test(small, classes_cover_everything_under_a_page)
 		CUdeviceptr base;
 		size_t size;
 		cr_assert_eq(vpmm_pool_find(t.pool, p, &base, &size), 0);
-		/* a block of a slab: only the locked find tells */
-		cr_assert_eq(vpmm_pool_find_own(t.pool, p, NULL, NULL), -EINVAL);
+		/* a block of a slab: the lock-free find tells the same */
+		CUdeviceptr own_base;
+		size_t own_size;
+		cr_assert_eq(vpmm_pool_find_own(t.pool, p, &own_base, &own_size), 0);
+		cr_assert_eq(own_base, base);
+		cr_assert_eq(own_size, size);
+		if (size > 1) /* inside the block: not its start */
+			cr_assert_eq(vpmm_pool_find_own(t.pool, p + 1, NULL, NULL), -EINVAL);
 		cr_assert_geq(size, n, "class %zu for %zu bytes", size, n);
 		cr_assert_leq(size, n + n / 4 + 512, "class %zu wastes too much for %zu",
 			      size, n);
