@@ -327,38 +327,51 @@ static CUresult sync_context(int dev)
 	return r;
 }
 
-/* A synchronous free by fences: the pool's context made current (*pushed
- * says whether it was pushed; pop it after the pool's free), the legacy
- * stream made to wait for every non-blocking stream. False: nothing to
- * undo, the caller synchronises instead. */
-static bool fence_free(int owner, bool *pushed)
+/* The allocation of `pool` at ptr: *size 0 if none. */
+static void range_of(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base, size_t *size)
+{
+	if (vpmm_pool_find_own(pool, ptr, base, size) && vpmm_pool_find(pool, ptr, base, size))
+		*size = 0;
+}
+
+/* A synchronous free of ptr by fences: the pool's context made current
+ * (*pushed says whether it was pushed; pop it after the pool's free), the
+ * legacy stream made to wait for every non-blocking stream, the fence
+ * told what is freed. False: nothing to undo, the caller synchronises
+ * instead. */
+static bool fence_free(int owner, vpmm_pool *pool, CUdeviceptr ptr, bool *pushed)
 {
 	CUcontext ctx = vpmm_device_ctx(owner);
+	CUdeviceptr base = 0;
+	size_t size = 0;
 	*pushed = false;
 	if (vpmm_process_sync_device() || !ctx || !vpmm_device_alone(owner) ||
 	    vpmm_push_pool_ctx(owner, pushed) != CUDA_SUCCESS)
 		return false;
-	if (vpmm_fence_possible(ctx, owner) && vpmm_fence_free(ctx) == CUDA_SUCCESS) {
-		vpmm_count(VPMM_HOOK_fence_free);
-		return true;
+	if (vpmm_fence_possible(ctx, owner)) {
+		range_of(pool, ptr, &base, &size);
+		if (vpmm_fence_free(ctx, base, size) == CUDA_SUCCESS) {
+			vpmm_count(VPMM_HOOK_fence_free);
+			return true;
+		}
 	}
 	vpmm_pop_ctx(*pushed);
 	*pushed = false;
 	return false;
 }
 
-/* What a free tells the malloc fence (fence.c), before the pool's free
- * (after it, the memory may be handed out): the range, if it is freed on
- * the legacy stream while non-blocking streams exist, so that only a
- * malloc of that memory fences them again; else that something was
- * freed. */
+/* What a free that no fence told (fence_free) tells the malloc fence
+ * (fence.c), before the pool's free (after it, the memory may be handed
+ * out): the range, if it is freed on the legacy stream, so that only a
+ * malloc of that memory fences again (a record, the non-blocking streams'
+ * waits); else that something was freed. */
 static void tell_fence(vpmm_pool *pool, CUdeviceptr ptr, CUstream ps)
 {
 	CUdeviceptr base;
-	size_t size;
-	if (!ps && vpmm_fence_wants_ranges() &&
-	    (!vpmm_pool_find_own(pool, ptr, &base, &size) ||
-	     !vpmm_pool_find(pool, ptr, &base, &size)))
+	size_t size = 0;
+	if (!ps)
+		range_of(pool, ptr, &base, &size);
+	if (size)
 		vpmm_fence_freed_range(base, size);
 	else
 		vpmm_fence_freeing();
@@ -386,7 +399,8 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		return true;
 
 	ps = vpmm_pool_stream(stream, via);
-	if (ps == VPMM_NO_STREAM && fence_free(owner, &fence_pushed)) {
+	bool fenced = ps == VPMM_NO_STREAM && fence_free(owner, pool, ptr, &fence_pushed);
+	if (fenced) {
 		/* Freed on the legacy stream, which waits for every stream's
 		 * work issued so far: reusable at once there (and by the
 		 * synchronous mallocs, which fence), by others once it
@@ -465,7 +479,8 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		*res = CUDA_ERROR_INVALID_VALUE;
 		return true;
 	}
-	tell_fence(pool, ptr, ps);
+	if (!fenced)
+		tell_fence(pool, ptr, ps);
 	e = vpmm_pool_free(pool, ptr, ps);
 	vpmm_pop_ctx(fence_pushed);
 	if (ps == VPMM_NO_STREAM && r == CUDA_SUCCESS)

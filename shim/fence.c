@@ -83,13 +83,16 @@
  * malloc makes no new one. */
 static atomic_ulong obligations;
 
-/* The ranges freed on the legacy stream while non-blocking streams exist
- * (vpmm_fence_freed_range), the last FREED_MAX of them, in order: entry n is
- * freed[n % FREED_MAX], for n < freed_count. Under vpmm_ls.lock. A
- * malloc whose memory overlaps none of those since the last fence, and
- * that no obligation came before, hands out memory whose old owners'
- * work the non-blocking streams already wait for (or new memory): in a
- * PyTorch step beside 32 idle pool streams, each fence costs 32-64 us. */
+/* The ranges freed on the legacy stream (vpmm_fence_freed_range), the
+ * last FREED_MAX of them, in order: entry n is freed[n % FREED_MAX], for
+ * n < freed_count. Under vpmm_ls.lock. A synchronous malloc whose memory
+ * overlaps none of those since the last fence, and that no obligation
+ * came before, hands out memory whose old owners' work the non-blocking
+ * streams already wait for, and the legacy stream's last record already
+ * orders the blocking ones after (or new memory): in a PyTorch step
+ * beside 32 idle pool streams, each fence costs 32-64 us; without them,
+ * a record (283 ns, H200) on most mallocs where frees and mallocs
+ * alternate: half as many on the benchmark's moe log. */
 #define FREED_MAX 256
 static struct {
 	CUdeviceptr va;
@@ -323,7 +326,15 @@ static CUresult pay_nb_locked(unsigned k)
 	return r;
 }
 
-CUresult vpmm_fence_free(CUcontext ctx)
+/* Puts [va, va + size) at the end of freed[]. */
+static void freed_add_locked(CUdeviceptr va, size_t size)
+{
+	freed[freed_count % FREED_MAX].va = va;
+	freed[freed_count % FREED_MAX].size = size;
+	freed_count++;
+}
+
+CUresult vpmm_fence_free(CUcontext ctx, CUdeviceptr va, size_t size)
 {
 	CUresult r = CUDA_SUCCESS;
 	pthread_mutex_lock(&vpmm_ls.lock);
@@ -360,6 +371,12 @@ CUresult vpmm_fence_free(CUcontext ctx)
 			atomic_fetch_add_explicit(&vpmm_ls_owed_count, 1, memory_order_release);
 		}
 	}
+	/* What it frees, under the lock taken anyway: a free's second lock
+	 * cost more than the records the ranges spare (docs/design.md). */
+	if (r == CUDA_SUCCESS && size)
+		freed_add_locked(va, size);
+	else if (r == CUDA_SUCCESS)
+		atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
 	pthread_mutex_unlock(&vpmm_ls.lock);
 	return r;
 }
@@ -452,12 +469,26 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	 * orders the blocking streams around their memory, not this. */
 	wait = nb && (k < 0 || vpmm_ls.legacy[k].fenced != now ||
 		      freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size));
-	record = wait || (!nb && owed_locked(ctx));
+	/* Without them, the record the frees owe orders the blocking streams
+	 * around the memory they freed: a malloc outside it, with no
+	 * obligation since the last record, hands out memory whose old
+	 * owners' work that record (after their frees) already stands
+	 * between, and leaves the record owed to the next malloc that may
+	 * reuse it. */
+	if (!nb && owed_locked(ctx)) {
+		k = slot_of_locked(ctx);
+		record = vpmm_ls.legacy[k].fenced != now ||
+			 freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size);
+	} else {
+		record = wait;
+	}
 	if (nb && !wait)
 		vpmm_count(VPMM_HOOK_fence_clean);
 	unsigned long freed_now = freed_count;
-	if (record)
-		r = legacy_record_locked(ctx, &ev);
+	if (record && (r = legacy_record_locked(ctx, &ev)) == CUDA_SUCCESS && !nb) {
+		vpmm_ls.legacy[k].fenced = now;
+		vpmm_ls.legacy[k].fenced_freed = freed_now;
+	}
 	if (r == CUDA_SUCCESS && wait) {
 		/* The legacy stream already past the record: the work of every
 		 * old owner completed (the record came after the legacy
@@ -521,17 +552,10 @@ void vpmm_fence_freeing(void)
 	atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
 }
 
-bool vpmm_fence_wants_ranges(void)
-{
-	return atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) != 0;
-}
-
 void vpmm_fence_freed_range(CUdeviceptr va, size_t size)
 {
 	pthread_mutex_lock(&vpmm_ls.lock);
-	freed[freed_count % FREED_MAX].va = va;
-	freed[freed_count % FREED_MAX].size = size;
-	freed_count++;
+	freed_add_locked(va, size);
 	pthread_mutex_unlock(&vpmm_ls.lock);
 }
 

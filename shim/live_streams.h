@@ -49,9 +49,11 @@ bool vpmm_fence_possible(CUcontext ctx, int dev);
  * `ctx` (the current context), made before the next record there or
  * reuse in its order, and a record, made by the next malloc on it that
  * may hand out memory freed since the last fence; the blocking streams it
- * waits for by itself. CUDA_SUCCESS, or the driver's
- * error (the caller synchronises instead). */
-CUresult vpmm_fence_free(CUcontext ctx);
+ * waits for by itself. [va, va + size) is the memory it gives back (size
+ * 0: not known, and the next malloc fences whatever it hands out).
+ * CUDA_SUCCESS, or the driver's error (the caller synchronises instead,
+ * and says what it frees with vpmm_fence_freed_range or _freeing). */
+CUresult vpmm_fence_free(CUcontext ctx, CUdeviceptr va, size_t size);
 /* A non-blocking stream `s` was just made in the current context: it
  * waits for the legacy stream's work so far, since memory handed out
  * before may still be pending there (a fence it missed). */
@@ -85,10 +87,6 @@ void vpmm_fence_forget(void);
 /* A free through the shim, about to give memory back to the pool: the
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
 void vpmm_fence_freeing(void);
-/* Whether a free on the legacy stream should say which range it gives
- * back (vpmm_fence_freed_range) rather than call vpmm_fence_freeing: while
- * non-blocking streams exist. */
-bool vpmm_fence_wants_ranges(void);
 /* A free on the legacy stream, about to give [va, va + size) back to the
  * pool: a synchronous malloc of memory overlapping it is fenced again. */
 void vpmm_fence_freed_range(CUdeviceptr va, size_t size);

@@ -362,6 +362,10 @@ static void clean(void)
 	expect_fenced();
 }
 
+/* The streams of `overflow` and `moved`: non-blocking, or blocking for
+ * their _blocking forms (where the fence is the legacy stream's record). */
+static unsigned stream_flags = CU_STREAM_NON_BLOCKING;
+
 /* More frees since the last fence than the ranges kept (256): a malloc of
  * memory whose range was overwritten since still fences. */
 static void overflow(void)
@@ -372,7 +376,7 @@ static void overflow(void)
 	CUdeviceptr g1, r, g2, z;
 	start();
 	for (int i = 0; i < NB; i++)
-		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+		CHECK_EQ(cuStreamCreate(&nb[i], stream_flags), 0);
 	for (int i = 0; i < N; i++)
 		CHECK_EQ(cuMemAlloc(&v[i], P), 0);
 	CHECK_EQ(cuMemAlloc(&g1, P), 0);
@@ -383,10 +387,14 @@ static void overflow(void)
 	for (int i = 0; i < N; i++)
 		CHECK_EQ(cuMemFree(v[i]), 0);
 	long long waits = fake_calls("cuStreamWaitEvent");
+	long long records = hook_calls("fence_owed");
 	CHECK_EQ(cuMemAlloc(&z, 3 * P), 0);
 	if (!device_mode() && expect_pool()) {
 		CHECK_EQ(z, r);
-		CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+		if (stream_flags)
+			CHECK_EQ(fake_calls("cuStreamWaitEvent") - waits, 2 * NB);
+		else
+			CHECK_EQ(hook_calls("fence_owed") - records, 1);
 	}
 	new_write(old, nb[1], z);
 	CHECK_EQ(cuMemFree(g1), 0);
@@ -451,7 +459,7 @@ static void moved(void)
 	CUdeviceptr a, x, c, z, b;
 	start();
 	for (int i = 0; i < NB; i++)
-		CHECK_EQ(cuStreamCreate(&nb[i], CU_STREAM_NON_BLOCKING), 0);
+		CHECK_EQ(cuStreamCreate(&nb[i], stream_flags), 0);
 	CHECK_EQ(cuMemAlloc(&a, P), 0);
 	CHECK_EQ(cuMemAlloc(&x, P), 0);
 	CHECK_EQ(cuMemAlloc(&c, P), 0);
@@ -472,6 +480,69 @@ static void moved(void)
 	new_write(old, nb[1], b);
 	CHECK_EQ(cuMemFree(x), 0);
 	CHECK_EQ(cuMemFree(z), 0);
+	expect_fenced();
+}
+
+static void moved_blocking(void)
+{
+	stream_flags = 0;
+	moved();
+}
+
+static void overflow_blocking(void)
+{
+	stream_flags = 0;
+	overflow();
+}
+
+/* With blocking streams only, the record that frees owe the legacy stream
+ * is made by the next synchronous malloc that may hand out their memory:
+ * one of memory freed before the last record, while a free since is
+ * owed, makes none, and its new owner is still ordered after the old one
+ * (by that last record); the next malloc of the memory freed since makes
+ * it. */
+static void owed_clean(void)
+{
+	CUstream b1, b2;
+	CUdeviceptr a, c, g, x, h, b, d, y;
+	start();
+	CHECK_EQ(cuStreamCreate(&b1, 0), 0);
+	CHECK_EQ(cuStreamCreate(&b2, 0), 0);
+	CHECK_EQ(cuMemAlloc(&a, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&c, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&g, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&x, 2 * P), 0);
+	CHECK_EQ(cuMemAlloc(&h, P), 0);
+	CUevent old_ac = work_on(b1);
+	CHECK_EQ(cuMemFree(a), 0);
+	CHECK_EQ(cuMemFree(c), 0);
+	bool counted = !device_mode() && expect_pool();
+	long long owed = hook_calls("fence_owed");
+	CHECK_EQ(cuMemAlloc(&b, 4 * P), 0); /* a's or c's pages: recorded */
+	if (counted)
+		CHECK_EQ(hook_calls("fence_owed") - owed, 1);
+	CUevent old_x = work_on(b1);
+	CHECK_EQ(cuMemFree(x), 0);
+	owed = hook_calls("fence_owed");
+	long long records = fake_calls("cuEventRecord");
+	CHECK_EQ(cuMemAlloc(&d, 4 * P), 0); /* the rest of a and c: none */
+	if (counted) {
+		CHECK(d + 4 * P <= x || x + 2 * P <= d);
+		CHECK((a <= d && d < a + 4 * P) || (c <= d && d < c + 4 * P));
+		CHECK_EQ(hook_calls("fence_owed"), owed);
+		CHECK_EQ(fake_calls("cuEventRecord"), records);
+	}
+	expect_ordered(old_ac, b2); /* after the record b's malloc made */
+	CHECK_EQ(cuMemAlloc(&y, 2 * P), 0); /* x's pages: recorded */
+	if (counted) {
+		CHECK_EQ(y, x);
+		CHECK_EQ(hook_calls("fence_owed") - owed, 1);
+	}
+	new_write(old_x, b2, y);
+	CHECK_EQ(cuMemFree(b), 0);
+	CHECK_EQ(cuMemFree(d), 0);
+	CHECK_EQ(cuMemFree(g), 0);
+	CHECK_EQ(cuMemFree(h), 0);
 	expect_fenced();
 }
 
@@ -708,6 +779,8 @@ int main(int argc, char **argv)
 		{"pool_record_forked", pool_record_forked},
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
+		{"moved_blocking", moved_blocking}, {"overflow_blocking", overflow_blocking},
+		{"owed_clean", owed_clean},
 		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
 		{"destroyed_quiet", destroyed_quiet}, {"green", green},
 		{"destroyed_last", destroyed_last}, {"destroyed_reset", destroyed_reset},

@@ -391,6 +391,9 @@ SYNCFREE_SCENARIO(overflow)
 /* No stream waits for a legacy record that has completed already. */
 SYNCFREE_SCENARIO(idle)
 SYNCFREE_SCENARIO_ENV(moved, "VPMM_LIMIT=256K")
+SYNCFREE_SCENARIO_ENV(moved_blocking, "VPMM_LIMIT=256K")
+SYNCFREE_SCENARIO(overflow_blocking)
+SYNCFREE_SCENARIO(owed_clean)
 
 Test(shim_ipc, share_pool, .timeout = 60)
 {
