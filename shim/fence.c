@@ -26,7 +26,9 @@
  *    memory in its order; and an event record (the blocking streams order
  *    against the legacy stream only through its actions: without one
  *    between the free and the malloc, two blocking streams would not be
- *    ordered), which the next malloc on the legacy stream makes. A
+ *    ordered), which the next malloc on the legacy stream makes (a
+ *    synchronous one only if what it hands out may be pending, as
+ *    below: memory freed before the last record is ordered by it). A
  *    synchronous malloc is a malloc on the legacy stream after which each
  *    non-blocking stream waits for it, if what it hands out may be pending
  *    there: freed since they last did (the freed ranges below), or an
@@ -34,8 +36,8 @@
  *    the legacy stream, pages the pool moved); none either once that
  *    record is found complete (every old owner's work has run). Programs
  *    without
- *    non-blocking streams (PyTorch without side streams) pay one event
- *    record for each run of frees, and reuse memory at once in stream
+ *    non-blocking streams (PyTorch without side streams) pay at most one
+ *    event record for each run of frees, and reuse memory at once in stream
  *    order, as through the pluggable allocator. With them, each stream
  *    costs about 0.6 us a run of frees and 0.35 us a malloc after one
  *    (two driver calls and one; an H200): PyTorch's 32 pool streams had
@@ -78,8 +80,9 @@
  * every wait the pool gives the legacy stream (wait_for_pool), every
  * mapping of the pool's but a new handle's first (map_for_pool: pages
  * that moved may bring pending work to a new address). While it stands
- * still, the non-blocking streams' last wait for the legacy stream covers
- * whatever a malloc hands out outside the ranges freed since, and the
+ * still, the last fence (the non-blocking streams' wait for the legacy
+ * stream, or without them its record) covers whatever a synchronous
+ * malloc hands out outside the ranges freed since, and the
  * malloc makes no new one. */
 static atomic_ulong obligations;
 
@@ -474,7 +477,8 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	 * obligation since the last record, hands out memory whose old
 	 * owners' work that record (after their frees) already stands
 	 * between, and leaves the record owed to the next malloc that may
-	 * reuse it. */
+	 * reuse it. [va, va + size) is what the program may touch, less than
+	 * the pool handed out where it rounded up. */
 	if (!nb && owed_locked(ctx)) {
 		k = slot_of_locked(ctx);
 		record = vpmm_ls.legacy[k].fenced != now ||
@@ -550,6 +554,11 @@ void vpmm_fence_capture_began(void)
 void vpmm_fence_freeing(void)
 {
 	atomic_fetch_add_explicit(&obligations, 1, memory_order_release);
+}
+
+bool vpmm_fence_wants_ranges(void)
+{
+	return atomic_load_explicit(&vpmm_ls_nb_count, memory_order_acquire) != 0;
 }
 
 void vpmm_fence_freed_range(CUdeviceptr va, size_t size)

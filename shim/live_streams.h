@@ -87,6 +87,10 @@ void vpmm_fence_forget(void);
 /* A free through the shim, about to give memory back to the pool: the
  * next synchronous malloc's fence is due again (vpmm_fence_malloc). */
 void vpmm_fence_freeing(void);
+/* Whether a free on the legacy stream that no fence told should say which
+ * range it gives back (vpmm_fence_freed_range) rather than call
+ * vpmm_fence_freeing: while non-blocking streams exist. */
+bool vpmm_fence_wants_ranges(void);
 /* A free on the legacy stream, about to give [va, va + size) back to the
  * pool: a synchronous malloc of memory overlapping it is fenced again. */
 void vpmm_fence_freed_range(CUdeviceptr va, size_t size);

@@ -40,8 +40,9 @@ struct vpmm_ls_table {
 	 * since (pay_nb_locked, before any record there). fenced: the
 	 * count of obligations when the non-blocking streams last waited for
 	 * the legacy stream (vpmm_fence_malloc), or found the record they
-	 * would have waited for complete; fenced_freed the count of ranges
-	 * freed then (fence.c). ended: events recorded on non-blocking
+	 * would have waited for complete, or, with none, when a synchronous
+	 * malloc last made the record the frees owed; fenced_freed the count
+	 * of ranges freed then (fence.c). ended: events recorded on non-blocking
 	 * streams of the context as they ended, the last of their work; the
 	 * next wait for the non-blocking streams waits for these too, and
 	 * destroys them. */

@@ -367,13 +367,14 @@ static void clean(void)
 static unsigned stream_flags = CU_STREAM_NON_BLOCKING;
 
 /* More frees since the last fence than the ranges kept (256): a malloc of
- * memory whose range was overwritten since still fences. */
+ * memory whose range was overwritten since still fences. A fence comes
+ * first (the first malloc after a free always fences). */
 static void overflow(void)
 {
 	enum { NB = 2, N = 300 };
 	static CUdeviceptr v[N];
 	CUstream nb[NB];
-	CUdeviceptr g1, r, g2, z;
+	CUdeviceptr g1, r, g2, z, f;
 	start();
 	for (int i = 0; i < NB; i++)
 		CHECK_EQ(cuStreamCreate(&nb[i], stream_flags), 0);
@@ -382,6 +383,9 @@ static void overflow(void)
 	CHECK_EQ(cuMemAlloc(&g1, P), 0);
 	CHECK_EQ(cuMemAlloc(&r, 3 * P), 0);
 	CHECK_EQ(cuMemAlloc(&g2, P), 0);
+	CHECK_EQ(cuMemAlloc(&f, P), 0);
+	CHECK_EQ(cuMemFree(f), 0);
+	CHECK_EQ(cuMemAlloc(&f, P), 0); /* a fence */
 	CUevent old = work_on(nb[0]);
 	CHECK_EQ(cuMemFree(r), 0); /* its range first, then N others */
 	for (int i = 0; i < N; i++)
@@ -399,6 +403,7 @@ static void overflow(void)
 	new_write(old, nb[1], z);
 	CHECK_EQ(cuMemFree(g1), 0);
 	CHECK_EQ(cuMemFree(g2), 0);
+	CHECK_EQ(cuMemFree(f), 0);
 	expect_fenced();
 }
 
@@ -483,6 +488,9 @@ static void moved(void)
 	expect_fenced();
 }
 
+/* On blocking streams the ordering holds, but the pool's own record on the
+ * legacy stream (its caches flushed before the defragmentation) orders it
+ * too: the obligation is tested by owed_obligation. */
 static void moved_blocking(void)
 {
 	stream_flags = 0;
@@ -543,6 +551,41 @@ static void owed_clean(void)
 	CHECK_EQ(cuMemFree(d), 0);
 	CHECK_EQ(cuMemFree(g), 0);
 	CHECK_EQ(cuMemFree(h), 0);
+	expect_fenced();
+}
+
+/* Blocking streams only: memory a stream-ordered free on the legacy
+ * stream gave back names no range (an obligation), and a synchronous
+ * malloc that takes it makes the record owed, though it overlaps no
+ * range freed since the last one; its writer is ordered after the old
+ * one. */
+static void owed_obligation(void)
+{
+	CUstream b1, b2;
+	CUdeviceptr a, g, x, h, f, y;
+	start();
+	CHECK_EQ(cuStreamCreate(&b1, 0), 0);
+	CHECK_EQ(cuStreamCreate(&b2, 0), 0);
+	CHECK_EQ(cuMemAlloc(&a, 2 * P), 0);
+	CHECK_EQ(cuMemAlloc(&g, P), 0);
+	CHECK_EQ(cuMemAlloc(&x, 4 * P), 0);
+	CHECK_EQ(cuMemAlloc(&h, P), 0);
+	CHECK_EQ(cuMemAlloc(&f, P), 0);
+	CHECK_EQ(cuMemFree(f), 0);
+	CHECK_EQ(cuMemAlloc(&f, P), 0); /* a record: the last fence */
+	CUevent old = work_on(b1);
+	CHECK_EQ(cuMemFreeAsync(x, NULL), 0); /* in the legacy stream's order */
+	CHECK_EQ(cuMemFree(a), 0);            /* a record owed */
+	long long owed = hook_calls("fence_owed");
+	CHECK_EQ(cuMemAlloc(&y, 4 * P), 0); /* x's pages */
+	if (!device_mode() && expect_pool()) {
+		CHECK_EQ(y, x);
+		CHECK_EQ(hook_calls("fence_owed") - owed, 1);
+	}
+	new_write(old, b2, y);
+	CHECK_EQ(cuMemFree(g), 0);
+	CHECK_EQ(cuMemFree(h), 0);
+	CHECK_EQ(cuMemFree(f), 0);
 	expect_fenced();
 }
 
@@ -780,7 +823,7 @@ int main(int argc, char **argv)
 		{"capture_owed_elsewhere", capture_owed_elsewhere},
 		{"clean", clean},         {"moved", moved},   {"idle", idle},
 		{"moved_blocking", moved_blocking}, {"overflow_blocking", overflow_blocking},
-		{"owed_clean", owed_clean},
+		{"owed_clean", owed_clean}, {"owed_obligation", owed_obligation},
 		{"destroyed_busy", destroyed_busy}, {"overflow", overflow},
 		{"destroyed_quiet", destroyed_quiet}, {"green", green},
 		{"destroyed_last", destroyed_last}, {"destroyed_reset", destroyed_reset},

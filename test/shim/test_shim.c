@@ -394,6 +394,7 @@ SYNCFREE_SCENARIO_ENV(moved, "VPMM_LIMIT=256K")
 SYNCFREE_SCENARIO_ENV(moved_blocking, "VPMM_LIMIT=256K")
 SYNCFREE_SCENARIO(overflow_blocking)
 SYNCFREE_SCENARIO(owed_clean)
+SYNCFREE_SCENARIO(owed_obligation)
 
 Test(shim_ipc, share_pool, .timeout = 60)
 {
