@@ -1,6 +1,7 @@
 /* syncfree.h — what the synchronous-free program's files share
  * (syncfree_prog.c: the helpers, main and most scenarios; syncfree_ends.c:
- * the scenarios where a non-blocking stream ends). */
+ * the scenarios where a non-blocking stream ends; syncfree_owed.c: the
+ * legacy stream's record with blocking streams only). */
 #ifndef SYNCFREE_H
 #define SYNCFREE_H
 
@@ -20,8 +21,10 @@ CUevent work_on(CUstream s);
 /* *a, 4 pages, written on `late` and freed by cuMemFree (the legacy
  * stream's order): the write's event. */
 CUevent freed_after_work(CUstream late, CUdeviceptr *a);
-/* The new owner's write on `next` must not complete before `old`; then b
- * is freed. */
+/* The new owner's write on `next` must not complete before `old`
+ * (destroyed). */
+void expect_ordered(CUevent old, CUstream next);
+/* The same; then b is freed. */
 void new_write(CUevent old, CUstream next, CUdeviceptr b);
 /* a written late on `late`, freed (`late` destroyed if asked), the same
  * size allocated and written on `next`; whether the memory was reused. */
@@ -35,6 +38,11 @@ void expect_syncs(long long from_hook, long long from_fake, long long n);
 void expect_fenced(void);
 /* A malloc and its free, the free synchronising the context. */
 void free_syncs(void);
+
+/* syncfree_owed.c */
+void owed(void);
+void owed_clean(void);
+void owed_obligation(void);
 
 /* syncfree_ends.c */
 void destroyed(void);
