@@ -164,7 +164,7 @@ def pool_counters(lib):
     out = {k: s[k] for k in keep if k in s}
     # the preload's synchronous calls: fenced, or synchronising the device
     for h in ("cudaMalloc", "cudaFree", "fence_free", "sync_free", "fence_malloc",
-              "fence_owed", "fence_clean", "fence_done", "cuStreamCreate",
+              "fence_owed", "fence_spared", "fence_clean", "fence_done", "cuStreamCreate",
               "cuStreamCreateWithPriority"):
         n = hook_calls(h, lib)
         if n is not None:

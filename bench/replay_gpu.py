@@ -62,9 +62,10 @@ Measurements (run):
   shim_active, pool_malloc, passthrough, pool_stats  (libvpmm only) what
               the library reports of itself: a preload run whose pool served
               nothing measured plain CUDA, not libvpmm. fence_free,
-              fence_malloc, fence_owed: the synchronous frees and mallocs
-              the shim ordered on the legacy stream instead of
-              synchronising, and the event records those frees cost.
+              fence_malloc, fence_owed, fence_spared: the synchronous frees
+              and mallocs the shim ordered on the legacy stream instead of
+              synchronising, the event records those frees cost, and the
+              mallocs that found one owed but did not need it.
 
 torch and cupy are imported only by the allocators that need them, so this
 file loads (and --help works) on a machine without either. The `dry`
@@ -313,7 +314,7 @@ def shim_report(libvpmm):
         f.restype = ctypes.c_ulonglong
         f.argtypes = [ctypes.c_char_p]
         for k in ("pool_malloc", "pool_free", "passthrough", "sync_free",
-                  "fence_free", "fence_malloc", "fence_owed"):
+                  "fence_free", "fence_malloc", "fence_owed", "fence_spared"):
             v = f(k.encode())
             if v != (1 << 64) - 1:
                 out[k] = v

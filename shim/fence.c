@@ -483,6 +483,8 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 		k = slot_of_locked(ctx);
 		record = vpmm_ls.legacy[k].fenced != now ||
 			 freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size);
+		if (!record)
+			vpmm_count(VPMM_HOOK_fence_spared);
 	} else {
 		record = wait;
 	}

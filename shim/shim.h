@@ -111,6 +111,7 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(fence_malloc)             /* synchronous mallocs on the legacy stream */ \
 	X(fence_owed)               /* legacy records that runs of frees owed */ \
 	X(fence_clean)              /* fence_malloc with nothing to wait for */ \
+	X(fence_spared)             /* fence_malloc with a record owed, not needed */ \
 	X(fence_done)               /* fence_malloc after the old work completed */ \
 	X(cuStreamBeginCapture)     /* every form */                            \
 	X(cuStreamEndCapture)                                                 \

@@ -91,8 +91,10 @@ void owed_clean(void)
 	CHECK_EQ(cuMemFree(x), 0);
 	owed = hook_calls("fence_owed");
 	long long records = fake_calls("cuEventRecord");
+	long long spared = hook_calls("fence_spared");
 	CHECK_EQ(cuMemAlloc(&d, 4 * P), 0); /* the rest of a and c: none */
 	if (counted) {
+		CHECK_EQ(hook_calls("fence_spared") - spared, 1);
 		CHECK(d + 4 * P <= x || x + 2 * P <= d);
 		CHECK((a <= d && d < a + 4 * P) || (c <= d && d < c + 4 * P));
 		CHECK_EQ(hook_calls("fence_owed"), owed);
