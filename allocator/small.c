@@ -287,19 +287,37 @@ size_t vpi_small_class_size(const vpmm_pool *p, size_t size)
 	return s->block[vpi_small_class_of(s, size)];
 }
 
-/* Lock-free: only the marks are touched, the used bits are read. A block's
- * used bit cannot change under us while the caller legitimately owns it. */
+/* Lock-free reads for vpi_small_park and _find_own. Whether ptr is a
+ * handed-out block of sl, a slab at va (r->va as the caller read it):
+ * its index in *b and its class's size in *bs. A block's used bit cannot
+ * change under us while the caller legitimately owns it. */
+static bool handed_out(vpmm_pool *p, const struct slab *sl, CUdeviceptr va, CUdeviceptr ptr,
+		       uint32_t *b, size_t *bs)
+{
+	*bs = vpi_small_st(p)->block[sl->cls]; /* spares keep their class */
+	CUdeviceptr off = ptr - va;
+	*b = (uint32_t)(off / *bs);
+	return ptr >= va && !(off % *bs) && *b < sl->nblocks &&
+	       (__atomic_load_n(&sl->used[*b / 64], __ATOMIC_ACQUIRE) & (1ull << (*b % 64)));
+}
+
+/* Whether r still carves sl at va: the pool may have released the slab
+ * and reused both since the caller read them. */
+static bool still_slab(const struct region *r, const struct slab *sl, CUdeviceptr va)
+{
+	return __atomic_load_n(&r->small, __ATOMIC_ACQUIRE) == sl && r->va == va;
+}
+
+/* Lock-free: only the marks are touched, the used bits are read. */
 int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 		    CUdeviceptr ptr, size_t *size)
 {
-	size_t bs = vpi_small_st(p)->block[sl->cls]; /* spares keep their class */
 	CUdeviceptr va = r->va;
-	CUdeviceptr off = ptr - va;
-	uint32_t b = (uint32_t)(off / bs);
-	uint64_t bit = 1ull << (b % 64);
-	if (ptr < va || off % bs || b >= sl->nblocks ||
-	    !(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit))
+	uint32_t b;
+	size_t bs;
+	if (!handed_out(p, sl, va, ptr, &b, &bs))
 		return -EINVAL;
+	uint64_t bit = 1ull << (b % 64);
 	VPMM_TEST_POINT("small_park:claim");
 	if (__atomic_fetch_or(&parked_map(sl)[b / 64], bit, __ATOMIC_ACQ_REL) & bit)
 		return -EINVAL; /* parked already: a double free */
@@ -308,7 +326,7 @@ int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 	 * keep the claim only on a block still handed out, of this slab,
 	 * at ptr. */
 	if (!(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit) ||
-	    __atomic_load_n(&r->small, __ATOMIC_ACQUIRE) != sl || r->va != va) {
+	    !still_slab(r, sl, va)) {
 		__atomic_fetch_and(&parked_map(sl)[b / 64], ~bit, __ATOMIC_RELEASE);
 		return -EINVAL;
 	}
@@ -319,15 +337,12 @@ int vpi_small_park(vpmm_pool *p, struct slab *sl, struct region *r,
 int vpi_small_find_own(vpmm_pool *p, struct slab *sl, struct region *r, CUdeviceptr ptr,
 		       size_t *size)
 {
-	size_t bs = vpi_small_st(p)->block[sl->cls];
 	CUdeviceptr va = r->va;
-	CUdeviceptr off = ptr - va;
-	uint32_t b = (uint32_t)(off / bs);
-	uint64_t bit = 1ull << (b % 64);
-	if (ptr < va || off % bs || b >= sl->nblocks ||
-	    !(__atomic_load_n(&sl->used[b / 64], __ATOMIC_ACQUIRE) & bit) ||
-	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & bit) ||
-	    __atomic_load_n(&r->small, __ATOMIC_ACQUIRE) != sl || r->va != va)
+	uint32_t b;
+	size_t bs;
+	if (!handed_out(p, sl, va, ptr, &b, &bs) ||
+	    (__atomic_load_n(&parked_map(sl)[b / 64], __ATOMIC_ACQUIRE) & (1ull << (b % 64))) ||
+	    !still_slab(r, sl, va))
 		return -EINVAL;
 	*size = bs;
 	return 0;

@@ -449,6 +449,23 @@ void vpmm_fence_new_stream(CUstream s)
 		vpmm_ls_distrust("a new non-blocking stream could not wait for the legacy stream");
 }
 
+/* Whether [va, va + size) may be pending on the legacy stream of slot k
+ * since the slot's last fence: a free of part of it, or an obligation, came
+ * since. */
+static bool pending_since_fence_locked(unsigned k, unsigned long now, CUdeviceptr va,
+				       size_t size)
+{
+	return vpmm_ls.legacy[k].fenced != now ||
+	       freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size);
+}
+
+/* Slot k's fence made, after `now` obligations and `freed_now` ranges. */
+static void fence_made_locked(unsigned k, unsigned long now, unsigned long freed_now)
+{
+	vpmm_ls.legacy[k].fenced = now;
+	vpmm_ls.legacy[k].fenced_freed = freed_now;
+}
+
 CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 {
 	CUresult r = CUDA_SUCCESS;
@@ -470,8 +487,7 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	 * was pending there before that wait, or not at all (new memory, or
 	 * settled). The record the frees since owe waits too, then: it
 	 * orders the blocking streams around their memory, not this. */
-	wait = nb && (k < 0 || vpmm_ls.legacy[k].fenced != now ||
-		      freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size));
+	wait = nb && (k < 0 || pending_since_fence_locked((unsigned)k, now, va, size));
 	/* Without them, the record the frees owe orders the blocking streams
 	 * around the memory they freed: a malloc outside it, with no
 	 * obligation since the last record, hands out memory whose old
@@ -481,8 +497,7 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	 * the pool handed out where it rounded up. */
 	if (!nb && owed_locked(ctx)) {
 		k = slot_of_locked(ctx);
-		record = vpmm_ls.legacy[k].fenced != now ||
-			 freed_since_locked(vpmm_ls.legacy[k].fenced_freed, va, size);
+		record = pending_since_fence_locked((unsigned)k, now, va, size);
 		if (!record)
 			vpmm_count(VPMM_HOOK_fence_spared);
 	} else {
@@ -491,10 +506,8 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 	if (nb && !wait)
 		vpmm_count(VPMM_HOOK_fence_clean);
 	unsigned long freed_now = freed_count;
-	if (record && (r = legacy_record_locked(ctx, &ev)) == CUDA_SUCCESS && !nb) {
-		vpmm_ls.legacy[k].fenced = now;
-		vpmm_ls.legacy[k].fenced_freed = freed_now;
-	}
+	if (record && (r = legacy_record_locked(ctx, &ev)) == CUDA_SUCCESS && !nb)
+		fence_made_locked((unsigned)k, now, freed_now);
 	if (r == CUDA_SUCCESS && wait) {
 		/* The legacy stream already past the record: the work of every
 		 * old owner completed (the record came after the legacy
@@ -508,10 +521,8 @@ CUresult vpmm_fence_malloc(CUcontext ctx, CUdeviceptr va, size_t size)
 			for (unsigned i = 0; r == CUDA_SUCCESS && i < vpmm_ls.n_nb; i++)
 				if (vpmm_ls.nb[i]->ctx == ctx)
 					r = vpmm_real.stream_wait_event(vpmm_ls.nb[i]->s, ev, 0);
-		if (r == CUDA_SUCCESS && k >= 0) {
-			vpmm_ls.legacy[k].fenced = now;
-			vpmm_ls.legacy[k].fenced_freed = freed_now;
-		}
+		if (r == CUDA_SUCCESS && k >= 0)
+			fence_made_locked((unsigned)k, now, freed_now);
 	}
 	pthread_mutex_unlock(&vpmm_ls.lock);
 	return r;

@@ -21,6 +21,9 @@ CUevent work_on(CUstream s);
 /* *a, 4 pages, written on `late` and freed by cuMemFree (the legacy
  * stream's order): the write's event. */
 CUevent freed_after_work(CUstream late, CUdeviceptr *a);
+/* *f, a page allocated, freed and taken again: a fence (the first
+ * malloc after a free always makes one), the last before what follows. */
+void fence_now(CUdeviceptr *f);
 /* The new owner's write on `next` must not complete before `old`
  * (destroyed). */
 void expect_ordered(CUevent old, CUstream next);

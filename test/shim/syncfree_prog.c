@@ -61,6 +61,12 @@ void expect_ordered(CUevent old, CUstream next)
 	cuEventDestroy(young);
 }
 
+void fence_now(CUdeviceptr *f)
+{
+	CHECK_EQ(cuMemFree(*f), 0);
+	CHECK_EQ(cuMemAlloc(f, P), 0);
+}
+
 /* The same for b's new owner; then b is freed. */
 void new_write(CUevent old, CUstream next, CUdeviceptr b)
 {
@@ -336,8 +342,7 @@ static void overflow(void)
 	CHECK_EQ(cuMemAlloc(&r, 3 * P), 0);
 	CHECK_EQ(cuMemAlloc(&g2, P), 0);
 	CHECK_EQ(cuMemAlloc(&f, P), 0);
-	CHECK_EQ(cuMemFree(f), 0);
-	CHECK_EQ(cuMemAlloc(&f, P), 0); /* a fence */
+	fence_now(&f);
 	CUevent old = work_on(nb[0]);
 	CHECK_EQ(cuMemFree(r), 0); /* its range first, then N others */
 	for (int i = 0; i < N; i++)
@@ -421,8 +426,7 @@ static void moved(void)
 	CHECK_EQ(cuMemAlloc(&x, P), 0);
 	CHECK_EQ(cuMemAlloc(&c, P), 0);
 	CHECK_EQ(cuMemAlloc(&z, P), 0);
-	CHECK_EQ(cuMemFree(z), 0);
-	CHECK_EQ(cuMemAlloc(&z, P), 0); /* a fence */
+	fence_now(&z);
 	CUevent old = work_on(nb[0]);
 	CHECK_EQ(cuMemFree(a), 0);
 	CHECK_EQ(cuMemFree(c), 0);
