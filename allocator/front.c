@@ -326,6 +326,44 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 	return n;
 }
 
+/* Gives back the blocks of the gone stream `owner`'s slabs parked in
+ * cache f (of stream s; NULL: the synchronous callers'), each freed on s as
+ * a flush frees it. Under the front lock, as flush_one(). */
+static size_t release_owned(vpmm_pool *p, struct front *f, struct stream *s,
+			    const struct stream *owner)
+{
+	size_t n = 0;
+	vpi_mutex_lock(&f->lock);
+	for (uint64_t m = f->used; m && f->n; m &= m - 1) {
+		unsigned b = (unsigned)__builtin_ctzll(m);
+		uint16_t *link = &f->head[b];
+		while (*link) {
+			struct fentry e = f->e[*link - 1];
+			if (!e.r->small || e.r->small->owner != owner || e.r->kind != R_LIVE) {
+				link = &f->e[*link - 1].next;
+				continue;
+			}
+			unlink_entry(f, link, b);
+			vpi_small_free_locked(p, e.r, e.ptr, s, e.epoch, true);
+			n++;
+		}
+	}
+	vpi_mutex_unlock(&f->lock);
+	return n;
+}
+
+size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner)
+{
+	size_t n = 0;
+	if (!p->cfg.front_entries || !owner->slabs)
+		return 0;
+	n += release_owned(p, &p->sync_front, NULL, owner);
+	for (struct stream *s = p->streams; s; s = s->next)
+		if (s != owner)
+			n += release_owned(p, &s->front, s, owner);
+	return n;
+}
+
 size_t vpi_front_flush_stream_locked(vpmm_pool *p, struct stream *s)
 {
 	return p->cfg.front_entries ? flush_one(p, vpi_front_of(p, s), s) : 0;

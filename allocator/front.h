@@ -63,6 +63,10 @@ size_t vpi_front_flush_locked(vpmm_pool *p);
 size_t vpi_front_flush_stream_locked(vpmm_pool *p, struct stream *s);
 /* Gives back the entries of s's cache that have a free neighbour (front.c). */
 size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s);
+/* Gives back the blocks of owner's slabs parked in the other caches: owner
+ * is gone, and each would keep its slab, and owner's record, until that
+ * cache was flushed. */
+size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner);
 /* Whether s's cache (NULL: the synchronous callers') holds r parked. */
 bool vpi_front_holds_locked(vpmm_pool *p, struct stream *s, const struct region *r);
 void vpi_front_counts_locked(vpmm_pool *p, uint64_t *parked_bytes,

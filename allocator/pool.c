@@ -369,6 +369,7 @@ int vpmm_pool_stream_gone(vpmm_pool *p, CUstream h)
 			 * closed: back to the last one recorded. */
 			__atomic_store_n(&s->epoch, open, __ATOMIC_SEQ_CST);
 		vpi_stream_forget_locked(p, s, link);
+		vpi_front_release_owned_locked(p, s);
 		vpi_small_stream_gone_locked(p, s);
 	}
 	vpi_stream_reap_locked(p, REAP_ON_GONE);
@@ -449,6 +450,7 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 				continue;
 			}
 			vpi_stream_forget_locked(p, s, link); /* *link is the next one */
+			vpi_front_release_owned_locked(p, s);
 			vpi_small_stream_gone_locked(p, s);
 		}
 	vpi_stream_reap_locked(p, p->ndead);

@@ -430,6 +430,38 @@ Test(gone, a_freed_record_keeps_its_calls_counted)
  * destroyed stream's record, until that cache was flushed, which a pool
  * that goes idle never does. Once the device ran the work, a poll frees
  * the record. */
+/* The other order: the block is parked in another cache first, then its
+ * slab's stream goes. The parked block would keep the slab, and the
+ * stream's record, until that cache was flushed. */
+Test(gone, a_block_parked_elsewhere_goes_back_when_its_slabs_stream_goes)
+{
+	for (int sync = 0; sync < 2; sync++) {
+		struct pt t;
+		open_churn(&t);
+		CUstream s = vpmm_host_stream_create(t.drv), u = vpmm_host_stream_create(t.drv);
+		CUdeviceptr keep = PT_MALLOC(&t, 1, u); /* u's record, for its cache */
+		PT_FREE(&t, keep, u);
+		CUdeviceptr b;
+		cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
+		uint64_t parks = pt_stats(&t).front_parks;
+		cr_assert_eq(vpmm_pool_free(t.pool, b, sync ? VPMM_NO_STREAM : u), 0);
+		cr_assert_eq(pt_stats(&t).front_parks, parks + 1, "%s: the block was not parked",
+			     sync ? "synchronous" : "another stream");
+		cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
+		vpmm_host_stream_destroy(t.drv, s);
+		cr_expect_eq(pt_stats(&t).parked, 0, "%s: %" PRIu64 " bytes still parked",
+			     sync ? "synchronous" : "another stream", pt_stats(&t).parked);
+		vpmm_host_complete_all(t.drv);
+		cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+		PT_CHECK(&t);
+		cr_expect_eq(pt_stats(&t).streams, 1, "%s: %" PRIu64 " stream records left, "
+			     "u's only expected", sync ? "synchronous" : "another stream",
+			     pt_stats(&t).streams);
+		PT_FREE(&t, PT_MALLOC(&t, 1, u), u); /* the pool still serves u */
+		pt_close(&t);
+	}
+}
+
 Test(gone, a_block_freed_after_its_slabs_stream_is_gone_is_not_parked)
 {
 	for (int sync = 0; sync < 2; sync++) {
