@@ -160,6 +160,22 @@ static struct region *published(vpmm_pool *p, CUdeviceptr ptr)
 	return slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : NULL;
 }
 
+/* Whether sl (NULL: not a block) is a slab of a destroyed stream. Its
+ * blocks are not parked: in a cache one kept the slab, and the stream's
+ * record with it, until the cache was flushed, which nothing may do again
+ * (a program's last free, on a pool that goes idle). Freed under the lock,
+ * it empties the slab, which then goes back (small.c). Read under the
+ * cache's lock, with the block parked: the slab, and so its owner's
+ * record, stay while a block is used; the destroy marks the stream dead
+ * before it takes the blocks of its slabs out of every cache, each under
+ * that cache's lock (vpi_front_release_owned_locked), so either it finds
+ * this entry there or this free finds the stream dead. */
+static bool owner_gone(const struct slab *sl)
+{
+	const struct stream *owner = sl ? sl->owner : NULL;
+	return owner && __atomic_load_n(&owner->dead, __ATOMIC_ACQUIRE);
+}
+
 int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 {
 	struct region *r = published(p, ptr);
@@ -177,18 +193,7 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 	if (small) {
 		if (vpi_small_park(p, small, r, ptr, &size))
 			return -EAGAIN; /* the pool lock decides what is wrong */
-		/* A block of a destroyed stream's slab is not parked: in a
-		 * cache it kept the slab, and the stream's record with it,
-		 * until the cache was flushed, which nothing may do again
-		 * (a program's last free, on a pool that goes idle). Freed
-		 * under the lock, it empties the slab, which then goes back
-		 * (small.c). Read once the park holds the block: the slab,
-		 * and so its owner's record, stay while a block is used. */
-		struct stream *owner = small->owner;
-		if (owner && __atomic_load_n(&owner->dead, __ATOMIC_ACQUIRE)) {
-			vpi_small_unpark(p, small, r, ptr);
-			return -EAGAIN;
-		}
+		VPMM_TEST_POINT("front_free:parked");
 	} else {
 		uint32_t seen = __atomic_load_n(&r->claim, __ATOMIC_ACQUIRE);
 		size = r->size;
@@ -206,8 +211,8 @@ int vpi_front_free(vpmm_pool *p, CUdeviceptr ptr, CUstream stream)
 		uint64_t epoch = s ? __atomic_load_n(&s->epoch, __ATOMIC_SEQ_CST) : 0;
 		uint16_t at;
 		vpi_mutex_lock(&f->lock);
-		if (f->n < p->cfg.front_entries && f->bytes + size <= p->cfg.front_bytes &&
-		    (at = take_slot(f))) {
+		if (!owner_gone(small) && f->n < p->cfg.front_entries &&
+		    f->bytes + size <= p->cfg.front_bytes && (at = take_slot(f))) {
 			unsigned b = bucket(size);
 			f->e[at - 1] = (struct fentry){.ptr = ptr, .size = size, .epoch = epoch,
 						       .r = r, .next = f->head[b]};
@@ -279,8 +284,11 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 			continue;
 		if (e->r->small) {
 			/* Still claimed: a racing double free cannot take it
-			 * between an unpark and a new claim. */
-			vpi_small_free_locked(p, e->r, e->ptr, s, e->epoch, true);
+			 * between an unpark and a new claim. Unparked if the
+			 * free fails (its event could not be made): handed out
+			 * again, as before it was parked. */
+			if (vpi_small_free_locked(p, e->r, e->ptr, s, e->epoch, true))
+				vpi_small_unpark(p, e->r->small, e->r, e->ptr);
 		} else {
 			vpi_give_locked(p, e->r, s, e->epoch); /* stays claimed */
 		}
@@ -328,7 +336,8 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 
 /* Gives back the blocks of the gone stream `owner`'s slabs parked in
  * cache f (of stream s; NULL: the synchronous callers'), each freed on s as
- * a flush frees it. Under the front lock, as flush_one(). */
+ * a flush frees it. One whose free fails (its event could not be made)
+ * stays parked there, as before. Under the front lock, as flush_one(). */
 static size_t release_owned(vpmm_pool *p, struct front *f, struct stream *s,
 			    const struct stream *owner)
 {
@@ -339,12 +348,12 @@ static size_t release_owned(vpmm_pool *p, struct front *f, struct stream *s,
 		uint16_t *link = &f->head[b];
 		while (*link) {
 			struct fentry e = f->e[*link - 1];
-			if (!e.r->small || e.r->small->owner != owner || e.r->kind != R_LIVE) {
+			if (e.r->kind != R_LIVE || !e.r->small || e.r->small->owner != owner ||
+			    vpi_small_free_locked(p, e.r, e.ptr, s, e.epoch, true)) {
 				link = &f->e[*link - 1].next;
 				continue;
 			}
 			unlink_entry(f, link, b);
-			vpi_small_free_locked(p, e.r, e.ptr, s, e.epoch, true);
 			n++;
 		}
 	}
@@ -352,6 +361,10 @@ static size_t release_owned(vpmm_pool *p, struct front *f, struct stream *s,
 	return n;
 }
 
+/* The caches of dead streams are left alone: each was flushed when its
+ * stream went (vpmm_pool_stream_gone), or before its context ended
+ * (vpmm_pool_drop_events' caller polls), and no event may be recorded on
+ * it any more. */
 size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner)
 {
 	size_t n = 0;
@@ -359,7 +372,7 @@ size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner)
 		return 0;
 	n += release_owned(p, &p->sync_front, NULL, owner);
 	for (struct stream *s = p->streams; s; s = s->next)
-		if (s != owner)
+		if (!s->dead)
 			n += release_owned(p, &s->front, s, owner);
 	return n;
 }

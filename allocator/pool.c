@@ -442,6 +442,7 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 	 * The default streams' handles (0, CU_STREAM_LEGACY,
 	 * CU_STREAM_PER_THREAD) stay: they name the current context's own
 	 * default stream, in whichever context comes next. */
+	struct stream *gone = NULL;
 	for (unsigned i = 0; i < p->stream_hash_size; i++)
 		for (struct stream **link = &p->stream_hash[i]; *link;) {
 			struct stream *s = *link;
@@ -450,9 +451,16 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 				continue;
 			}
 			vpi_stream_forget_locked(p, s, link); /* *link is the next one */
-			vpi_front_release_owned_locked(p, s);
-			vpi_small_stream_gone_locked(p, s);
+			if (!gone)
+				gone = s;
 		}
+	/* Every one of them dead first: the blocks of their slabs parked in
+	 * the caches that stay (the synchronous callers', the default
+	 * streams') go back, none onto a stream of the ended context. */
+	for (struct stream *s = gone; s; s = s->dead_next) {
+		vpi_front_release_owned_locked(p, s);
+		vpi_small_stream_gone_locked(p, s);
+	}
 	vpi_stream_reap_locked(p, p->ndead);
 	/* The next id seen is the context's (made again) or the next one's. */
 	p->ctx_id = 0;

@@ -201,7 +201,11 @@ int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   : -ENOMEM;
 		if (rc) {
 			free(d);
-			__atomic_fetch_and(&parked_map(sl)[b / 64], ~bit, __ATOMIC_RELEASE);
+			/* A caller that claimed the block keeps its claim
+			 * (front.c: the entry stays, or the flush unparks). */
+			if (!claimed)
+				__atomic_fetch_and(&parked_map(sl)[b / 64], ~bit,
+						   __ATOMIC_RELEASE);
 			return rc;
 		}
 		if (d->ev)

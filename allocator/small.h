@@ -107,8 +107,9 @@ int vpi_small_init(vpmm_pool *p);
 void vpi_small_fini(vpmm_pool *p);
 int vpi_small_malloc_locked(vpmm_pool *p, struct stream *caller, size_t size,
 			     CUdeviceptr *out);
-/* `claimed`: the caller holds the block's park bit (a cache's entry);
- * else the free claims it, and fails if another free has. */
+/* `claimed`: the caller holds the block's park bit (a cache's entry),
+ * and still holds it if the free fails (the event for s could not be
+ * made); else the free claims it, and fails if another free has. */
 int vpi_small_free_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,
 			   struct stream *s, uint64_t epoch, bool claimed);
 int vpi_small_find_locked(vpmm_pool *p, struct region *r, CUdeviceptr ptr,

@@ -430,6 +430,33 @@ Test(gone, a_freed_record_keeps_its_calls_counted)
  * destroyed stream's record, until that cache was flushed, which a pool
  * that goes idle never does. Once the device ran the work, a poll frees
  * the record. */
+Test(gone, a_block_freed_after_its_slabs_stream_is_gone_is_not_parked)
+{
+	for (int sync = 0; sync < 2; sync++) {
+		struct pt t;
+		open_churn(&t);
+		CUstream s = vpmm_host_stream_create(t.drv), u = vpmm_host_stream_create(t.drv);
+		CUdeviceptr keep = PT_MALLOC(&t, 1, u); /* u's record, for its cache */
+		PT_FREE(&t, keep, u);
+		CUdeviceptr b;
+		cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
+		cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
+		vpmm_host_stream_destroy(t.drv, s);
+		uint64_t parks = pt_stats(&t).front_parks;
+		cr_assert_eq(vpmm_pool_free(t.pool, b, sync ? VPMM_NO_STREAM : u), 0);
+		cr_expect_eq(pt_stats(&t).front_parks, parks, "%s: the block was parked",
+			     sync ? "synchronous" : "another stream");
+		vpmm_host_complete_all(t.drv);
+		cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+		PT_CHECK(&t);
+		cr_expect_eq(pt_stats(&t).streams, 1, "%s: %" PRIu64 " stream records left, "
+			     "u's only expected", sync ? "synchronous" : "another stream",
+			     pt_stats(&t).streams);
+		PT_FREE(&t, PT_MALLOC(&t, 1, u), u); /* the pool still serves u */
+		pt_close(&t);
+	}
+}
+
 /* The other order: the block is parked in another cache first, then its
  * slab's stream goes. The parked block would keep the slab, and the
  * stream's record, until that cache was flushed. */
@@ -462,29 +489,73 @@ Test(gone, a_block_parked_elsewhere_goes_back_when_its_slabs_stream_goes)
 	}
 }
 
-Test(gone, a_block_freed_after_its_slabs_stream_is_gone_is_not_parked)
+/* The same, with the event that would cover the freeing stream's work
+ * failing: the block stays parked in that cache, claimed, as it was, and
+ * goes back when the cache is flushed. */
+Test(gone, a_parked_block_whose_event_fails_stays_parked)
 {
-	for (int sync = 0; sync < 2; sync++) {
-		struct pt t;
-		open_churn(&t);
-		CUstream s = vpmm_host_stream_create(t.drv), u = vpmm_host_stream_create(t.drv);
-		CUdeviceptr keep = PT_MALLOC(&t, 1, u); /* u's record, for its cache */
-		PT_FREE(&t, keep, u);
-		CUdeviceptr b;
-		cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
-		cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
-		vpmm_host_stream_destroy(t.drv, s);
-		uint64_t parks = pt_stats(&t).front_parks;
-		cr_assert_eq(vpmm_pool_free(t.pool, b, sync ? VPMM_NO_STREAM : u), 0);
-		cr_expect_eq(pt_stats(&t).front_parks, parks, "%s: the block was parked",
-			     sync ? "synchronous" : "another stream");
-		vpmm_host_complete_all(t.drv);
-		cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
-		PT_CHECK(&t);
-		cr_expect_eq(pt_stats(&t).streams, 1, "%s: %" PRIu64 " stream records left, "
-			     "u's only expected", sync ? "synchronous" : "another stream",
-			     pt_stats(&t).streams);
-		PT_FREE(&t, PT_MALLOC(&t, 1, u), u); /* the pool still serves u */
-		pt_close(&t);
-	}
+	struct pt t;
+	open_churn(&t);
+	CUstream s = vpmm_host_stream_create(t.drv), u = vpmm_host_stream_create(t.drv);
+	CUdeviceptr keep = PT_MALLOC(&t, 1, u); /* u's record; its cache empty */
+	CUdeviceptr b;
+	cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
+	cr_assert_eq(vpmm_pool_free(t.pool, b, u), 0);
+	uint64_t parked = pt_stats(&t).parked;
+	cr_assert_gt(parked, 0, "the block was not parked");
+	/* s's last event, then the one on u for the block. */
+	unsigned long records = vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD);
+	vpmm_host_fail(t.drv, VPMM_OP_EVENT_RECORD, 2, CUDA_ERROR_INVALID_HANDLE);
+	cr_assert_eq(vpmm_pool_stream_gone(t.pool, s), 0);
+	vpmm_host_stream_destroy(t.drv, s);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), records + 2,
+		     "the block's event was not the one that failed");
+	cr_expect_eq(pt_stats(&t).parked, parked, "the block left the cache: %" PRIu64
+		     " bytes parked", pt_stats(&t).parked);
+	PT_CHECK(&t);
+	cr_assert_eq(vpmm_pool_free(t.pool, b, u), -EINVAL, "a second free of the block was taken");
+	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0); /* flushes u's cache */
+	vpmm_host_complete_all(t.drv);
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	PT_CHECK(&t);
+	cr_expect_eq(pt_stats(&t).parked, 0);
+	cr_expect_eq(pt_stats(&t).streams, 1, "%" PRIu64 " stream records left, u's only",
+		     pt_stats(&t).streams);
+	PT_FREE(&t, keep, u);
+	pt_close(&t);
+}
+
+/* The context's end, as the shim meets it (vpmm_context_ending: a poll
+ * before the synchronisation, the work done, a poll, then
+ * vpmm_pool_drop_events): a block of a stream's slab freed synchronously
+ * is parked in the synchronous callers' cache, which the polls leave; the
+ * stream ends with the context, and the block goes back with it. */
+Test(gone, a_block_parked_elsewhere_goes_back_when_its_slabs_context_ends)
+{
+	struct pt t;
+	open_churn(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr b;
+	cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
+	uint64_t parks = pt_stats(&t).front_parks;
+	cr_assert_eq(vpmm_pool_free(t.pool, b, VPMM_NO_STREAM), 0);
+	cr_assert_eq(pt_stats(&t).front_parks, parks + 1, "the block was not parked");
+	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
+	vpmm_host_complete_all(t.drv);
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	vpmm_pool_drop_events(t.pool, NULL);
+	cr_expect_eq(pt_stats(&t).parked, 0, "%" PRIu64 " bytes still parked",
+		     pt_stats(&t).parked);
+	cr_expect_eq(pt_stats(&t).live, 0, "the slab was not given back");
+	/* The slab's memory is freed on its stream, whose open epoch no
+	 * event will cover: the next synchronisation settles it, and the
+	 * record goes. */
+	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
+	vpmm_host_complete_all(t.drv);
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	cr_assert_geq(vpmm_pool_reclaim(t.pool), 0);
+	PT_CHECK(&t);
+	cr_expect_eq(pt_stats(&t).streams, 0, "%" PRIu64 " stream records left",
+		     pt_stats(&t).streams);
+	pt_close(&t);
 }

@@ -8,6 +8,7 @@
  *
  * Built against the core with -DVPMM_TEST_HOOKS (allocator/meson.build):
  * the hook stops the racing thread at the named VPMM_TEST_POINT(). */
+#include <inttypes.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <time.h>
@@ -230,5 +231,34 @@ Test(racing, a_stopped_free_outlives_its_slab)
 	cr_assert_eq(race_finish(&r), -EINVAL);
 	PT_CHECK(&t);
 	PT_FREE(&t, all, s1);
+	pt_close(&t);
+}
+
+/* A free on s2 of a block of s1's slab, stopped once it holds the block,
+ * while s1 is destroyed: the destroy takes the blocks of s1's slabs out of
+ * every cache, and this one is not in s2's yet. The free must not park it
+ * afterwards, or it keeps the slab and s1's record until s2's cache is
+ * flushed; it reads s1 dead under the cache's lock and frees the block
+ * under the pool's. */
+Test(racing, a_block_freed_while_its_slabs_stream_goes_is_not_parked)
+{
+	struct pt t;
+	CUstream s1, s2;
+	open_racing(&t, 8 * PT_KiB, 0, &s1, &s2);
+	CUdeviceptr keep = PT_MALLOC(&t, 1, s2); /* s2's record; its one entry free */
+	CUdeviceptr p = malloc_small(&t, 512, s1);
+
+	struct racer r;
+	race_start(&r, t.pool, p, s2, "front_free:parked");
+	cr_assert_eq(vpmm_pool_stream_gone(t.pool, s1), 0);
+	vpmm_host_stream_destroy(t.drv, s1);
+	cr_assert_eq(race_finish(&r), 0);
+	cr_expect_eq(pt_stats(&t).parked, 0, "%" PRIu64 " bytes parked", pt_stats(&t).parked);
+	vpmm_host_complete_all(t.drv);
+	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+	PT_CHECK(&t);
+	cr_expect_eq(pt_stats(&t).streams, 1, "%" PRIu64 " stream records left, s2's only",
+		     pt_stats(&t).streams);
+	PT_FREE(&t, keep, s2);
 	pt_close(&t);
 }
