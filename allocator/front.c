@@ -169,7 +169,9 @@ static struct region *published(vpmm_pool *p, CUdeviceptr ptr)
  * record, stay while a block is used; the destroy marks the stream dead
  * before it takes the blocks of its slabs out of every cache, each under
  * that cache's lock (vpi_front_release_owned_locked), so either it finds
- * this entry there or this free finds the stream dead. */
+ * this entry there or this free finds the stream dead. (A free into the
+ * cache of a stream destroyed meanwhile is the program's race with its
+ * own destroy; the entry waits there for a flush.) */
 static bool owner_gone(const struct slab *sl)
 {
 	const struct stream *owner = sl ? sl->owner : NULL;
@@ -361,10 +363,10 @@ static size_t release_owned(vpmm_pool *p, struct front *f, struct stream *s,
 	return n;
 }
 
-/* The caches of dead streams are left alone: each was flushed when its
- * stream went (vpmm_pool_stream_gone), or before its context ended
- * (vpmm_pool_drop_events' caller polls), and no event may be recorded on
- * it any more. */
+/* Every cache, dead streams' too: a destroyed stream's was flushed when it
+ * went (vpmm_pool_stream_gone); those of the streams a context took with
+ * it may still hold entries, on streams whose work is known done
+ * (vpi_stream_ended_locked), which need no record. */
 size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner)
 {
 	size_t n = 0;
@@ -372,8 +374,7 @@ size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner)
 		return 0;
 	n += release_owned(p, &p->sync_front, NULL, owner);
 	for (struct stream *s = p->streams; s; s = s->next)
-		if (!s->dead)
-			n += release_owned(p, &s->front, s, owner);
+		n += release_owned(p, &s->front, s, owner);
 	return n;
 }
 

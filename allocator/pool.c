@@ -454,9 +454,12 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 			if (!gone)
 				gone = s;
 		}
-	/* Every one of them dead first: the blocks of their slabs parked in
-	 * the caches that stay (the synchronous callers', the default
-	 * streams') go back, none onto a stream of the ended context. */
+	/* Every one of them dead and its work known done first (the caller
+	 * synchronised): then the blocks of their slabs parked in any cache,
+	 * theirs included, go back, and none needs a record on a stream of
+	 * the ended context. */
+	for (struct stream *s = gone; s; s = s->dead_next)
+		vpi_stream_ended_locked(p, s);
 	for (struct stream *s = gone; s; s = s->dead_next) {
 		vpi_front_release_owned_locked(p, s);
 		vpi_small_stream_gone_locked(p, s);

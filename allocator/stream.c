@@ -374,6 +374,16 @@ void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s)
 	settle_stream(p, s);
 }
 
+void vpi_stream_ended_locked(vpmm_pool *p, struct stream *s)
+{
+	vpi_poll_stream(p, s);
+	if (s->ev_head) /* an event the driver did not answer: it decides */
+		return;
+	uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+	s->done = open;
+	settle_stream(p, s);
+}
+
 /* Puts the dead stream s at the end of the records waiting to be freed. */
 static void dead_append(vpmm_pool *p, struct stream *s)
 {

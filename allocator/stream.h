@@ -120,6 +120,10 @@ void vpi_events_lost_locked(vpmm_pool *p);
 /* The context was synchronised and s's events polled: if s is dead with
  * frees no event covers (its last record failed), they settle. */
 void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s);
+/* s ended with its context, whose work completed (vpmm_pool_drop_events):
+ * its events retire, and its open epoch closes without a record, so that
+ * what was freed on it, parked in its cache included, needs none. */
+void vpi_stream_ended_locked(vpmm_pool *p, struct stream *s);
 /* Wait on the CPU for ev; true once it completed. */
 bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev);
 

@@ -525,37 +525,49 @@ Test(gone, a_parked_block_whose_event_fails_stays_parked)
 	pt_close(&t);
 }
 
-/* The context's end, as the shim meets it (vpmm_context_ending: a poll
- * before the synchronisation, the work done, a poll, then
- * vpmm_pool_drop_events): a block of a stream's slab freed synchronously
- * is parked in the synchronous callers' cache, which the polls leave; the
- * stream ends with the context, and the block goes back with it. */
+/* The context's end (vpmm_pool_drop_events, after the context's work
+ * completed and a poll settled it): a block of s's slab parked in another
+ * cache, the synchronous callers' (which the shim's poll before the
+ * synchronisation leaves) or that of u, a stream of the same context (made
+ * before or after s, so that the walk meets either first). Both streams end
+ * with the context; the block goes back with s, and no record is made on a
+ * stream of the ended context. */
 Test(gone, a_block_parked_elsewhere_goes_back_when_its_slabs_context_ends)
 {
-	struct pt t;
-	open_churn(&t);
-	CUstream s = vpmm_host_stream_create(t.drv);
-	CUdeviceptr b;
-	cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
-	uint64_t parks = pt_stats(&t).front_parks;
-	cr_assert_eq(vpmm_pool_free(t.pool, b, VPMM_NO_STREAM), 0);
-	cr_assert_eq(pt_stats(&t).front_parks, parks + 1, "the block was not parked");
-	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
-	vpmm_host_complete_all(t.drv);
-	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
-	vpmm_pool_drop_events(t.pool, NULL);
-	cr_expect_eq(pt_stats(&t).parked, 0, "%" PRIu64 " bytes still parked",
-		     pt_stats(&t).parked);
-	cr_expect_eq(pt_stats(&t).live, 0, "the slab was not given back");
-	/* The slab's memory is freed on its stream, whose open epoch no
-	 * event will cover: the next synchronisation settles it, and the
-	 * record goes. */
-	cr_assert_geq(vpmm_pool_poll(t.pool, true), 0);
-	vpmm_host_complete_all(t.drv);
-	cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
-	cr_assert_geq(vpmm_pool_reclaim(t.pool), 0);
-	PT_CHECK(&t);
-	cr_expect_eq(pt_stats(&t).streams, 0, "%" PRIu64 " stream records left",
-		     pt_stats(&t).streams);
-	pt_close(&t);
+	for (int c = 0; c < 3; c++) {
+		const char *name = c == 0 ? "synchronous" : c == 1 ? "u made first" : "u made last";
+		struct pt t;
+		open_churn(&t);
+		CUstream s, u = NULL;
+		if (c == 1)
+			u = vpmm_host_stream_create(t.drv);
+		s = vpmm_host_stream_create(t.drv);
+		if (c == 2)
+			u = vpmm_host_stream_create(t.drv);
+		CUdeviceptr keep = 0, b;
+		if (u)
+			keep = PT_MALLOC(&t, 1, u); /* u's record; its cache empty */
+		cr_assert_eq(vpmm_pool_malloc(t.pool, 4 * PT_KiB, s, &b), 0);
+		uint64_t parks = pt_stats(&t).front_parks;
+		cr_assert_eq(vpmm_pool_free(t.pool, b, u ? u : VPMM_NO_STREAM), 0);
+		cr_assert_eq(pt_stats(&t).front_parks, parks + 1, "%s: the block was not parked",
+			     name);
+		vpmm_host_complete_all(t.drv);
+		cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
+		unsigned long records = vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD);
+		vpmm_pool_drop_events(t.pool, NULL);
+		cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), records,
+			     "%s: a record on a stream of the ended context", name);
+		cr_expect_eq(pt_stats(&t).parked, 0, "%s: %" PRIu64 " bytes still parked", name,
+			     pt_stats(&t).parked);
+		cr_assert_geq(vpmm_pool_reclaim(t.pool), 0);
+		cr_expect_eq(pt_stats(&t).live, u ? t.page : 0, "%s: the slab was not given back "
+			     "(live %" PRIu64 ")", name, pt_stats(&t).live);
+		PT_CHECK(&t);
+		cr_expect_eq(pt_stats(&t).streams, 0, "%s: %" PRIu64 " stream records left", name,
+			     pt_stats(&t).streams);
+		if (u)
+			PT_FREE(&t, keep, VPMM_NO_STREAM);
+		pt_close(&t);
+	}
 }
