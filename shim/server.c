@@ -178,6 +178,13 @@ static void process_input(struct server *s, struct client *c)
 	c->deadline_ms = now_ms() + s->cfg.client_timeout_ms;
 }
 
+/* Whether fd has input waiting now (or is at its end). */
+static bool input_waiting(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP));
+}
+
 /* A client that has sent everything goes once nothing is left to answer;
  * a request without its newline is dropped. */
 static void close_if_done(struct client *c)
@@ -287,12 +294,19 @@ static void *server_main(void *arg)
 			struct client *c = &s->clients[i];
 			if (c->fd < 0)
 				continue;
-			if (now >= c->deadline_ms) { /* stuck, slow or silent */
-				client_close(c);
-				continue;
-			}
-			if (c->deadline_ms < next)
+			if (now >= c->deadline_ms) {
+				/* Stuck, slow or silent: closed, unless a request
+				 * waits unread while it reads: then the server
+				 * was late (a long flush under load), not the
+				 * client, and it is read now. */
+				if (c->out.len > c->outoff || !input_waiting(c->fd)) {
+					client_close(c);
+					continue;
+				}
+				next = now;
+			} else if (c->deadline_ms < next) {
 				next = c->deadline_ms;
+			}
 			bool writing = c->out.len > c->outoff;
 			pfd[n] = (struct pollfd){ .fd = c->fd,
 						  .events = writing ? POLLOUT : POLLIN };
