@@ -407,7 +407,7 @@ int vpmm_pool_reclaim(vpmm_pool *p)
 	return n;
 }
 
-void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
+void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind, bool synced)
 {
 	if (!p)
 		return;
@@ -454,11 +454,13 @@ void vpmm_pool_drop_events(vpmm_pool *p, CUcontext rebind)
 			if (!gone)
 				gone = s;
 		}
-	/* Every one of them dead and its work known done first (the caller
-	 * synchronised): then the blocks of their slabs parked in any cache,
-	 * theirs included, go back, and none needs a record on a stream of
-	 * the ended context. */
-	for (struct stream *s = gone; s; s = s->dead_next)
+	/* Every one of them dead and, where the caller synchronised, its work
+	 * known done first: then the blocks of their slabs parked in any
+	 * cache, theirs included, go back, and none needs a record on a
+	 * stream of the ended context. Unsynchronised (a context adopted while
+	 * another thread may have queued work on its streams), an entry no
+	 * event covers stays parked. */
+	for (struct stream *s = gone; synced && s; s = s->dead_next)
 		vpi_stream_ended_locked(p, s);
 	for (struct stream *s = gone; s; s = s->dead_next) {
 		vpi_front_release_owned_locked(p, s);

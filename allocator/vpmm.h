@@ -146,7 +146,11 @@ int vpmm_pool_poll(vpmm_pool *pool, bool before_sync);
  * a reset (the handle stays), NULL while it has none (until the shim gives
  * it the next context that allocates). A reset nothing announced the pool
  * learns of by the context's id (cuCtxGetId) on its own. */
-void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind);
+/* `synced`: the context's work is known complete (it was synchronised
+ * since the last work was queued); then the streams it takes with it close
+ * their open epochs without a record. Without it (a context adopted, a
+ * synchronisation that failed) what they freed waits for their events. */
+void vpmm_pool_drop_events(vpmm_pool *pool, CUcontext rebind, bool synced);
 /* While `paused`, the pool's background thread makes no driver call (it
  * waits, between two of its passes): the program is destroying the context
  * the pool's events live in, and an event queried meanwhile may die in the

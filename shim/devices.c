@@ -243,7 +243,7 @@ void vpmm_adopt_context(int dev, CUcontext c)
 	if (!c && vpmm_real.ctx_get_current(&c) != CUDA_SUCCESS)
 		return;
 	if (c && atomic_compare_exchange_strong(&st.dev[dev].ctx, &none, c))
-		vpmm_pool_drop_events(existing_pool(dev), c);
+		vpmm_pool_drop_events(existing_pool(dev), c, false);
 }
 
 /* Makes the context the pool of `device` was created in current on this
@@ -349,7 +349,8 @@ void vpmm_context_ending(CUcontext ctx, int device)
 			pushed = true;
 		}
 		vpmm_pool_poll(p, true);
-		if (vpmm_real.ctx_synchronize() == CUDA_SUCCESS)
+		bool synced = vpmm_real.ctx_synchronize() == CUDA_SUCCESS;
+		if (synced)
 			vpmm_pool_poll(p, false);
 		/* The pool goes on in the primary context only where it is
 		 * active: retaining an inactive one made a context the
@@ -358,7 +359,7 @@ void vpmm_context_ending(CUcontext ctx, int device)
 		 * Else the pool waits for the next context that allocates
 		 * (vpmm_adopt_context). */
 		next = device < 0 ? active_primary(i) : ctx; /* a reset keeps the handle */
-		vpmm_pool_drop_events(p, next);
+		vpmm_pool_drop_events(p, next, synced);
 		if (pushed)
 			vpmm_real.ctx_pop(&popped);
 		if (device < 0)

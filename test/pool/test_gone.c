@@ -555,7 +555,7 @@ Test(gone, a_block_parked_elsewhere_goes_back_when_its_slabs_context_ends)
 		vpmm_host_complete_all(t.drv);
 		cr_assert_geq(vpmm_pool_poll(t.pool, false), 0);
 		unsigned long records = vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD);
-		vpmm_pool_drop_events(t.pool, NULL);
+		vpmm_pool_drop_events(t.pool, NULL, true);
 		cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), records,
 			     "%s: a record on a stream of the ended context", name);
 		cr_expect_eq(pt_stats(&t).parked, 0, "%s: %" PRIu64 " bytes still parked", name,
@@ -570,4 +570,27 @@ Test(gone, a_block_parked_elsewhere_goes_back_when_its_slabs_context_ends)
 			PT_FREE(&t, keep, VPMM_NO_STREAM);
 		pt_close(&t);
 	}
+}
+
+/* The same end without a synchronisation (a context adopted while another
+ * thread may still have work queued on its streams): what s freed is not
+ * known done, and no stream may take it until an event says so. */
+Test(gone, an_unsynchronised_context_end_settles_nothing)
+{
+	struct pt t;
+	open_churn(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr b = PT_MALLOC(&t, 4, s);
+	PT_FREE(&t, b, s); /* its work still queued */
+	vpmm_pool_drop_events(t.pool, NULL, false);
+	CUstream x = vpmm_host_stream_create(t.drv);
+	CUdeviceptr y = 0;
+	int rc = vpmm_pool_malloc(t.pool, 4 * t.page, x, &y);
+	cr_expect(rc != 0 || y + 4 * t.page <= b || y >= b + 4 * t.page,
+		  "x got %#llx, inside s's free at %#llx while s's work ran",
+		  (unsigned long long)y, (unsigned long long)b);
+	if (rc == 0)
+		PT_FREE(&t, y, x);
+	vpmm_host_complete_all(t.drv);
+	pt_close(&t);
 }

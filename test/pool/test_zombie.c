@@ -487,7 +487,7 @@ Test(zombie, context_end_leaves_no_event_to_reuse)
 	vpmm_pool_poll(t.pool, true);
 	vpmm_host_complete_all(t.drv);
 	vpmm_pool_poll(t.pool, false);
-	vpmm_pool_drop_events(t.pool, NULL);
+	vpmm_pool_drop_events(t.pool, NULL, true);
 	PT_CHECK(&t);
 	struct vpmm_host_live l;
 	vpmm_host_live(t.drv, &l);
