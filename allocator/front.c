@@ -305,30 +305,24 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 	return n;
 }
 
-/* Gives back the entries of s's cache that lie beside free memory, so that
- * they join it: the pool asks for it when a malloc that missed the cache
- * finds no place, or only one that strands memory, or, while the device
- * has room, before the first place of a miss that follows one that
- * stranded (take.c). Under the front lock, as flush_one(). */
-size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
+/* Walks f's chains in use (only those: a miss may look on every malloc)
+ * under its lock and takes out every entry that give() gave back (true);
+ * give() may not touch the cache. Under the front lock, as flush_one(). */
+static size_t give_back_where(vpmm_pool *p, struct front *f,
+			      bool (*give)(vpmm_pool *p, const struct fentry *e, void *arg),
+			      void *arg)
 {
-	struct front *f = vpi_front_of(p, s);
 	size_t n = 0;
-	if (!p->cfg.front_entries)
-		return 0;
 	vpi_mutex_lock(&f->lock);
-	/* The chains not empty only: a miss may look on every malloc. */
 	for (uint64_t m = f->used; m && f->n; m &= m - 1) {
 		unsigned b = (unsigned)__builtin_ctzll(m);
 		uint16_t *link = &f->head[b];
 		while (*link) {
-			struct fentry e = f->e[*link - 1];
-			if (e.r->small || e.r->kind != R_LIVE || !vpi_region_beside_free_locked(e.r, s)) {
+			if (!give(p, &f->e[*link - 1], arg)) {
 				link = &f->e[*link - 1].next;
 				continue;
 			}
 			unlink_entry(f, link, b);
-			vpi_give_locked(p, e.r, s, e.epoch); /* stays claimed */
 			n++;
 		}
 	}
@@ -336,31 +330,40 @@ size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
 	return n;
 }
 
-/* Gives back the blocks of the gone stream `owner`'s slabs parked in
- * cache f (of stream s; NULL: the synchronous callers'), each freed on s as
- * a flush frees it. One whose free fails (its event could not be made)
- * stays parked there, as before. Under the front lock, as flush_one(). */
-static size_t release_owned(vpmm_pool *p, struct front *f, struct stream *s,
-			    const struct stream *owner)
+static bool give_if_beside_free(vpmm_pool *p, const struct fentry *e, void *arg)
 {
-	size_t n = 0;
-	vpi_mutex_lock(&f->lock);
-	for (uint64_t m = f->used; m && f->n; m &= m - 1) {
-		unsigned b = (unsigned)__builtin_ctzll(m);
-		uint16_t *link = &f->head[b];
-		while (*link) {
-			struct fentry e = f->e[*link - 1];
-			if (e.r->kind != R_LIVE || !e.r->small || e.r->small->owner != owner ||
-			    vpi_small_free_locked(p, e.r, e.ptr, s, e.epoch, true)) {
-				link = &f->e[*link - 1].next;
-				continue;
-			}
-			unlink_entry(f, link, b);
-			n++;
-		}
-	}
-	vpi_mutex_unlock(&f->lock);
-	return n;
+	struct stream *s = arg;
+	if (e->r->small || e->r->kind != R_LIVE || !vpi_region_beside_free_locked(e->r, s))
+		return false;
+	vpi_give_locked(p, e->r, s, e->epoch); /* stays claimed */
+	return true;
+}
+
+/* Gives back the entries of s's cache that lie beside free memory, so that
+ * they join it: the pool asks for it when a malloc that missed the cache
+ * finds no place, or only one that strands memory, or, while the device
+ * has room, before the first place of a miss that follows one that
+ * stranded (take.c). */
+size_t vpi_front_release_beside_free_locked(vpmm_pool *p, struct stream *s)
+{
+	if (!p->cfg.front_entries)
+		return 0;
+	return give_back_where(p, vpi_front_of(p, s), give_if_beside_free, s);
+}
+
+struct owned {
+	struct stream *s;           /* the cache's stream; NULL: synchronous */
+	const struct stream *owner; /* gone */
+};
+
+/* A block of the gone stream's slabs, freed on the cache's stream as a
+ * flush frees it. One whose free fails (its event could not be made)
+ * stays parked, as before. */
+static bool give_if_owned(vpmm_pool *p, const struct fentry *e, void *arg)
+{
+	const struct owned *o = arg;
+	return e->r->kind == R_LIVE && e->r->small && e->r->small->owner == o->owner &&
+	       !vpi_small_free_locked(p, e->r, e->ptr, o->s, e->epoch, true);
 }
 
 /* Every cache, dead streams' too: a destroyed stream's was flushed when it
@@ -372,9 +375,12 @@ size_t vpi_front_release_owned_locked(vpmm_pool *p, const struct stream *owner)
 	size_t n = 0;
 	if (!p->cfg.front_entries || !owner->slabs)
 		return 0;
-	n += release_owned(p, &p->sync_front, NULL, owner);
-	for (struct stream *s = p->streams; s; s = s->next)
-		n += release_owned(p, &s->front, s, owner);
+	struct owned o = {.s = NULL, .owner = owner};
+	n += give_back_where(p, &p->sync_front, give_if_owned, &o);
+	for (struct stream *s = p->streams; s; s = s->next) {
+		o.s = s;
+		n += give_back_where(p, &s->front, give_if_owned, &o);
+	}
 	return n;
 }
 
