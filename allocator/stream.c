@@ -326,6 +326,16 @@ bool vpi_event_wait_locked(vpmm_pool *p, struct event *ev)
 	return ev->done;
 }
 
+/* s's work is known done (its context's was synchronised, or lost): its
+ * open epoch closes without a record, the next one opens, and what it
+ * freed settles. */
+static void close_open_epoch(vpmm_pool *p, struct stream *s)
+{
+	uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
+	s->done = open;
+	settle_stream(p, s);
+}
+
 void vpi_events_lost_locked(vpmm_pool *p)
 {
 	/* Every driver event died with the context: none is destroyed (its
@@ -356,9 +366,7 @@ void vpi_events_lost_locked(vpmm_pool *p)
 			vpi_event_unref(p, ev);
 		}
 		s->ev_tail = NULL;
-		uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
-		s->done = open;
-		settle_stream(p, s);
+		close_open_epoch(p, s);
 	}
 }
 
@@ -369,9 +377,7 @@ void vpi_stream_synced_locked(vpmm_pool *p, struct stream *s)
 	/* Its last record failed (vpmm_pool_stream_gone): no event covers
 	 * its open epoch, and none ever will. The context's synchronisation
 	 * completed that work too: the epoch closes without a record. */
-	uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
-	s->done = open;
-	settle_stream(p, s);
+	close_open_epoch(p, s);
 }
 
 void vpi_stream_ended_locked(vpmm_pool *p, struct stream *s)
@@ -379,9 +385,7 @@ void vpi_stream_ended_locked(vpmm_pool *p, struct stream *s)
 	vpi_poll_stream(p, s);
 	if (s->ev_head) /* an event the driver did not answer: it decides */
 		return;
-	uint64_t open = __atomic_fetch_add(&s->epoch, 1, __ATOMIC_SEQ_CST);
-	s->done = open;
-	settle_stream(p, s);
+	close_open_epoch(p, s);
 }
 
 /* Puts the dead stream s at the end of the records waiting to be freed. */
