@@ -175,8 +175,9 @@ static uint64_t ns_now(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-Test(dump, hostile_clients_never_stall_allocations, .timeout = 240)
+Test(dump, hostile_clients_never_stall_allocations)
 {
+	TEST_DEADLINE(240);
 	struct host h;
 	/* Clients silent or not reading for 1 s are dropped: long enough for a
 	 * flooder that a loaded machine stalls a while, short enough that the

@@ -130,8 +130,9 @@ static void *produce_until_stopped(void *arg)
  * was recorded when it came, not what keeps coming, so that the server
  * answers it, and the next request, within a bound (it drained for as long
  * as the threads ran, and ping and the dump timed out meanwhile). */
-Test(dump, a_flush_under_load_keeps_the_server_answering, .timeout = 120)
+Test(dump, a_flush_under_load_keeps_the_server_answering)
 {
+	TEST_DEADLINE(120);
 	struct host h;
 	host_open(&h, "flush.sock", 0, 64);
 	char path[128];
@@ -243,8 +244,9 @@ Test(dump, a_snapshot_whose_trace_fails_to_flush_is_not_written)
 	snapshot_without_its_trace(0, "Input/output error");
 }
 
-Test(dump, a_snapshot_whose_trace_flush_times_out_is_not_written, .timeout = 120)
+Test(dump, a_snapshot_whose_trace_flush_times_out_is_not_written)
 {
+	TEST_DEADLINE(120);
 	snapshot_without_its_trace(12, "no reply within");
 }
 
@@ -253,8 +255,9 @@ Test(dump, a_snapshot_whose_trace_flush_times_out_is_not_written, .timeout = 120
 /* Sockets that take a connection and never answer: the listing asks them
  * all at once and waits one timeout (2 s) in all (it waited 2 s for each,
  * one after the other). */
-Test(dump, silent_sockets_cost_the_listing_one_timeout, .timeout = 120)
+Test(dump, silent_sockets_cost_the_listing_one_timeout)
 {
+	TEST_DEADLINE(120);
 	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
 	char sub[64];
