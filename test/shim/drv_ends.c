@@ -2,13 +2,16 @@
  * where a context ends and the pool could not settle first: a sticky
  * error fails the synchronisation before the reset, and pool memory is
  * freed on a stream while the pool has lost its context (some of it live
- * across that end, which keeps its bytes). */
+ * across that end, which keeps its bytes); a cuCtxDestroy the driver
+ * refuses, which ends nothing. */
 #include "shimtest.h"
 
 #define P ((size_t)64 << 10)
 
 void primary_reset_sticky(void);
 void free_without_context(void);
+void destroy_refused(void);
+void destroy_refused_primary(void);
 
 /* The primary context reset while a sticky error (a kernel's fault) makes
  * every synchronisation fail: the shim's hook cannot settle the frees
@@ -93,4 +96,74 @@ void free_without_context(void)
 	CHECK_EQ(fake_calls("dead_handle"), 0);
 	if (expect_pool())
 		CHECK_EQ(pool_stats(0).failures, 0);
+}
+
+/* The program's cuCtxDestroy of the pool's context, refused by the driver
+ * (whatever its reason): the context, its streams and their work live on,
+ * and so must the pool in it, its frees pending on those streams included.
+ * With the primary context active the pool had somewhere else to go. What
+ * the shim let go of before the call stays gone: the context's streams in
+ * its table (a stream it then meets is one it did not see made, and
+ * synchronous frees synchronise the whole context from then on: slower,
+ * not wrong). */
+static void refused(bool primary)
+{
+	CUcontext c0, uc;
+	CUstream s;
+	CUdeviceptr a, b, x;
+	void (*refuse)(int);
+	CHECK_EQ(cuInit(0), 0);
+	if (primary)
+		CHECK_EQ(cuDevicePrimaryCtxRetain(&c0, 0), 0);
+	CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	controls_init();
+	*(void **)&refuse = dlsym(dlopen("libcuda.so.1", RTLD_NOW), "fakecuda_refuse_destroy");
+	CHECK(refuse != NULL);
+	CHECK_EQ(cuMemAllocAsync(&a, 2 * P, s), 0); /* the pool, in uc */
+	CHECK_EQ(cuMemAllocAsync(&b, 3 * P, s), 0);
+	touch((void *)(uintptr_t)b, 3 * P, 5);
+	CHECK_EQ(cuMemFreeAsync(a, s), 0); /* pending on s at the refusal */
+	refuse(CUDA_ERROR_INVALID_VALUE);
+	CHECK_EQ(cuCtxDestroy(uc), CUDA_ERROR_INVALID_VALUE);
+	for (int i = 0; i < 8; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s), 0);
+		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(x, s), 0);
+	}
+	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
+	CHECK_EQ(cuMemFree(x), 0);
+	for (size_t i = 0; i < 3 * P; i++)
+		CHECK(((unsigned char *)(uintptr_t)b)[i] == (unsigned char)(5 + i * 7));
+	CHECK_EQ(cuMemFreeAsync(b, s), 0);
+	CHECK_EQ(cuStreamSynchronize(s), 0);
+	CHECK_EQ(cuCtxDestroy(uc), 0); /* now it ends */
+	if (primary)
+		CHECK_EQ(cuCtxSetCurrent(c0), 0);
+	else
+		CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
+	CHECK_EQ(cuStreamCreate(&s, 0), 0);
+	for (int i = 0; i < 4; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s), 0);
+		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(x, s), 0);
+	}
+	CHECK_EQ(cuStreamSynchronize(s), 0);
+	CHECK_EQ(fake_calls("record_refused"), 0);
+	CHECK_EQ(fake_calls("dead_handle"), 0);
+	if (expect_pool()) {
+		struct vpmm_stats st = pool_stats(0);
+		CHECK_EQ(st.failures, 0);
+		CHECK_EQ(st.live, 0);
+	}
+}
+
+void destroy_refused(void)
+{
+	refused(false);
+}
+
+void destroy_refused_primary(void)
+{
+	refused(true);
 }

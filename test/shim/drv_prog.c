@@ -15,6 +15,8 @@ typedef CUresult (*gpa_t)(const char *, void **, int, cuuint64_t,
 void *scope_lookup_next(void); /* libshimscope.so */
 /* drv_ends.c: contexts that end where the pool cannot settle first */
 void primary_reset_sticky(void);
+void destroy_refused(void);
+void destroy_refused_primary(void);
 void free_without_context(void);
 #define PTSZ CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
 
@@ -760,6 +762,8 @@ int main(int argc, char **argv)
 		{"user_context_default", user_context_default},
 		{"no_primary_made", no_primary_made},
 		{"free_without_context", free_without_context},
+		{"destroy_refused", destroy_refused},
+		{"destroy_refused_primary", destroy_refused_primary},
 		{"user_context_waits", user_context_waits},
 	};
 	return run_scenario(argc, argv, scenarios, sizeof scenarios / sizeof scenarios[0]);

@@ -27,7 +27,8 @@
  * Test controls (exported, names no hook wraps): fakecuda_calls(),
  * fakecuda_fail(), fakecuda_set_capturing(), fakecuda_mem_info(),
  * fakecuda_accessible(), fakecuda_sticky() (every synchronisation fails
- * until the context ends, as after a kernel's fault).
+ * until the context ends, as after a kernel's fault),
+ * fakecuda_refuse_destroy() (the next cuCtxDestroy fails, ending nothing).
  *
  * Environment: FAKECUDA_CAPACITY (bytes, default 256M), FAKECUDA_GRANULARITY
  * (default 64K), FAKECUDA_DEVICES (default 2).

@@ -105,6 +105,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 API void fakecuda_sticky(int result);
+API void fakecuda_refuse_destroy(int result);
 API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id);
 API CUresult cuGetExportTable(const void **table, const CUuuid *id);
 API CUresult cuCtxGetCurrent(CUcontext *pctx);

@@ -22,6 +22,15 @@ void fakecuda_sticky(int result)
 {
 	sticky = (CUresult)result;
 }
+
+/* The next cuCtxDestroy answers this and destroys nothing
+ * (fakecuda_refuse_destroy). */
+static CUresult destroy_refusal;
+
+void fakecuda_refuse_destroy(int result)
+{
+	destroy_refusal = (CUresult)result;
+}
 static __thread int depth; /* stack[depth - 1] is current */
 
 /* ---- setup ----------------------------------------------------------------------- */
@@ -290,6 +299,11 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 	NEED_INIT();
 	if (!c || c->destroyed)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (destroy_refusal) {
+		CUresult r = destroy_refusal;
+		destroy_refusal = CUDA_SUCCESS;
+		return r;
+	}
 	pthread_mutex_lock(&fake_lock);
 	fake_ctx_end(c, false);
 	pthread_mutex_unlock(&fake_lock);

@@ -292,6 +292,9 @@ DRV_SCENARIO(user_context_default)
 DRV_SCENARIO(no_primary_made)
 /* Pool memory freed on a stream while the pool has no context. */
 DRV_SCENARIO(free_without_context)
+/* The pool's context outlives a cuCtxDestroy the driver refused. */
+DRV_SCENARIO(destroy_refused)
+DRV_SCENARIO(destroy_refused_primary)
 
 /* An allocation served from another context that waits for the pool's own
  * stream: VPMM_LIMIT leaves it nothing else. */
