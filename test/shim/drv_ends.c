@@ -13,6 +13,18 @@ void free_without_context(void);
 void destroy_refused(void);
 void destroy_refused_primary(void);
 
+/* n allocations of 1-3 pages on s, each written, checked and freed on s at
+ * once: the pool goes on serving a stream after what ended or did not. */
+static void serve(CUstream s, int n)
+{
+	CUdeviceptr x;
+	for (int i = 0; i < n; i++) {
+		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s), 0);
+		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
+		CHECK_EQ(cuMemFreeAsync(x, s), 0);
+	}
+}
+
 /* The primary context reset while a sticky error (a kernel's fault) makes
  * every synchronisation fail: the shim's hook cannot settle the frees
  * pending on the context's stream before the real call, so the pool must
@@ -41,11 +53,7 @@ void primary_reset_sticky(void)
 	CHECK_EQ(cuDevicePrimaryCtxRetain(&again, 0), 0);
 	CHECK_EQ(cuCtxSetCurrent(again), 0);
 	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s2), 0);
-		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
-		CHECK_EQ(cuMemFreeAsync(x, s2), 0);
-	}
+	serve(s2, 8);
 	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
 	CHECK_EQ(cuMemFree(x), 0);
 	CHECK_EQ(fake_calls("dead_handle"), 0);
@@ -75,8 +83,7 @@ void free_without_context(void)
 	touch((void *)(uintptr_t)q, 3 * P, 9);
 	CHECK_EQ(cuCtxDestroy(c1), 0); /* the pool has no context now */
 	if (expect_pool()) /* live across the end: mapped, its bytes kept */
-		for (size_t i = 0; i < 3 * P; i++)
-			CHECK(((unsigned char *)(uintptr_t)q)[i] == (unsigned char)(9 + i * 7));
+		intact((void *)(uintptr_t)q, 3 * P, 9);
 	CHECK_EQ(cuCtxCreate_v2(&c2, 0, 0), 0);
 	CHECK_EQ(cuStreamCreate(&s2, 0), 0);
 	CHECK_EQ(cuMemFreeAsync(p, s2), 0);
@@ -126,15 +133,10 @@ static void refused(bool primary)
 	CHECK_EQ(cuMemFreeAsync(a, s), 0); /* pending on s at the refusal */
 	refuse(CUDA_ERROR_INVALID_VALUE);
 	CHECK_EQ(cuCtxDestroy(uc), CUDA_ERROR_INVALID_VALUE);
-	for (int i = 0; i < 8; i++) {
-		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s), 0);
-		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
-		CHECK_EQ(cuMemFreeAsync(x, s), 0);
-	}
+	serve(s, 8);
 	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
 	CHECK_EQ(cuMemFree(x), 0);
-	for (size_t i = 0; i < 3 * P; i++)
-		CHECK(((unsigned char *)(uintptr_t)b)[i] == (unsigned char)(5 + i * 7));
+	intact((void *)(uintptr_t)b, 3 * P, 5);
 	CHECK_EQ(cuMemFreeAsync(b, s), 0);
 	CHECK_EQ(cuStreamSynchronize(s), 0);
 	CHECK_EQ(cuCtxDestroy(uc), 0); /* now it ends */
@@ -143,11 +145,7 @@ static void refused(bool primary)
 	else
 		CHECK_EQ(cuCtxCreate_v2(&uc, 0, 0), 0);
 	CHECK_EQ(cuStreamCreate(&s, 0), 0);
-	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(cuMemAllocAsync(&x, (size_t)(1 + i % 3) * P, s), 0);
-		touch((void *)(uintptr_t)x, (size_t)(1 + i % 3) * P, (unsigned char)i);
-		CHECK_EQ(cuMemFreeAsync(x, s), 0);
-	}
+	serve(s, 4);
 	CHECK_EQ(cuStreamSynchronize(s), 0);
 	CHECK_EQ(fake_calls("record_refused"), 0);
 	CHECK_EQ(fake_calls("dead_handle"), 0);

@@ -586,8 +586,7 @@ static void device_reset(void)
 		if (round == 3)
 			CHECK_EQ(cudaDeviceReset(), 0);
 	}
-	for (size_t i = 0; i < 3 * P; i++)
-		CHECK(((unsigned char *)live)[i] == (unsigned char)(7 + i * 7));
+	intact(live, 3 * P, 7);
 	CHECK_EQ(cudaFree(live), 0);
 	/* No handle of the old context named once the pool could know of the
 	 * reset. One use is left that no check can prevent: the reset, unseen

@@ -102,14 +102,21 @@ static inline bool fn_in(void *p, const char *lib)
 	return p && dladdr(p, &info) && info.dli_fname && strstr(info.dli_fname, lib);
 }
 
+/* Checks that n bytes at p still hold touch()'s pattern for `seed`. */
+static inline void intact(const void *p, size_t n, unsigned char seed)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		CHECK(b[i] == (unsigned char)(seed + i * 7));
+}
+
 /* Writes a pattern over n bytes at p and checks it (host-backed "device"). */
 static inline void touch(void *p, size_t n, unsigned char seed)
 {
 	unsigned char *b = p;
 	for (size_t i = 0; i < n; i++)
 		b[i] = (unsigned char)(seed + i * 7);
-	for (size_t i = 0; i < n; i++)
-		CHECK(b[i] == (unsigned char)(seed + i * 7));
+	intact(p, n, seed);
 }
 
 /* A program's scenarios, by name: `prog SCENARIO` runs one. */
