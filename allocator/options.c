@@ -6,6 +6,8 @@
  * partial numbers, no hexadecimal (a size is decimal digits with an optional
  * K/M/G/T suffix, powers of 1024). An empty value is the same as unset, so
  * `VPMM_X= prog` restores the default.
+ *
+ * Calls nothing in allocator/.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -47,8 +49,8 @@ static const char *const sync_free_names[] = { "events", "device", NULL };
 	  "granularity, typically 2M)")                                        \
 	X(GRAIN, "VPMM_GRAIN", G_POOL, T_SIZE, NULL, "64K",                    \
 	  "rounding unit of allocations, a power of two from 512 up to the "  \
-	  "page (0, or the page or more: whole pages, as the reference "       \
-	  "design); under the page, neighbours share a page's tail")          \
+	  "page (0, or the page or more: whole pages); under the page, "      \
+	  "neighbours share a page's tail")                                    \
 	X(VA_SIZE, "VPMM_VA_SIZE", G_POOL, T_SIZE, NULL, "8T",                 \
 	  "virtual address space reserved per chunk, at least 1G; more "       \
 	  "chunks (1024 in all) are reserved on demand")                       \
