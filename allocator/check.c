@@ -3,7 +3,8 @@
  * (vpmm_pool_regions, vpmm_pool_layout) in ascending VA order.
  *
  * A pure reader: nothing in allocator/ calls into it. It calls only the
- * other rooms' own checks (front.c, small.c) and the tree's.
+ * other rooms' own checks (front.c, small.c) and the tree's, and
+ * stream.c's slot lookup.
  */
 #include <inttypes.h>
 #include <stdarg.h>

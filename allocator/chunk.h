@@ -19,7 +19,7 @@ struct chunk { /* one VA reservation */
 				* where the page is live or free memory (and
 				* busy regions taken from free memory); NULL over
 				* holes, zombies and a span being mapped.
-				* Pool lock. For placement (pool.c) */
+				* Pool lock. For placement (place.c) */
 };
 
 /* Reserve another VA chunk (lock dropped for the driver call) and add it as

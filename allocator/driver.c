@@ -1,5 +1,5 @@
 /* driver.c — what both driver implementations share: the names of the
- * operations (for stats, logs and fault injection). */
+ * operations (for stats, logs and fault injection). Calls nothing. */
 #include "driver.h"
 
 const char *vpmm_op_name(enum vpmm_op op)

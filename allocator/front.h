@@ -1,5 +1,7 @@
 /* front.h — the streams' caches of parked allocations (front.c): struct
  * front and its entries, the lock-free fast path and the pool's side.
+ * front.c calls give.c, small.c, stream.c, region.c, loop.c and the grain
+ * map; never the take path.
  */
 #ifndef VPMM_FRONT_H
 #define VPMM_FRONT_H

@@ -1,5 +1,6 @@
 /* growth.h — whether and how the pool grows without remapping (growth.c),
  * from what the device's free memory and VPMM_LIMIT leave. Lock held.
+ * growth.c calls nothing in allocator/.
  */
 #ifndef VPMM_GROWTH_H
 #define VPMM_GROWTH_H

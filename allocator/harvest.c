@@ -2,9 +2,9 @@
  * the hole (all of them, or by size for what the request lacks: VPMM_DEFRAG),
  * and the waits for the work still pending on them.
  *
- * Calls stream.c (events, waits) and tree.c (the free indexes); reads the
- * regions and their mappings (region.h, handle.h). Lock held; no driver
- * call but the waits.
+ * Owns struct harvest and struct plan (harvest.h). Calls stream.c (events,
+ * waits) and tree.c (the free indexes); reads the regions and their
+ * mappings (region.h, handle.h). Lock held; no driver call but the waits.
  */
 #include <errno.h>
 #include <stdlib.h>

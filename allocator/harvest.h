@@ -1,5 +1,6 @@
 /* harvest.h — which free handles a defragmentation moves (the plan), and
  * the waits their pending work needs; for defrag.c. Lock held.
+ * harvest.c calls stream.c and tree.c.
  */
 #ifndef VPMM_HARVEST_H
 #define VPMM_HARVEST_H

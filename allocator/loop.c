@@ -1,10 +1,10 @@
 /* loop.c — a stream's sequence of mallocs, to see a training loop repeat.
  *
  * A training step makes the same mallocs in the same order every step. Two
- * rules in pool.c use that: a defragmentation that repeats a loop grows the
- * pool instead (vpi_loop_repeats), and a malloc is placed where the same
- * malloc went one or two steps before, when that memory is free
- * (vpi_loop_hints). The first stops the pool from regathering memory for
+ * rules use that: a defragmentation that repeats a loop grows the pool
+ * instead (vpi_loop_repeats, from take.c), and a malloc is placed where the
+ * same malloc went one or two steps before, when that memory is free
+ * (vpi_loop_hints, from pool.c). The first stops the pool from regathering memory for
  * the same tensor every step; the second stops the other tensors from
  * taking that memory before the tensor comes.
  *

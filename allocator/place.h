@@ -1,5 +1,5 @@
 /* place.h — placement (place.c): where in the free memory a request
- * strands the least. place.c calls region.c, handle.c and front.c.
+ * strands the least. place.c calls region.c, handle.c, front.c and growth.c.
  */
 #ifndef VPMM_PLACE_H
 #define VPMM_PLACE_H

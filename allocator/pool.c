@@ -1,5 +1,5 @@
 /* pool.c — the pool's public calls: creation and destruction, malloc and
- * free (the lock-free cache first, then the locked path: small.c for
+ * free (the lock-free cache first, then the locked path: small_take.c for
  * sub-grain requests, take.c for the rest; give.c on free), and the calls
  * that poll, reclaim, trim, forget streams and report.
  *

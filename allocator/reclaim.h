@@ -1,6 +1,6 @@
 /* reclaim.h — giving memory back (reclaim.c): unmapping zombies, trimming
  * settled free handles, and the background thread that does both. reclaim.c
- * calls region.c, handle.c, stream.c, front.c and small.c.
+ * calls region.c, handle.c, stream.c, front.c, small.c and reset.c.
  */
 #ifndef VPMM_RECLAIM_H
 #define VPMM_RECLAIM_H

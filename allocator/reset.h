@@ -1,4 +1,5 @@
-/* reset.h — a context that ended under the pool (reset.c). */
+/* reset.h — a context that ended under the pool (reset.c). reset.c calls
+ * stream.c, front.c and small.c. */
 #ifndef VPMM_RESET_H
 #define VPMM_RESET_H
 

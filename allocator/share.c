@@ -1,13 +1,16 @@
 /* share.c — the pool's memory seen from outside its own device and process:
  * peers granted access to every page (vpmm_pool_grant), and the physical
  * handles under an allocation, for another process to import
- * (vpmm_pool_pieces; the shim's ipc.c moves them).
+ * (vpmm_pool_pieces; the shim's ipc_export.c and ipc_import.c move them).
  *
  * Why a grant waits for no busy region: a defragmentation copies the access
  * list before it drops the lock to map, and trimming unmaps with the lock
  * dropped. With no region busy and the lock held, every live and free region
  * is mapped and stays so, and every later mapping copies the new list.
  * Grants are rare (once per peer, at start-up), so waiting is cheap.
+ *
+ * Calls small.c (the slab under an address) and the tree; reads regions and
+ * mappings (region.h, handle.h). Lock held.
  */
 #include <errno.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* small.c — requests under a page, carved in size classes from pool pages.
+/* small.c — requests under a grain, carved in size classes from pool memory.
  *
  * A slab is one live pool region cut into equal blocks of one class; its
  * bookkeeping is host memory (a bitmap), never the device's. A slab belongs

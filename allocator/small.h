@@ -1,6 +1,7 @@
-/* small.h — requests under a page, carved in size classes from pool pages:
+/* small.h — requests under a grain, carved in size classes from pool memory:
  * blocks, parks and frees (small.c), and the malloc path that takes a new
- * slab from the pool (small_take.c).
+ * slab from the pool (small_take.c). small.c calls give.c and stream.c;
+ * small_take.c calls small.c, take.c and chunk.c.
  */
 #ifndef VPMM_SMALL_H
 #define VPMM_SMALL_H
@@ -100,8 +101,9 @@ static inline unsigned vpi_small_class_of(const struct small_state *s, size_t si
 	return lo;
 }
 
-/* small.c: allocations of at most vpi_small_max() bytes, carved from pool
- * pages in size classes. Lock held. */
+/* small.c and small_take.c (vpi_small_malloc_locked): allocations of at
+ * most vpi_small_max() bytes, carved from pool memory in size classes. Lock
+ * held. */
 size_t vpi_small_max(const vpmm_pool *p);
 int vpi_small_init(vpmm_pool *p);
 void vpi_small_fini(vpmm_pool *p);

@@ -3,6 +3,9 @@
  * only for the copy: no allocation, no I/O, no formatting inside it. The
  * streams' caches (front.c) are read under their own locks, taken after the
  * pool's, as vpmm_pool_stats() does.
+ *
+ * Calls pool.c (vpi_stats_locked, vpmm_pool_stats, vpmm_pool_summary) and
+ * the tree.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * parked in a stream's cache (freed, kept for a quick reuse) is a free region
  * of that stream, as vpmm_pool_stats() counts it reusable. So the regions of
  * each kind sum to the gauges of the stats (live, reusable, holes, zombies),
- * except for sub-page blocks parked in a cache: those count as reusable
+ * except for sub-grain blocks parked in a cache: those count as reusable
  * while their slab, a region carved into blocks, stays live.
  */
 #ifndef VPMM_SNAPSHOT_H
@@ -28,7 +28,7 @@ struct vpmm_snap_region {
 	CUstream stream; /* free: the stream that freed it (0 when settled) */
 	bool settled;    /* free: no pending work, any stream may take it */
 	bool parked;     /* free: held in the stream's cache of recent frees */
-	bool small;      /* live: a slab carved into sub-page blocks */
+	bool small;      /* live: a slab carved into sub-grain blocks */
 	unsigned chunk;  /* index of the VA reservation */
 };
 

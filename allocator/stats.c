@@ -1,5 +1,5 @@
 /* stats.c — printing struct vpmm_stats as text or JSON, from the one
- * declaration of its fields in vpmm.h. */
+ * declaration of its fields in include/vpmm/stats.h. Calls nothing. */
 #include <inttypes.h>
 
 #include "vpmm.h"

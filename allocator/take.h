@@ -1,5 +1,7 @@
 /* take.h — the malloc path under the lock (take.c): phases 0-2 that find
- * or make free memory for a request and carve it live.
+ * or make free memory for a request and carve it live. take.c calls
+ * place.c, defrag.c, growth.c, reclaim.c, front.c, small.c, stream.c,
+ * region.c, chunk.c and loop.c.
  */
 #ifndef VPMM_TAKE_H
 #define VPMM_TAKE_H

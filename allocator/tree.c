@@ -1,4 +1,5 @@
-/* tree.c — the treap behind every ordered index of the pool (see tree.h). */
+/* tree.c — the treap behind every ordered index of the pool (see tree.h).
+ * Calls nothing. */
 #include "tree.h"
 
 void vpi_tree_init(struct vpi_tree *t, vpi_tcmp cmp, uint32_t seed)

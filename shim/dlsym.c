@@ -22,7 +22,8 @@
  * RTLD_NEXT lookups are resolved as seen from libvpmm. The shim tests check
  * RTLD_NEXT from a program and from a library (drv_prog dlsym).
  *
- * May call: wrap.h (the filter), resolve.h (glibc's dlsym).
+ * Owns: the exported dlsym. May call: wrap.h (the filter), resolve.h
+ * (glibc's dlsym).
  */
 #include "resolve.h"
 #include "shim.h"

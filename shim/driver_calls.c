@@ -8,8 +8,9 @@
  * Owns: what each driver call means for pool memory, and the pass-through
  * (REAL) of everything else to the real entry point. Policy lives in the
  * rooms it calls: alloc.h (malloc/free, free memory), streams.h, devices.h,
- * ipc.h, live_streams.h (the streams made), capture.h; resolve.h gives
- * the real functions.
+ * ipc.h, live_streams.h (the streams made), capture.h, process.h
+ * (whether the shim is active, VPMM_SYNC_FREE); resolve.h gives the real
+ * functions.
  */
 #include "alloc.h"
 #include "capture.h"

@@ -19,8 +19,10 @@
  *
  * The capture entry points forward to capture.c.
  *
+ * Owns: the exported entry points and vpmm_wrappers, nothing else.
  * May call: runtime.h, driver_calls.h, capture.h, queries.h, mempool.h,
- * wrap.h, torch.h. Nothing else.
+ * wrap.h, torch.h; resolve.h for the table's indexes and type. Nothing
+ * else.
  */
 #include <stdint.h>
 #include <sys/types.h>

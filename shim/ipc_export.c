@@ -27,7 +27,8 @@
  * log line saying why.
  *
  * May call: devices.h, alloc.h (what is live), process.h, resolve.h,
- * server.h (the socket served), ipc_import.c (ipc_int.h), the log.
+ * server.h (the socket served), live_streams.h (the fence of a deferred
+ * free), ipc_import.c (ipc_int.h), the log.
  */
 #include <errno.h>
 #include <inttypes.h>

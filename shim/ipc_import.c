@@ -5,7 +5,8 @@
  * Owns: the opener's table of imports, fetching the descriptors from the
  * owner's socket (SCM_RIGHTS), importing and mapping them whole in a
  * reservation of its own, and closing. May call: process.h (the driver
- * layer), devices.h, resolve.h, ipc_int.h, the log.
+ * layer), ipc_int.h, server.h and protocol.h (the socket's limits and
+ * protocol version), the log.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -21,13 +22,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "devices.h"
 #include "ipc.h"
 #include "ipc_int.h"
 #include "process.h"
 #include "protocol.h"
-#include "resolve.h"
 #include "server.h"
 #include "shim.h"
 

@@ -9,6 +9,9 @@
  * Lines an allocation can bring (out of memory) are rate-limited and never
  * wait for stderr: a program failing allocations in a loop wrote tens of
  * thousands of lines a second, and blocked on a stderr pipe nobody read.
+ *
+ * Owns: the level (vpmm_log_level) and the rate limit. May call: nothing
+ * of the shim but shim.h.
  */
 #include <poll.h>
 #include <stdarg.h>

@@ -10,7 +10,8 @@
  * pool's and the process's), so that a misspelling of either is caught and
  * the documentation lists them together.
  * May call: resolve.h, devices.h (the server's view of the pools), fork.h,
- * server.h, trace.h, ipc.h (the server's ipc requests), the public API's
+ * server.h, trace.h, ipc.h (the server's ipc requests), live_streams.h
+ * (the fences' wrappers on the driver layer), the public API's
  * vpmm_shim_trim.
  */
 #include <pthread.h>

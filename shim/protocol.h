@@ -21,6 +21,8 @@
  * Versions: a server speaks exactly VPMM_PROTOCOL; a change that a reader
  * could misread (a field changing meaning) bumps it. New fields and new
  * requests do not.
+ *
+ * Includes no header of the project.
  */
 #ifndef VPMM_PROTOCOL_H
 #define VPMM_PROTOCOL_H

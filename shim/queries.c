@@ -38,6 +38,7 @@
  *    width it uses; the shim then changes their lowest byte only, which
  *    holds 0 or 1 and every handle type bit (little-endian hosts).
  *
+ * Owns: the answers to those queries for pool memory (nothing kept).
  * May call: alloc.h (what is live), devices.h (whose VA), ipc.h (what
  * exports), process.h, resolve.h, the log.
  */

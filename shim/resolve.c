@@ -13,6 +13,8 @@
  * compare what it handed the program with those pointers. A v1 cuMemAlloc
  * (32-bit sizes), a variant newer than ours, or any pointer we do not know is
  * therefore passed through untouched.
+ *
+ * May call: nothing of the shim but shim.h (the log).
  */
 #include <dlfcn.h>
 #include <link.h>

@@ -28,6 +28,9 @@
  * ours whose pid is gone and that nobody answers). A forked child closes the
  * inherited descriptors, leaves the parent's socket alone and may start its
  * own server.
+ *
+ * Includes allocator/'s options.h and vpmm.h (the pools it reports), no
+ * header of the shim.
  */
 #ifndef VPMM_SERVER_H
 #define VPMM_SERVER_H

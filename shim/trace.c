@@ -10,6 +10,9 @@
  * their publication, so closing waits for them and never loses or misfiles an
  * event. The ring is allocated on the first open and never freed, so a late
  * producer can never touch freed memory.
+ *
+ * Owns: the ring, the trace file and the writer thread. May call: nothing
+ * of the shim (with server.c, part of the static library vpmm_server).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -21,6 +21,8 @@
  * child does not trace (the parent's file and buffered events stay the
  * parent's); it may open a trace of its own, but not the parent's file
  * (-EBUSY: it would truncate it).
+ *
+ * Includes no header of the project.
  */
 #ifndef VPMM_TRACE_H
 #define VPMM_TRACE_H
