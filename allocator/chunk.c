@@ -73,7 +73,7 @@ void vpi_chunk_drop_if_unused(vpmm_pool *p, unsigned index)
 	vpi_tree_remove(&p->holes, &hole->by_size);
 	vpi_region_delete(p, hole);
 	__atomic_store_n(&p->nchunks, p->nchunks - 1, __ATOMIC_RELEASE);
-	/* Its page map stays until the slot is reused or the pool goes: a
+	/* Its grain map stays until the slot is reused or the pool goes: a
 	 * lock-free lookup may still be reading it. */
 	DRV(p, VPMM_OP_VA_FREE, va_free, c->va, c->size);
 	GAUGE_SUB(p, reserved, c->size);

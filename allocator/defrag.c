@@ -182,7 +182,7 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 	if (*grow && !d->room && !loop_cap_allows(p, vpi_whole_pages(p, lack)))
 		*grow = false;
 
-	d->pl.room = d->hole->size;
+	d->pl.hole_size = d->hole->size;
 	d->pl.target = *grow ? 0 : p->cfg.defrag == VPMM_DEFRAG_ALL ? SIZE_MAX : lack;
 	rc = vpi_plan_harvest(p, &d->pl, d->caller, d->adj, d->adj2);
 	if (rc)

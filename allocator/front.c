@@ -1,5 +1,5 @@
 /* front.c — the pool's fast path, taken without the pool lock: a small cache
- * per stream of allocations freed on that stream ("parked"), and the page map
+ * per stream of allocations freed on that stream ("parked"), and the grain map
  * that finds an allocation from its pointer.
  *
  * Why: with one pool lock, threads allocating on their own streams serialize
@@ -13,7 +13,7 @@
  * beside free memory, so that they join it.
  *
  * Locks: pool lock -> front lock is the only order; the fast path takes a
- * front lock alone. Page map entries and the per-allocation "parked" marks
+ * front lock alone. Grain map entries and the per-allocation "parked" marks
  * are atomics, written by the pool under its lock or by the fast path.
  *
  * Owns struct front (front.h). Calls give.c, small.c (parks and frees),
@@ -152,7 +152,7 @@ static uint16_t take_slot(struct front *f)
 	return slot;
 }
 
-/* The region the page map names at ptr's grain (a live allocation's
+/* The region the grain map names at ptr's grain (a live allocation's
  * first, or any of a slab's), read without the lock; NULL if none. */
 static struct region *published(vpmm_pool *p, CUdeviceptr ptr)
 {

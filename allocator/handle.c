@@ -19,7 +19,7 @@ int vpi_mapping_by_va(const struct vpi_tnode *a, const struct vpi_tnode *b)
 
 /* Placement asks, for a page of free memory, which handle lies over it; the
  * map answers in O(1) where the tree of mappings takes O(log n) (a dozen
- * lookups per region looked at). Reserved like the page map: untouched
+ * lookups per region looked at). Reserved like the grain map: untouched
  * pages of it cost nothing. */
 int vpi_home_map_create(vpmm_pool *p, struct chunk *c)
 {

@@ -36,7 +36,7 @@ static int plan_region(vpmm_pool *p, struct plan *pl, struct region *r)
 	for (struct mapping *m = vpi_mapping_from(p, r->chunk, r->va);
 	     m && m->va < end && pl->taken < pl->target; m = vpi_mapping_next(m)) {
 		size_t sz = m->handle->size;
-		if (m->va + sz > end || pl->taken + sz > pl->room)
+		if (m->va + sz > end || pl->taken + sz > pl->hole_size)
 			break;
 		if (!b)
 			a = m->va;
@@ -200,8 +200,8 @@ int vpi_plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 	lim = pl->target / p->page * p->page;
 	if (lim < pl->target) /* the lack is mapped in whole pages anyway */
 		lim += p->page;
-	if (lim > pl->room)
-		lim = pl->room;
+	if (lim > pl->hole_size)
+		lim = pl->hole_size;
 	for (i = 0; i < n && pl->taken < pl->target; i++)
 		if (pl->taken + by[i]->m->handle->size <= lim) {
 			by[i]->take = true;
@@ -213,7 +213,7 @@ int vpi_plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,
 		for (i = 0; i < n; i++) {
 			struct handle_cand *x = by[i];
 			if (x->take || x->m->handle->size < rest ||
-			    pl->taken + x->m->handle->size > pl->room)
+			    pl->taken + x->m->handle->size > pl->hole_size)
 				continue;
 			if (!best || x->others < best->others ||
 			    (x->others == best->others && x->m->handle->size < best->m->handle->size))

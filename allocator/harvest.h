@@ -18,11 +18,12 @@ struct plan {
 	struct harvest *h;
 	size_t n, cap;
 	size_t taken;         /* bytes in h */
-	size_t target, room;  /* stop at target bytes; never beyond room */
+	size_t target;        /* stop at target bytes */
+	size_t hole_size;     /* never beyond the hole */
 };
 
 /* Fills pl with whole free handles worth pl->target bytes at most, never
- * beyond pl->room, skipping skip1 and skip2 (the span's lending
+ * beyond pl->hole_size, skipping skip1 and skip2 (the span's lending
  * neighbours); by VPMM_DEFRAG's rule. 0 or -ENOMEM (pl->h may hold some:
  * the caller frees it). */
 int vpi_plan_harvest(vpmm_pool *p, struct plan *pl, struct stream *caller,

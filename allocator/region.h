@@ -41,7 +41,7 @@ struct region {
 	uint64_t epoch;           /* pending FREE: its stream's epoch at the free */
 	uint64_t seq;             /* FREE: pool-wide order of its (latest) free */
 	struct event *ev;         /* ZOMBIE: unmap once done; NULL = at once */
-	struct slab *small; /* LIVE only: carved into sub-page blocks */
+	struct slab *small; /* LIVE only: carved into sub-grain blocks */
 	/* Last: vpi_region_new() clears the fields above and keeps this one.
 	 * Atomic. Bit 0 (VPMM_CLAIMED): a free owns the region, or none may
 	 * take it; clear only on a plain live allocation that is neither

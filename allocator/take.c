@@ -141,7 +141,7 @@ int vpi_take_locked(vpmm_pool *p, struct stream *caller, size_t need,
 			rc = vpi_defrag(p, caller, need, &grow, false, &r, &at);
 		}
 		if (rc == -ENOMEM) {
-			/* Last resort before failing: empty sub-page slabs go
+			/* Last resort before failing: empty slabs go
 			 * back, every stream is asked what completed, and if
 			 * that freed anything the request is planned again. */
 			uint64_t settled = p->settled_count;

@@ -176,8 +176,8 @@ size_t vpmm_pool_release_threshold(vpmm_pool *pool, const size_t *set);
 int vpmm_pool_find(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,
 		   size_t *size);
 /* The same without the pool lock, for the owner of the live allocation
- * (or sub-page block) that starts at `ptr`, before it frees it: -EINVAL
- * where the page map cannot tell (a pointer inside an allocation, one
+ * (or sub-grain block) that starts at `ptr`, before it frees it: -EINVAL
+ * where the grain map cannot tell (a pointer inside an allocation, one
  * parked or being freed), and vpmm_pool_find then answers. For any other
  * caller the answer may already be stale. */
 int vpmm_pool_find_own(vpmm_pool *pool, CUdeviceptr ptr, CUdeviceptr *base,

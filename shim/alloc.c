@@ -239,7 +239,7 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		goto pass; /* the graph owns it, or the real call reports the error */
 	if (ps == CU_STREAM_PER_THREAD)
 		ps = VPMM_NO_STREAM;
-	pool = vpmm_pool_for(dev);
+	pool = vpmm_device_pool_make(dev);
 	if (!pool)
 		goto pass;
 	if (!vpmm_device_ctx(dev))

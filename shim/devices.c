@@ -116,7 +116,7 @@ static void no_pool_why(const struct vpmm_config *cfg, int e, char *why, size_t 
 {
 	size_t gran = 0, dev_free, dev_total = 0;
 	CUdeviceptr va;
-	vpmm_driver *drv = vpmm_shim_driver();
+	vpmm_driver *drv = vpmm_process_driver();
 	if (e == -EINVAL && drv->granularity(drv, cfg->device, &gran) == CUDA_SUCCESS) {
 		if (cfg->page_size > gran &&
 		    drv->mem_info(drv, &dev_free, &dev_total) != CUDA_SUCCESS)
@@ -148,7 +148,7 @@ static void no_pool_why(const struct vpmm_config *cfg, int e, char *why, size_t 
 
 /* The pool of `dev`, created on first use in the current context; NULL when
  * the device passes through. */
-vpmm_pool *vpmm_pool_for(int dev)
+vpmm_pool *vpmm_device_pool_make(int dev)
 {
 	vpmm_pool *p;
 	bool made = false;
@@ -166,7 +166,7 @@ vpmm_pool *vpmm_pool_for(int dev)
 		int e;
 		cfg.device = dev;
 		vpmm_real.ctx_get_current(&ctx);
-		e = vpmm_pool_create(&cfg, vpmm_shim_driver(), &p);
+		e = vpmm_pool_create(&cfg, vpmm_process_driver(), &p);
 		if (e) {
 			char why[256] = "";
 			no_pool_why(&cfg, e, why, sizeof why);
@@ -321,9 +321,9 @@ void vpmm_context_ending(CUcontext ctx, int device)
 	 * threads' last-stream entries (vpmm_enter) must not outlive them. */
 	vpmm_streams_forget();
 	/* The reset primary context: only one the shim already holds can be
-	 * a pool's (vpmm_pool_for holds it once the pool lives in it); retaining
-	 * it here made the primary context of a program of its own contexts
-	 * only to have it reset (no_primary_made). */
+	 * a pool's (vpmm_device_pool_make holds it once the pool lives in
+	 * it); retaining it here made the primary context of a program of its
+	 * own contexts only to have it reset (no_primary_made). */
 	if (!ctx) {
 		if (device < 0 || device >= VPMM_MAX_DEVICES || !existing_pool(device))
 			return;

@@ -11,7 +11,7 @@
 
 /* The pool of `dev`, created on first use in the current context; NULL when
  * the device passes through (creation failed, or no such device). */
-vpmm_pool *vpmm_pool_for(int dev);
+vpmm_pool *vpmm_device_pool_make(int dev);
 /* A device's pool if made (NULL if none), and the context it lives in. */
 vpmm_pool *vpmm_device_pool(int device, CUcontext *ctx);
 /* The context the pool of `dev` lives in (NULL: none yet, or it ended). */

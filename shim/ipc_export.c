@@ -141,7 +141,7 @@ static struct export *finishing;
  * the free. Returns false (and changes nothing) while that work runs. */
 static bool try_finish(struct export *e)
 {
-	vpmm_driver *drv = vpmm_shim_driver();
+	vpmm_driver *drv = vpmm_process_driver();
 	vpmm_pool *pool = vpmm_device_pool(e->device, NULL);
 	bool pushed = false;
 	if (!pool || !drv) {
@@ -202,7 +202,7 @@ int vpmm_ipc_defer_free(int device, CUdeviceptr ptr, CUstream stream)
 	 * an event, the CPU waits now: for the whole context where the free
 	 * was on the legacy stream, whose order over the blocking streams
 	 * holds through its actions only (a fenced free queues none). */
-	vpmm_driver *drv = vpmm_shim_driver();
+	vpmm_driver *drv = vpmm_process_driver();
 	CUevent ev = NULL;
 	if (stream != VPMM_NO_STREAM) {
 		if (drv->event_create(drv, &ev) != CUDA_SUCCESS) {
@@ -366,7 +366,7 @@ bool vpmm_ipc_get(CUipcMemHandle *handle, CUdeviceptr ptr, CUresult *res)
 static const char *serve_pieces(struct export *snapshot, size_t first, char *fields, size_t len,
 				int *fds, unsigned *nfds, char *err, size_t errlen)
 {
-	vpmm_driver *drv = vpmm_shim_driver();
+	vpmm_driver *drv = vpmm_process_driver();
 	vpmm_pool *pool = vpmm_device_pool(snapshot->device, NULL);
 	struct vpmm_piece pc[VPMM_IPC_MAX_FDS];
 	struct vpmm_extent ext;

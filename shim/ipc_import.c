@@ -207,7 +207,7 @@ bool vpmm_ipc_open(CUdeviceptr *out, const CUipcMemHandle *handle, unsigned flag
 		*res = CUDA_ERROR_INVALID_CONTEXT;
 		return true;
 	}
-	vpmm_driver *drv = vpmm_shim_driver();
+	vpmm_driver *drv = vpmm_process_driver();
 	struct fetched *f = calloc(1, sizeof *f);
 	struct import *im = calloc(1, sizeof *im);
 	CUmemGenericAllocationHandle *hs = NULL;
@@ -363,7 +363,7 @@ bool vpmm_ipc_close(CUdeviceptr ptr, CUresult *res)
 	pthread_mutex_unlock(&imp_lock);
 	if (!im)
 		return false; /* the driver's own */
-	vpmm_driver *drv = vpmm_shim_driver();
+	vpmm_driver *drv = vpmm_process_driver();
 	CUresult r = drv->unmap(drv, im->va, im->len);
 	if (r != CUDA_SUCCESS) {
 		/* Still mapped here: the owner must not reuse the pages. */

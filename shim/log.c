@@ -10,8 +10,8 @@
  * wait for stderr: a program failing allocations in a loop wrote tens of
  * thousands of lines a second, and blocked on a stderr pipe nobody read.
  *
- * Owns: the level (vpmm_log_level) and the rate limit. May call: nothing
- * of the shim but shim.h.
+ * Owns: the level shown (vpmm_log_shown) and the rate limit. May call:
+ * nothing of the shim but shim.h.
  */
 #include <poll.h>
 #include <stdarg.h>
@@ -22,7 +22,7 @@
 
 #include "shim.h"
 
-int vpmm_log_level = VPMM_LOG_WARN;
+int vpmm_log_shown = VPMM_LOG_WARN;
 
 /* Writes one line; with `nowait`, only if stderr takes it at once (a
  * pipe with room, a file, a terminal): the descriptor's flags are the

@@ -113,7 +113,7 @@ static void setup_locked(void)
 	vpmm_env_options_default(&o);
 	if (vpmm_env_options_from_env(&o, env_get, err, sizeof err))
 		goto bad_option;
-	vpmm_log_level = (int)o.log_level;
+	vpmm_log_shown = (int)o.log_level;
 	vpmm_options_misspelled(environ, warn_misspelled, NULL);
 	if (o.disable) {
 		VPMM_LOGF(VPMM_LOG_INFO, "VPMM_DISABLE is set: passing everything through");
@@ -168,7 +168,7 @@ bool vpmm_active(void)
 	return st.active;
 }
 
-vpmm_driver *vpmm_shim_driver(void)
+vpmm_driver *vpmm_process_driver(void)
 {
 	return vpmm_active() ? st.drv : NULL;
 }

@@ -13,7 +13,7 @@
 bool vpmm_active(void);
 
 /* The driver layer, NULL while the shim is not active. */
-vpmm_driver *vpmm_shim_driver(void);
+vpmm_driver *vpmm_process_driver(void);
 
 /* The pool options every device's pool is made with (VPMM_* variables);
  * valid once vpmm_active() said true. */

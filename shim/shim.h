@@ -40,9 +40,10 @@ enum {
 
 /* ---- log.c ------------------------------------------------------------------ */
 
-extern int vpmm_log_level VPMM_HIDDEN; /* enum vpmm_log_level; WARN until set */
+/* The most verbose enum vpmm_log_level shown; WARN until set. */
+extern int vpmm_log_shown VPMM_HIDDEN;
 void vpmm_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define vpmm_log_on(level) (vpmm_log_level >= (level))
+#define vpmm_log_on(level) (vpmm_log_shown >= (level))
 #define VPMM_LOGF(level, ...)                                                 \
 	do {                                                                  \
 		if (vpmm_log_on(level))                                       \

@@ -38,12 +38,14 @@ int conn_connect(const char *path, struct conn *c, bool nowait, char *err, size_
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	c->fd = -1;
-	if (strlen(path) >= sizeof(addr.sun_path)) {
+	size_t plen = strlen(path);
+	if (plen >= sizeof(addr.sun_path)) {
 		snprintf(err, errlen, "%s: path too long for a Unix socket", path);
 		return EXIT_USAGE;
 	}
-	strcpy(addr.sun_path, path);
-	snprintf(c->path, sizeof(c->path), "%s", path);
+	/* c->path is as long as sun_path (dump.h) */
+	memcpy(addr.sun_path, path, plen + 1);
+	memcpy(c->path, path, plen + 1);
 	struct stat st; /* connect() calls any other file "refused": stale */
 	if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
 		snprintf(err, errlen, "%s: not a socket", path);

@@ -193,7 +193,7 @@ static void print_regions(const struct json *pool)
 			if (r.parked)
 				printf(", in the stream's cache");
 		} else if (r.small) {
-			printf(" sub-page blocks");
+			printf(" sub-grain blocks");
 		}
 		printf("\n");
 	}

@@ -166,7 +166,7 @@ Test(grain, holes_stay_page_aligned)
  * multiple of the granularity): the home map and the rounding to pages
  * divide where a power of two would shift (pool.h, vpi_page_index).
  * Mallocs of 1-7 grains and frees in a fixed order, a defragmentation
- * among them, the pool checked after each; then the page maps and the
+ * among them, the pool checked after each; then the grain maps and the
  * regions that cover a remapped handle must agree. */
 Test(grain, a_page_of_three_grains)
 {
