@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pressure_cpu.sh — what of scripts/gpu-pressure.sh can be checked without a
 # GPU, in about a minute: the hold program's logic over a simulated device
-# (test/gpu/fakecuda), replay_gpu.py's failure report, the script's dry run,
+# (test/gpu/hold_runtime), replay_gpu.py's failure report, the script's dry run,
 # a whole run of both modes with FAKE_GPU=1 (simulated holder, dry replays,
 # injected crashes), a hang and the deadline, and an interrupted run.
 # Needs g++, python3; no GPU.
@@ -22,8 +22,8 @@ check() { # check NAME CONDITION-STATUS [detail]
 }
 
 # ---- the hold program over a simulated device -------------------------------------
-g++ -O1 -Wall -Wextra -Werror -x c++ -I"$ROOT/test/gpu/fakecuda" "$ROOT/test/gpu/hold.cu" \
-	-x none "$ROOT/test/gpu/fakecuda/fake_runtime.cpp" -o "$W/hold" 2>"$W/build.txt"
+g++ -O1 -Wall -Wextra -Werror -x c++ -I"$ROOT/test/gpu/hold_runtime" "$ROOT/test/gpu/hold.cu" \
+	-x none "$ROOT/test/gpu/hold_runtime/fake_runtime.cpp" -o "$W/hold" 2>"$W/build.txt"
 check "hold.cu builds over the stand-in runtime" $? "$(head -5 "$W/build.txt")"
 export FAKE_OTHER=$W/other
 echo 0 >"$FAKE_OTHER"
