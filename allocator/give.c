@@ -39,7 +39,8 @@ void vpi_give_locked(vpmm_pool *p, struct region *r, struct stream *s,
 	uint64_t every = p->cfg.event_interval_ns;
 	if (every && every < SOLE_RECORD_NS && p->nstreams <= 1 && !p->sync_takes)
 		every = SOLE_RECORD_NS;
-	if (s && !s->dead && (!every || vpi_now_ns() - s->last_record_ns >= every))
+	if (s && !s->dead &&
+	    (!every || !s->last_record_ns || vpi_clock_ns(p) - s->last_record_ns >= every))
 		vpi_close_epoch(p, s, NULL);
 	if (p->cfg.release && p->st.reusable > p->cfg.release_threshold)
 		pthread_cond_signal(&p->reclaim_cond);

@@ -62,7 +62,7 @@ static size_t room_left(const vpmm_pool *p)
 
 size_t vpi_growth_headroom(vpmm_pool *p)
 {
-	uint64_t now = vpi_now_ns();
+	uint64_t now = vpi_clock_ns(p);
 	if (!p->dev_read_ns || now - p->dev_read_ns >= GROWTH_READ_NS) {
 		size_t fr = 0, total = 0;
 		CUresult r = DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total);
@@ -86,7 +86,7 @@ bool vpi_growth_ample(vpmm_pool *p)
 {
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE || !p->dev_read_ns)
 		return false;
-	if (vpi_now_ns() - p->dev_read_ns >= GROWTH_AMPLE_NS)
+	if (vpi_clock_ns(p) - p->dev_read_ns >= GROWTH_AMPLE_NS)
 		vpi_growth_headroom(p); /* older than GROWTH_READ_NS too: reads */
 	if (p->dev_unknown)
 		return false;

@@ -487,6 +487,16 @@ void vpmm_pool_pause(vpmm_pool *p, bool paused)
 	vpi_mutex_unlock(&p->lock);
 }
 
+void vpmm_pool_set_clock(vpmm_pool *p, uint64_t (*now_ns)(void *arg), void *arg)
+{
+	if (!p)
+		return;
+	vpi_mutex_lock(&p->lock);
+	p->clock = now_ns;
+	p->clock_arg = now_ns ? arg : NULL;
+	vpi_mutex_unlock(&p->lock);
+}
+
 void vpmm_pool_context_ended(vpmm_pool *p)
 {
 	if (!p)

@@ -110,7 +110,10 @@ struct vpmm_pool {
 	uint64_t loop_grown; /* bytes created instead of remapping, for the cap */
 	size_t dev_free;      /* the device's free bytes at dev_read_ns, less
 			       * what the pool created since (growth.c) */
-	uint64_t dev_read_ns; /* when they were read; 0: never */
+	uint64_t dev_read_ns; /* when they were read (vpi_clock_ns); 0: never */
+	uint64_t (*clock)(void *arg); /* the rules' clock (vpmm_pool_set_clock);
+				       * NULL: vpi_now_ns */
+	void *clock_arg;
 	bool dev_unknown;     /* that read failed: VPMM_REMAP=always's policy
 			       * until the next (growth.c) */
 	bool loop_missed;     /* while the device had room, a malloc that
@@ -134,6 +137,13 @@ struct vpmm_pool {
 
 /* vpmm_pool_stats() with the lock held (snapshot.c shares it). */
 void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
+
+/* Now, on the clock of the pool's rules that follow time: the event
+ * interval, the reads of the device's free memory. */
+static inline uint64_t vpi_clock_ns(const vpmm_pool *p)
+{
+	return p->clock ? p->clock(p->clock_arg) : vpi_now_ns();
+}
 
 /* `size` rounded up to whole grains: what a request above the size classes
  * takes, and a slab's size (small.c). */

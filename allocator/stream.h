@@ -42,7 +42,8 @@ struct stream {
 	uint64_t epoch;           /* open epoch: frees now are tagged with it
 				   * (atomic: read by front.c without the lock) */
 	uint64_t done;            /* every epoch <= done has completed; < epoch */
-	uint64_t last_record_ns;
+	uint64_t last_record_ns;  /* when an event was last recorded on it,
+				   * by vpi_clock_ns; 0: never */
 	struct event *ev_head, *ev_tail; /* recorded, not known complete */
 	/* Pending free regions of this stream: by (size, va) and, in fifo,
 	 * by epoch ascending. Each has done < region->epoch <= epoch. */

@@ -9,9 +9,14 @@
  * are read as hexadecimal. They are only identities, so a log that writes them
  * in decimal replays the same, except for two values: 0 is the default
  * stream, and 0xffffffffffffffff (what VPMM_TRACE writes for cudaMalloc and
- * cudaFree, which have no stream order) is VPMM_NO_STREAM. Thread and Time are
- * not used. Action is `allocate`, `free` or `allocate failure` (skipped,
- * counted).
+ * cudaFree, which have no stream order) is VPMM_NO_STREAM. Thread is not
+ * used. Time, a time of day (H:MM:SS with a fraction after '.' or ':', as
+ * RMM, VPMM_TRACE and bench/workloads.py write it), is the pool's clock in
+ * the replay: read as microseconds since the first line, a day added where
+ * it passes midnight, never going back (threads write out of order). A log
+ * whose Time is no such time replays on a clock of 1 us an operation (the
+ * line is named). Action is `allocate`, `free` or `allocate failure`
+ * (skipped, counted).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -243,7 +248,80 @@ struct parser {
 	struct map streams; /* log stream value (non-zero) -> index */
 	unsigned long line;
 	unsigned warnings;
+	bool timed;         /* a line's time was read: first_us is set */
+	uint64_t first_us;  /* the first line's time of day */
+	uint64_t days_us;   /* the midnights passed since */
+	uint64_t now_us;    /* the log's time at the last line */
 };
+
+#define DAY_US 86400000000ull
+
+/* A time of day, H:MM:SS, then '.' or ':' and up to 9 digits of a second
+ * (none: whole seconds), in microseconds. */
+static bool parse_time(const char *s, uint64_t *out)
+{
+	uint64_t part[3] = { 0 }, frac = 0;
+	for (int i = 0; i < 3; i++) {
+		int n = 0;
+		while (*s >= '0' && *s <= '9' && n < 2) {
+			part[i] = part[i] * 10 + (uint64_t)(*s++ - '0');
+			n++;
+		}
+		if (!n || (i > 0 && n != 2) || (i < 2 && *s++ != ':'))
+			return false;
+	}
+	if (part[0] > 23 || part[1] > 59 || part[2] > 60)
+		return false;
+	if (*s == '.' || *s == ':') {
+		int n = 0;
+		s++;
+		while (*s >= '0' && *s <= '9' && n < 9) {
+			frac = frac * 10 + (uint64_t)(*s++ - '0');
+			n++;
+		}
+		if (!n)
+			return false;
+		/* to microseconds: n digits are frac / 10^n seconds */
+		while (n > 6) {
+			frac /= 10;
+			n--;
+		}
+		while (n < 6) {
+			frac *= 10;
+			n++;
+		}
+	}
+	if (*s)
+		return false;
+	*out = ((part[0] * 60 + part[1]) * 60 + part[2]) * 1000000 + frac;
+	return true;
+}
+
+/* The log's clock at this line (parser.now_us), from its Time field. */
+static void line_time(struct parser *ps, const char *f)
+{
+	uint64_t tod;
+	if (ps->log->untimed_line)
+		return;
+	if (!parse_time(f, &tod)) {
+		ps->log->untimed_line = ps->line;
+		return;
+	}
+	if (!ps->timed) {
+		ps->timed = true;
+		ps->first_us = tod;
+	}
+	uint64_t t = ps->days_us + tod - ps->first_us;
+	if (tod < ps->first_us)
+		t += DAY_US;
+	/* More than 12 hours back: midnight passed. */
+	while (t + DAY_US / 2 < ps->now_us) {
+		ps->days_us += DAY_US;
+		t += DAY_US;
+	}
+	if (t > ps->now_us)
+		ps->now_us = t;
+}
 
 static int stream_index(struct parser *ps, uint64_t value, uint32_t *out)
 {
@@ -283,12 +361,13 @@ static void warn_line(struct parser *ps, const char *what, const char *ptr)
 			: "which is still live (its free is missing from the log)");
 }
 
-static int push_op(struct log *lg, enum op_kind kind, uint32_t stream, size_t id)
+static int push_op(struct parser *ps, enum op_kind kind, uint32_t stream, size_t id)
 {
+	struct log *lg = ps->log;
 	if (lg->nops == lg->cap_ops &&
 	    grow((void **)&lg->ops, &lg->cap_ops, sizeof(*lg->ops)))
 		return -ENOMEM;
-	lg->ops[lg->nops++] = (struct op){ kind, stream, id };
+	lg->ops[lg->nops++] = (struct op){ kind, stream, id, ps->now_us };
 	return 0;
 }
 
@@ -329,6 +408,7 @@ static int parse_line(struct parser *ps, char *line)
 	if (!parse_hex(f[5], &stream))
 		FAIL("bad stream \"%.40s\" (expected hexadecimal such as 0x0)", f[5]);
 
+	line_time(ps, f[1]);
 	if (failure) {
 		lg->log_failures++;
 		return 0;
@@ -360,7 +440,7 @@ static int parse_line(struct parser *ps, char *line)
 			lg->zero_sized++; /* the pool takes no 0-byte requests */
 			return 0;
 		}
-		return push_op(lg, OP_ALLOC, sidx, id);
+		return push_op(ps, OP_ALLOC, sidx, id);
 	}
 
 	if (ptr == 0) {
@@ -377,7 +457,7 @@ static int parse_line(struct parser *ps, char *line)
 	map_del(&ps->live, ptr);
 	if (lg->allocs[id].size == 0)
 		return 0;
-	return push_op(lg, OP_FREE, sidx, id);
+	return push_op(ps, OP_FREE, sidx, id);
 }
 
 static bool blank(const char *s)

@@ -37,7 +37,8 @@ static double ratio(uint64_t a, uint64_t b)
 }
 
 void print_json(FILE *f, const struct log *lg, const struct result *r,
-		       const struct vpmm_config *cfg, uint64_t complete_every)
+		       const struct vpmm_config *cfg, uint64_t complete_every,
+		       enum replay_clock clock)
 {
 	const struct vpmm_stats *s = &r->stats;
 	fprintf(f, "{\"log\": ");
@@ -71,9 +72,11 @@ void print_json(FILE *f, const struct log *lg, const struct result *r,
 		s->handles_created, s->handles_remapped, s->zombies_reclaimed, s->front_hits,
 		s->loop_growths, s->loop_hints, s->events_recorded, s->room_growths,
 		s->growth_refusals);
-	fprintf(f, ", \"defrag\": \"%s\", \"remap\": \"%s\", \"complete_every\": %" PRIu64,
+	fprintf(f, ", \"defrag\": \"%s\", \"remap\": \"%s\", \"complete_every\": %" PRIu64
+		   ", \"clock\": \"%s\"",
 		cfg->defrag == VPMM_DEFRAG_ALL ? "all" : "lacking",
-		cfg->remap == VPMM_REMAP_ALWAYS ? "always" : "pressure", complete_every);
+		cfg->remap == VPMM_REMAP_ALWAYS ? "always" : "pressure", complete_every,
+		replay_clock_name(clock));
 	fprintf(f, ", \"wall_ns\": %" PRIu64 ", \"ns_per_op\": %.1f",
 		r->wall_ns, r->ops ? (double)r->wall_ns / (double)r->ops : 0.0);
 	if (r->check_violations)

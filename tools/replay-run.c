@@ -1,8 +1,9 @@
 /* replay-run.c — vpmm-replay's loop: the parsed log's operations through
  * a pool on the simulated device (driver_host.h), with another process's
  * share of the device (--tenant) and the device finishing its queued work
- * every so many operations, and --plot's samples taken after each. Only
- * this loop is timed. Calls vpmm.h, driver_host.h, replay-progress.c and
+ * every so many operations, the pool's clock at each operation's time in
+ * the log (--clock), and --plot's samples taken after each. Only this loop
+ * is timed. Calls vpmm.h, driver_host.h, replay-progress.c and
  * replay-plot.c.
  *
  * Streams: a host stream is made at a stream's first operation. One the
@@ -61,10 +62,22 @@ static void stream_passed(const struct log *lg, struct streams *ss, size_t i)
 		ss->ended[ss->nended++] = k;
 }
 
-int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
-	   const struct tenant *tn, uint64_t complete_every, bool check,
-	   struct plot *plot, struct result *r)
+const char *replay_clock_name(enum replay_clock c)
 {
+	return c == CLOCK_LOG ? "log" : c == CLOCK_OPS ? "operations" : "wall";
+}
+
+/* The pool's clock in a replay on the log's time: the operation's. */
+static uint64_t log_clock(void *arg)
+{
+	return *(const uint64_t *)arg;
+}
+
+int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
+	   const struct tenant *tn, uint64_t complete_every, enum replay_clock clock,
+	   bool check, struct plot *plot, struct result *r)
+{
+	uint64_t clock_ns = 0;
 	uint64_t live = 0, since = 0;
 	size_t next_step = 0;
 	struct vpmm_stats st;
@@ -86,10 +99,13 @@ int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 		vpmm_pool_stats(pool, &st);
 		plot_begin(plot, lg->nops, &st);
 	}
+	if (clock != CLOCK_WALL)
+		vpmm_pool_set_clock(pool, log_clock, &clock_ns);
 	progress_begin("replaying", lg->name, lg->nops, lg->nops >= PROGRESS_MIN_OPS);
 	uint64_t t0 = now_ns();
 	for (size_t i = 0; i < lg->nops; i++) {
 		const struct op *op = &lg->ops[i];
+		clock_ns = (clock == CLOCK_LOG ? op->t_us : (uint64_t)i) * 1000;
 		if ((i & 4095) == 0)
 			progress_at(i);
 		if (plot && i) {
@@ -157,6 +173,7 @@ int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 	}
 	r->wall_ns = now_ns() - t0;
 	progress_end();
+	vpmm_pool_set_clock(pool, NULL, NULL);
 	if (msgs)
 		fclose(msgs);
 	free(mbuf);

@@ -49,6 +49,8 @@ struct op {
 	enum op_kind kind;
 	uint32_t stream; /* index into the stream table; 0 = stream 0 */
 	size_t id;       /* the allocation it makes or frees */
+	uint64_t t_us;   /* the log's Time, in microseconds since its first
+			  * line; never less than the operation before's */
 };
 
 struct alloc {
@@ -70,6 +72,8 @@ struct log {
 	uint64_t unknown_frees;  /* frees of pointers no live allocate returned */
 	uint64_t reallocated;    /* allocates of a pointer still live in the log */
 	uint64_t zero_sized;     /* allocates of 0 bytes and frees of null */
+	unsigned long untimed_line; /* the first line whose Time is no time of
+				     * day (0: none); then t_us is not used */
 };
 
 /* Reads the whole log `in` into *lg (lg->name set by the caller, for the
@@ -145,6 +149,14 @@ struct result {
 	struct vpmm_stats stats;
 };
 
+/* The clock of the pool's rules that follow time (--clock): */
+enum replay_clock {
+	CLOCK_LOG,  /* the log's Time column */
+	CLOCK_OPS,  /* 1 us an operation (a log whose Time cannot be read) */
+	CLOCK_WALL, /* the host's: runs differ with its speed */
+};
+const char *replay_clock_name(enum replay_clock c);
+
 /* Another process on the simulated device (--tenant): from operation
  * step[i].op on, it holds step[i].bytes. */
 struct tenant {
@@ -159,18 +171,19 @@ struct tenant {
  * the log's stream i: VPMM_NO_STREAM, or NULL for replay() to make it on
  * drv at its first operation), with `tn`'s tenant on drv's device; the
  * device finishes its queued work every `complete_every` operations (0:
- * never); `check` runs the pool's check after each; `plot` (or NULL)
- * samples the pool's stats after each. A stream the log names no more is
+ * never); the pool's clock is `clock`'s; `check` runs the pool's check
+ * after each; `plot` (or NULL) samples the pool's stats after each. A stream the log names no more is
  * destroyed when the next new stream comes (replay-run.c). Only the loop is
  * timed (sampling included). 0, or -ENOMEM. */
 int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
-	   const struct tenant *tn, uint64_t complete_every, bool check,
-	   struct plot *plot, struct result *r);
+	   const struct tenant *tn, uint64_t complete_every, enum replay_clock clock,
+	   bool check, struct plot *plot, struct result *r);
 
 /* ---- replay-report.c -------------------------------------------------------- */
 
 void print_json(FILE *f, const struct log *lg, const struct result *r,
-		const struct vpmm_config *cfg, uint64_t complete_every);
+		const struct vpmm_config *cfg, uint64_t complete_every,
+		enum replay_clock clock);
 void print_text(FILE *f, const struct log *lg, const struct result *r);
 
 #endif

@@ -84,7 +84,7 @@ static void usage(FILE *f)
 "                        before growing\n"
 "  --growth-split N      VPMM_GROWTH_SPLIT: handles a growth is split into\n"
 "  --event-interval-us N a free records an event only if its stream's last one\n"
-"                        is older than N us (default 50; 0 makes runs repeatable)\n"
+"                        is older than N us (default 50; 0: every free)\n"
 "  --front N             entries of each stream's cache of freed allocations\n"
 "                        (default 0, whatever VPMM_FRONT_ENTRIES says: the\n"
 "                        pool itself is measured)\n"
@@ -94,6 +94,11 @@ static void usage(FILE *f)
 "  --tenant OP:SIZE[,OP:SIZE...]\n"
 "                        another process holds SIZE of the device from\n"
 "                        operation OP on (0 = the first), e.g. 0:60G,9000:40G\n"
+"  --clock log|wall      the clock of the pool's rules that follow time (the\n"
+"                        event interval, reads of the device's free memory):\n"
+"                        the log's Time column (default; 1 us an operation\n"
+"                        where it holds no time of day), so that runs repeat,\n"
+"                        or the host's, as the replay runs\n"
 "  --complete-every N    the device finishes all queued work after every N\n"
 "                        operations (default 1; 0: never, so other streams'\n"
 "                        memory is reused only through defragmentation waits)\n"
@@ -123,7 +128,7 @@ static void usage(FILE *f)
 enum {
 	O_PAGE_SIZE = 256, O_VA_SIZE, O_PAGES, O_HANDLE_SIZE, O_LIMIT, O_DEFRAG,
 	O_GRAIN, O_SMALL_MAX, O_REMAP, O_GROWTH_SPLIT, O_TENANT,
-	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_COMPLETE_EVERY, O_JSON,
+	O_EVENT_INTERVAL, O_FRONT, O_GRANULARITY, O_CAPACITY, O_CLOCK, O_COMPLETE_EVERY, O_JSON,
 	O_PLOT, O_CHECK, O_VERSION,
 };
 
@@ -274,6 +279,7 @@ int main(int argc, char **argv)
 		{ "front", required_argument, NULL, O_FRONT },
 		{ "granularity", required_argument, NULL, O_GRANULARITY },
 		{ "capacity", required_argument, NULL, O_CAPACITY },
+		{ "clock", required_argument, NULL, O_CLOCK },
 		{ "complete-every", required_argument, NULL, O_COMPLETE_EVERY },
 		{ "json", no_argument, NULL, O_JSON },
 		{ "plot", required_argument, NULL, O_PLOT },
@@ -287,6 +293,7 @@ int main(int argc, char **argv)
 					  .capacity = (size_t)1 << 50,
 					  .unbacked = true };
 	uint64_t complete_every = 1;
+	enum replay_clock clock = CLOCK_LOG;
 	struct tenant tenant = { 0 };
 	bool json = false, check = false;
 	const char *plot_path = NULL;
@@ -320,6 +327,17 @@ int main(int argc, char **argv)
 		case O_CAPACITY: ok = size_arg(opt, optarg, &host.capacity); break;
 		case O_TENANT: ok = tenant_arg(opt, optarg, &tenant); break;
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
+		case O_CLOCK:
+			if (strcmp(optarg, "log") == 0) {
+				clock = CLOCK_LOG;
+			} else if (strcmp(optarg, "wall") == 0) {
+				clock = CLOCK_WALL;
+			} else {
+				fprintf(stderr, "vpmm-replay: --clock \"%s\": expected log or wall\n",
+					optarg);
+				ok = false;
+			}
+			break;
 		case O_JSON: json = true; break;
 		case O_CHECK: check = true; break;
 		case O_PLOT:
@@ -427,7 +445,11 @@ int main(int argc, char **argv)
 
 	struct result r = { 0 };
 	struct plot plot = { 0 };
-	if (replay(&lg, pool, drv, streams, &tenant, complete_every, check,
+	/* A Time that is no time of day (tests write "t"): 1 us an
+	 * operation, which --json reports as the clock "operations". */
+	if (clock == CLOCK_LOG && lg.untimed_line)
+		clock = CLOCK_OPS;
+	if (replay(&lg, pool, drv, streams, &tenant, complete_every, clock, check,
 		   plot_file ? &plot : NULL, &r)) {
 		fprintf(stderr, "vpmm-replay: out of memory for the streams\n");
 		rc = 1;
@@ -447,7 +469,7 @@ int main(int argc, char **argv)
 		plot_free(&plot);
 	}
 	if (json)
-		print_json(stdout, &lg, &r, &cfg, complete_every);
+		print_json(stdout, &lg, &r, &cfg, complete_every, clock);
 	else
 		print_text(stdout, &lg, &r);
 	if (r.check_violations || r.free_errors)

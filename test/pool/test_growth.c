@@ -278,6 +278,46 @@ Test(growth, free_memory_is_read_rarely)
 	pt_close(&t);
 }
 
+/* The pool's clock (vpmm_pool_set_clock), as vpmm-replay sets it to the
+ * log's time. */
+static uint64_t test_clock(void *arg)
+{
+	return *(const uint64_t *)arg;
+}
+
+/* The same rule on the pool's clock, exactly: one read for any number of
+ * growths within 100 ms of it, the next once the clock has moved 100 ms. */
+Test(growth, free_memory_reads_follow_the_pools_clock)
+{
+	struct pt t;
+	uint64_t now = 5000000000ull; /* 5 s */
+	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+	vpmm_pool_set_clock(t.pool, test_clock, &now);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr p[50];
+	for (int i = 0; i < 50; i++) /* growths, the clock standing */
+		p[i] = PT_MALLOC(&t, 1 + i % 3, s);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), 1);
+	now += 99999999; /* 100 ms less 1 ns */
+	CUdeviceptr q = PT_MALLOC(&t, 3, s);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), 1,
+		     "read again before 100 ms of the pool's clock");
+	now += 1;
+	CUdeviceptr r = PT_MALLOC(&t, 3, s);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), 2,
+		     "not read again 100 ms later on the pool's clock");
+	vpmm_pool_set_clock(t.pool, NULL, NULL); /* the host's: seconds on */
+	CUdeviceptr u = PT_MALLOC(&t, 3, s);
+	cr_assert_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), 3,
+		     "the host's clock, restored, did not count");
+	PT_FREE(&t, q, s);
+	PT_FREE(&t, r, s);
+	PT_FREE(&t, u, s);
+	for (int i = 0; i < 50; i++)
+		PT_FREE(&t, p[i], s);
+	pt_close(&t);
+}
+
 /* A defragmentation's handles are never finer than the split rule makes
  * them: 1/64 of a pool the growth outweighs is a page or a few. VPMM_PAGES
  * mapped up front into the empty pool, and a large request on a small pool

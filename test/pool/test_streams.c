@@ -456,6 +456,45 @@ Test(streams, a_sole_stream_records_once_per_ten_ms)
 	pt_close(&t);
 }
 
+static uint64_t test_clock(void *arg)
+{
+	return *(const uint64_t *)arg;
+}
+
+/* On the pool's clock (vpmm_pool_set_clock, as vpmm-replay sets it), the
+ * same rules without a sleep: with two takers a free records once the
+ * interval (1 ms) has passed since the stream's last record, not before; a
+ * sole stream once 10 ms have. */
+Test(streams, the_interval_follows_the_pools_clock)
+{
+	struct pt t;
+	uint64_t now = 1000000000ull; /* 1 s */
+	open_1ms(&t);
+	vpmm_pool_set_clock(t.pool, test_clock, &now);
+	CUstream a = vpmm_host_stream_create(t.drv);
+	CUstream b = vpmm_host_stream_create(t.drv);
+	PT_MALLOC(&t, 1, a);
+	CUdeviceptr p = PT_MALLOC(&t, 2, a);
+	cr_assert_eq(free_records(&t, p, a), 1, "a sole stream's first free");
+	p = PT_MALLOC(&t, 2, a);
+	now += 9999999; /* 10 ms less 1 ns */
+	cr_assert_eq(free_records(&t, p, a), 0, "a sole stream recorded before 10 ms");
+	p = PT_MALLOC(&t, 2, a);
+	now += 1;
+	cr_assert_eq(free_records(&t, p, a), 1, "a sole stream, 10 ms on, recorded nothing");
+
+	PT_MALLOC(&t, 1, b); /* two takers: the interval, 1 ms */
+	p = PT_MALLOC(&t, 2, a);
+	now += 999999;
+	cr_assert_eq(free_records(&t, p, a), 0, "recorded before the interval");
+	p = PT_MALLOC(&t, 2, a);
+	now += 1;
+	cr_assert_eq(free_records(&t, p, a), 1, "the interval passed, nothing recorded");
+	vpmm_host_complete_all(t.drv);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
 /* A synchronous caller takes only completed memory: once one has come
  * through the lock, the interval applies to a sole stream again. */
 Test(streams, a_synchronous_taker_brings_back_the_interval)

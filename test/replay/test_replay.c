@@ -479,6 +479,73 @@ Test(replay, events_follow_the_interval)
 	run_free(&r);
 }
 
+/* Three frees on stream a while stream b takes memory too (the event
+ * interval, 50 us, applies): at the log's times T1, T2, T3. */
+static const char *interval_log(const char *name, const char *t0, const char *t1,
+				const char *t2, const char *t3)
+{
+	struct logbuf l;
+	log_open(&l);
+	log_add(&l, "1,%s,allocate,0x9000,2097152,0xb", t0);
+	log_add(&l, "1,%s,allocate,0x1000,2097152,0xa", t0);
+	log_add(&l, "1,%s,free,0x1000,2097152,0xa", t1);
+	log_add(&l, "1,%s,allocate,0x2000,2097152,0xa", t1);
+	log_add(&l, "1,%s,free,0x2000,2097152,0xa", t2);
+	log_add(&l, "1,%s,allocate,0x3000,2097152,0xa", t2);
+	log_add(&l, "1,%s,free,0x3000,2097152,0xa", t3);
+	return log_write(&l, name);
+}
+
+static struct run replay_events(const char *log, const char *clock, uint64_t events)
+{
+	struct run r = replay((const char *[]){ "--clock", clock, "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "events_recorded"), events, "%s: %s", log, r.out);
+	return r;
+}
+
+Test(replay, the_pools_clock_is_the_logs)
+{
+	/* The first free records (none before it); the second, 29 us after,
+	 * does not; the third, 50 us after the first, does. */
+	const char *log = interval_log("clock.csv", "10:00:00.000000", "10:00:00.000001",
+				       "10:00:00.000030", "10:00:00.000051");
+	struct run r = replay_events(log, "log", 2);
+	cr_expect(strstr(r.out, "\"clock\": \"log\""), "%s", r.out);
+	run_free(&r);
+	/* Across midnight, and the fraction after ':' as bench/workloads.py
+	 * writes it: the third free 50 us after the first, then 30 us. */
+	log = interval_log("midnight.csv", "23:59:59:999980", "23:59:59:999990",
+			   "23:59:59:999999", "00:00:00:000040");
+	r = replay_events(log, "log", 2);
+	run_free(&r);
+	log = interval_log("midnight2.csv", "23:59:59:999980", "23:59:59:999990",
+			   "23:59:59:999999", "00:00:00:000020");
+	r = replay_events(log, "log", 1);
+	run_free(&r);
+	/* Times out of order (threads): the clock never goes back, so the
+	 * third free is still 29 us after the first. */
+	log = interval_log("disorder.csv", "10:00:00.000000", "10:00:00.000001",
+			   "10:00:00.000030", "10:00:00.000002");
+	r = replay_events(log, "log", 1);
+	run_free(&r);
+	/* No time of day: 1 us an operation, the frees 2 and 4 us apart. */
+	log = interval_log("untimed.csv", "t", "t", "t", "t");
+	r = replay_events(log, "log", 1);
+	cr_expect(strstr(r.out, "\"clock\": \"operations\""), "%s", r.out);
+	run_free(&r);
+	/* The host's clock: the whole log takes well under 50 us of it... or
+	 * not, on a slow host: only the name is certain. */
+	r = replay((const char *[]){ "--clock", "wall", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "\"clock\": \"wall\""), "%s", r.out);
+	run_free(&r);
+	r = replay((const char *[]){ "--clock", "sundial", log, NULL }, NULL);
+	cr_expect_eq(r.status, 2, "exit %d", r.status);
+	cr_expect(strstr(r.err, "--clock \"sundial\": expected log or wall"), "%s", r.err);
+	run_free(&r);
+}
+
 Test(replay, no_stream_value_frees_settled_memory)
 {
 	/* 0xffffffffffffffff is VPMM_NO_STREAM (cudaFree in a VPMM_TRACE): its
