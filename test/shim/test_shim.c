@@ -6,7 +6,8 @@
  * way) in a clean environment, with the fake libcuda.so.1 found through
  * LD_LIBRARY_PATH, and checks its exit status and output. The programs
  * check the semantics themselves (see their scenarios); here we check how
- * they ran: with the shim, without it, disabled, with bad options.
+ * they ran: with the shim, without it, disabled, with bad options. How a
+ * program is run, within a deadline: run_prog.c.
  *
  * Hooks and where they are exercised: cudaMalloc, cudaFree, cudaMemGetInfo
  * (rt basic); cudaMallocAsync, cudaFreeAsync and the _ptsz pair (rt async);
@@ -17,119 +18,14 @@
  * vpmm_torch_* (torch); the capture entry points (graph_prog).
  */
 #include <criterion/criterion.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-/* A sanitized libvpmm.so needs the sanitizer's runtime loaded first. */
-#ifdef ASAN_RUNTIME
-#define PRELOAD ASAN_RUNTIME ":" LIBVPMM
-#else
-#define PRELOAD LIBVPMM
-#endif
-
-struct run {
-	int status; /* exit code, or 128 + signal */
-	char out[1 << 16];
-};
-
-static struct run R;
-
-/* How long one program may run. A program that hangs is killed and its
- * test fails with what it wrote; the tests set no Criterion .timeout, whose
- * watchdog leaks a block in the runner when two run at once, which
- * LeakSanitizer reports (so the suite can run in parallel under ASan). */
-#define RUN_DEADLINE_S 30
-
-/* Runs `prog scenario` with the given extra VAR=value entries (NULL-ended),
- * stdout and stderr both into R.out. */
-static void run(const char *prog, const char *scenario, bool preload,
-		const char *const *extra)
-{
-	const char *env[32];
-	char *argv[] = {(char *)prog, (char *)scenario, NULL};
-	posix_spawn_file_actions_t fa;
-	size_t n = 0, len = 0;
-	int fds[2], st;
-	bool hung = false;
-	struct timespec t0, t;
-	pid_t pid;
-
-	env[n++] = "LD_LIBRARY_PATH=" FAKE_DIR;
-	if (preload)
-		env[n++] = "LD_PRELOAD=" PRELOAD;
-	for (size_t i = 0; extra && extra[i] && n < 30; i++)
-		env[n++] = extra[i];
-	env[n] = NULL;
-
-	cr_assert_eq(pipe(fds), 0);
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-	posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-	posix_spawn_file_actions_addclose(&fa, fds[0]);
-	cr_assert_eq(posix_spawn(&pid, prog, &fa, NULL, argv, (char *const *)env),
-		     0, "cannot start %s", prog);
-	posix_spawn_file_actions_destroy(&fa);
-	close(fds[1]);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	while (len < sizeof R.out - 1) {
-		struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
-		long left_ms;
-
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		left_ms = RUN_DEADLINE_S * 1000L - (t.tv_sec - t0.tv_sec) * 1000L -
-			  (t.tv_nsec - t0.tv_nsec) / 1000000L;
-		if (left_ms <= 0) {
-			hung = true;
-			kill(pid, SIGKILL);
-			break;
-		}
-		if (poll(&pfd, 1, (int)left_ms) < 0)
-			continue; /* interrupted: the clock decides */
-		if (!pfd.revents)
-			continue;
-		ssize_t r = read(fds[0], R.out + len, sizeof R.out - 1 - len);
-		if (r <= 0)
-			break;
-		len += (size_t)r;
-	}
-	R.out[len] = '\0';
-	close(fds[0]);
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	R.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-	cr_assert(!hung, "%s %s: still running after %d s, killed; output:\n%s", prog,
-		  scenario, RUN_DEADLINE_S, R.out);
-}
-
-static int count_lines_with(const char *a, const char *b)
-{
-	int n = 0;
-	for (const char *line = R.out; *line;) {
-		const char *end = strchr(line, '\n');
-		size_t len = end ? (size_t)(end - line) : strlen(line);
-		char buf[1024];
-		snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), line);
-		if (strstr(buf, a) && (!b || strstr(buf, b)))
-			n++;
-		line += len + (end ? 1 : 0);
-	}
-	return n;
-}
-
-#define EXPECT_OK()                                                           \
-	cr_assert_eq(R.status, 0, "exit %d, output:\n%s", R.status, R.out)
-#define EXPECT_QUIET()                                                        \
-	cr_expect_eq(count_lines_with("vpmm:", NULL), 0, "unexpected:\n%s", R.out)
-
-static const char *const REAL[] = {"SHIMTEST_EXPECT=real", NULL};
+#include "run_prog.h"
 
 /* ---- path 1: the runtime hooks --------------------------------------------------- */
 
