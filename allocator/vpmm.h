@@ -159,8 +159,9 @@ void vpmm_pool_pause(vpmm_pool *pool, bool paused);
 /* The clock of the pool's rules that follow time (how often a free records
  * an event, how often the device's free memory is read): now_ns(arg), in
  * nanoseconds that never go back. NULL restores CLOCK_MONOTONIC. For
- * replays on a log's own time (vpmm-replay); set it before the pool is
- * used, and call the pool only from the thread that moves the clock. */
+ * replays on a log's own time (vpmm-replay): set it before the pool is
+ * used, on a pool without the background thread (cfg.background false),
+ * and call the pool only from the thread that moves the clock. */
 void vpmm_pool_set_clock(vpmm_pool *pool, uint64_t (*now_ns)(void *arg), void *arg);
 /* The context the pool's events and streams lived in has ended (after the
  * program's cuCtxDestroy or reset returned): whatever vpmm_pool_poll could

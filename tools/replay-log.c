@@ -15,7 +15,7 @@
  * the replay: read as microseconds since the first line, a day added where
  * it passes midnight, never going back (threads write out of order). A log
  * whose Time is no such time replays on a clock of 1 us an operation (the
- * line is named). Action is `allocate`, `free` or `allocate failure`
+ * report names the clock and the line). Action is `allocate`, `free` or `allocate failure`
  * (skipped, counted).
  */
 #include <errno.h>
@@ -250,8 +250,7 @@ struct parser {
 	unsigned warnings;
 	bool timed;         /* a line's time was read: first_us is set */
 	uint64_t first_us;  /* the first line's time of day */
-	uint64_t days_us;   /* the midnights passed since */
-	uint64_t now_us;    /* the log's time at the last line */
+	uint64_t now_us;    /* the log's time at the last line, since the first */
 };
 
 #define DAY_US 86400000000ull
@@ -297,7 +296,10 @@ static bool parse_time(const char *s, uint64_t *out)
 	return true;
 }
 
-/* The log's clock at this line (parser.now_us), from its Time field. */
+/* The log's clock at this line (parser.now_us), from its Time field: the
+ * first line is 0; a time of day up to 12 hours after the one the clock
+ * stands at moves it on (past midnight too), one before it (a thread
+ * writing late) leaves it. */
 static void line_time(struct parser *ps, const char *f)
 {
 	uint64_t tod;
@@ -311,16 +313,10 @@ static void line_time(struct parser *ps, const char *f)
 		ps->timed = true;
 		ps->first_us = tod;
 	}
-	uint64_t t = ps->days_us + tod - ps->first_us;
-	if (tod < ps->first_us)
-		t += DAY_US;
-	/* More than 12 hours back: midnight passed. */
-	while (t + DAY_US / 2 < ps->now_us) {
-		ps->days_us += DAY_US;
-		t += DAY_US;
-	}
-	if (t > ps->now_us)
-		ps->now_us = t;
+	uint64_t at = (ps->first_us + ps->now_us) % DAY_US; /* the clock's time of day */
+	uint64_t ahead = (tod + DAY_US - at) % DAY_US;
+	if (ahead < DAY_US / 2)
+		ps->now_us += ahead;
 }
 
 static int stream_index(struct parser *ps, uint64_t value, uint32_t *out)

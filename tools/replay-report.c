@@ -84,7 +84,8 @@ void print_json(FILE *f, const struct log *lg, const struct result *r,
 	fprintf(f, "}\n");
 }
 
-void print_text(FILE *f, const struct log *lg, const struct result *r)
+void print_text(FILE *f, const struct log *lg, const struct result *r,
+		enum replay_clock clock)
 {
 	const struct vpmm_stats *s = &r->stats;
 	char a[32], b[32];
@@ -108,6 +109,12 @@ void print_text(FILE *f, const struct log *lg, const struct result *r)
 	fprintf(f, "time per operation  %.1f ns (%.3f s in all)\n",
 		r->ops ? (double)r->wall_ns / (double)r->ops : 0.0,
 		(double)r->wall_ns / 1e9);
+	if (clock == CLOCK_OPS)
+		fprintf(f, "the pool's clock    1 us an operation: the Time of line %lu is "
+			   "no time of day\n", lg->untimed_line);
+	else
+		fprintf(f, "the pool's clock    %s\n",
+			clock == CLOCK_LOG ? "the log's Time" : "the host's");
 	if (r->failures)
 		fprintf(f, "failed allocations  %" PRIu64 " (first: %s); their frees "
 			   "were skipped\n", r->failures, strerror(r->first_failure));

@@ -184,6 +184,7 @@ int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 void print_json(FILE *f, const struct log *lg, const struct result *r,
 		const struct vpmm_config *cfg, uint64_t complete_every,
 		enum replay_clock clock);
-void print_text(FILE *f, const struct log *lg, const struct result *r);
+void print_text(FILE *f, const struct log *lg, const struct result *r,
+		enum replay_clock clock);
 
 #endif

@@ -471,7 +471,7 @@ int main(int argc, char **argv)
 	if (json)
 		print_json(stdout, &lg, &r, &cfg, complete_every, clock);
 	else
-		print_text(stdout, &lg, &r);
+		print_text(stdout, &lg, &r, clock);
 	if (r.check_violations || r.free_errors)
 		rc = 1;
 out:

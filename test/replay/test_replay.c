@@ -286,6 +286,7 @@ Test(replay, text_output)
 	cr_expect(strstr(r.out, "pages remapped      6\n") != NULL, "%s", r.out);
 	cr_expect(strstr(r.out, "mapped / live       1.000") != NULL, "%s", r.out);
 	cr_expect(strstr(r.out, "time per operation") != NULL, "%s", r.out);
+	cr_expect(strstr(r.out, "the pool's clock    the log's Time\n") != NULL, "%s", r.out);
 	run_free(&r);
 }
 
@@ -524,15 +525,26 @@ Test(replay, the_pools_clock_is_the_logs)
 	r = replay_events(log, "log", 1);
 	run_free(&r);
 	/* Times out of order (threads): the clock never goes back, so the
-	 * third free is still 29 us after the first. */
+	 * third free, written with a time before the first's, is still 29 us
+	 * after it (a clock gone back would record); nor does a time of day
+	 * before the first line's pass for the next day. */
 	log = interval_log("disorder.csv", "10:00:00.000000", "10:00:00.000001",
-			   "10:00:00.000030", "10:00:00.000002");
+			   "10:00:00.000030", "10:00:00.000000");
+	r = replay_events(log, "log", 1);
+	run_free(&r);
+	log = interval_log("disorder2.csv", "10:00:00.000000", "10:00:00.000001",
+			   "10:00:00.000030", "09:59:59.999999");
 	r = replay_events(log, "log", 1);
 	run_free(&r);
 	/* No time of day: 1 us an operation, the frees 2 and 4 us apart. */
 	log = interval_log("untimed.csv", "t", "t", "t", "t");
 	r = replay_events(log, "log", 1);
 	cr_expect(strstr(r.out, "\"clock\": \"operations\""), "%s", r.out);
+	run_free(&r);
+	r = replay((const char *[]){ log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "1 us an operation: the Time of line 2 is no time of day"),
+		  "%s", r.out);
 	run_free(&r);
 	/* The host's clock: the whole log takes well under 50 us of it... or
 	 * not, on a slow host: only the name is certain. */
