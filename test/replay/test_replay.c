@@ -505,6 +505,14 @@ static struct run replay_events(const char *log, const char *clock, uint64_t eve
 	return r;
 }
 
+/* interval_log()'s replay records `events` on the log's clock. */
+static void events_at(const char *name, const char *t0, const char *t1, const char *t2,
+		      const char *t3, uint64_t events)
+{
+	struct run r = replay_events(interval_log(name, t0, t1, t2, t3), "log", events);
+	run_free(&r);
+}
+
 Test(replay, the_pools_clock_is_the_logs)
 {
 	/* The first free records (none before it); the second, 29 us after,
@@ -516,26 +524,18 @@ Test(replay, the_pools_clock_is_the_logs)
 	run_free(&r);
 	/* Across midnight, and the fraction after ':' as bench/workloads.py
 	 * writes it: the third free 50 us after the first, then 30 us. */
-	log = interval_log("midnight.csv", "23:59:59:999980", "23:59:59:999990",
-			   "23:59:59:999999", "00:00:00:000040");
-	r = replay_events(log, "log", 2);
-	run_free(&r);
-	log = interval_log("midnight2.csv", "23:59:59:999980", "23:59:59:999990",
-			   "23:59:59:999999", "00:00:00:000020");
-	r = replay_events(log, "log", 1);
-	run_free(&r);
+	events_at("midnight.csv", "23:59:59:999980", "23:59:59:999990", "23:59:59:999999",
+		  "00:00:00:000040", 2);
+	events_at("midnight2.csv", "23:59:59:999980", "23:59:59:999990", "23:59:59:999999",
+		  "00:00:00:000020", 1);
 	/* Times out of order (threads): the clock never goes back, so the
 	 * third free, written with a time before the first's, is still 29 us
 	 * after it (a clock gone back would record); nor does a time of day
 	 * before the first line's pass for the next day. */
-	log = interval_log("disorder.csv", "10:00:00.000000", "10:00:00.000001",
-			   "10:00:00.000030", "10:00:00.000000");
-	r = replay_events(log, "log", 1);
-	run_free(&r);
-	log = interval_log("disorder2.csv", "10:00:00.000000", "10:00:00.000001",
-			   "10:00:00.000030", "09:59:59.999999");
-	r = replay_events(log, "log", 1);
-	run_free(&r);
+	events_at("disorder.csv", "10:00:00.000000", "10:00:00.000001", "10:00:00.000030",
+		  "10:00:00.000000", 1);
+	events_at("disorder2.csv", "10:00:00.000000", "10:00:00.000001", "10:00:00.000030",
+		  "09:59:59.999999", 1);
 	/* No time of day: 1 us an operation, the frees 2 and 4 us apart. */
 	log = interval_log("untimed.csv", "t", "t", "t", "t");
 	r = replay_events(log, "log", 1);

@@ -57,11 +57,7 @@ void primary_reset_sticky(void)
 	CHECK_EQ(cuMemAlloc(&x, 6 * P), 0);
 	CHECK_EQ(cuMemFree(x), 0);
 	CHECK_EQ(fake_calls("dead_handle"), 0);
-	if (expect_pool()) {
-		struct vpmm_stats st = pool_stats(0);
-		CHECK_EQ(st.failures, 0);
-		CHECK_EQ(st.live, 0);
-	}
+	pool_clean(0);
 }
 
 /* Pool memory freed on a stream while the pool has no context (its own was
@@ -149,11 +145,7 @@ static void refused(bool primary)
 	CHECK_EQ(cuStreamSynchronize(s), 0);
 	CHECK_EQ(fake_calls("record_refused"), 0);
 	CHECK_EQ(fake_calls("dead_handle"), 0);
-	if (expect_pool()) {
-		struct vpmm_stats st = pool_stats(0);
-		CHECK_EQ(st.failures, 0);
-		CHECK_EQ(st.live, 0);
-	}
+	pool_clean(0);
 }
 
 void destroy_refused(void)

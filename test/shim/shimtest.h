@@ -89,6 +89,17 @@ static inline struct vpmm_stats pool_stats(int dev)
 	return s;
 }
 
+/* With the pool: the pool of `dev` failed no request and holds nothing
+ * live. */
+static inline void pool_clean(int dev)
+{
+	if (expect_pool()) {
+		struct vpmm_stats st = pool_stats(dev);
+		CHECK_EQ(st.failures, 0);
+		CHECK_EQ(st.live, 0);
+	}
+}
+
 static inline bool has_pool(int dev)
 {
 	struct vpmm_stats s;
