@@ -68,7 +68,7 @@ size_t vpi_growth_headroom(vpmm_pool *p)
 		CUresult r = DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total);
 		p->dev_unknown = r != CUDA_SUCCESS;
 		p->dev_free = r == CUDA_SUCCESS ? fr : 0;
-		p->dev_read_ns = now ? now : 1;
+		p->dev_read_ns = now;
 	}
 	size_t room = room_left(p);
 	p->st.headroom = room;

@@ -139,10 +139,12 @@ struct vpmm_pool {
 void vpi_stats_locked(vpmm_pool *p, struct vpmm_stats *out);
 
 /* Now, on the clock of the pool's rules that follow time: the event
- * interval, the reads of the device's free memory. */
+ * interval, the reads of the device's free memory. Never 0, which the
+ * times it sets read as never. */
 static inline uint64_t vpi_clock_ns(const vpmm_pool *p)
 {
-	return p->clock ? p->clock(p->clock_arg) : vpi_now_ns();
+	uint64_t now = p->clock ? p->clock(p->clock_arg) : vpi_now_ns();
+	return now ? now : 1;
 }
 
 /* `size` rounded up to whole grains: what a request above the size classes

@@ -56,8 +56,7 @@ void vpi_ctx_ended_locked(vpmm_pool *p)
 			if ((uintptr_t)s->handle <= (uintptr_t)CU_STREAM_PER_THREAD) {
 				/* No record on it before its next free of its own:
 				 * the frees parked now settle without one. */
-				uint64_t now = vpi_clock_ns(p);
-				s->last_record_ns = now ? now : 1;
+				s->last_record_ns = vpi_clock_ns(p);
 				link = &s->hash_next;
 				continue;
 			}

@@ -218,10 +218,8 @@ int vpi_close_epoch(vpmm_pool *p, struct stream *s, struct event **out)
 	else
 		s->ev_head = ev;
 	s->ev_tail = ev;
-	if (p->cfg.event_interval_ns) {
-		uint64_t now = vpi_clock_ns(p);
-		s->last_record_ns = now ? now : 1; /* 0: never */
-	}
+	if (p->cfg.event_interval_ns)
+		s->last_record_ns = vpi_clock_ns(p);
 	p->st.events_recorded++;
 	if (out)
 		*out = ev;

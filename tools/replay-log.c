@@ -15,8 +15,8 @@
  * the replay: read as microseconds since the first line, a day added where
  * it passes midnight, never going back (threads write out of order). A log
  * whose Time is no such time replays on a clock of 1 us an operation (the
- * report names the clock and the line). Action is `allocate`, `free` or `allocate failure`
- * (skipped, counted).
+ * report names the clock and the line). Action is `allocate`, `free` or
+ * `allocate failure` (skipped, counted).
  */
 #include <errno.h>
 #include <inttypes.h>

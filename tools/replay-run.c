@@ -105,7 +105,8 @@ int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 	uint64_t t0 = now_ns();
 	for (size_t i = 0; i < lg->nops; i++) {
 		const struct op *op = &lg->ops[i];
-		/* from 1 us: the pool reads 0 as never */
+		/* from 1 us: the pool reads a clock of 0 as 1 ns, which would
+		 * shorten the intervals that start at the log's first line */
 		clock_ns = ((clock == CLOCK_LOG ? op->t_us : (uint64_t)i) + 1) * 1000;
 		if ((i & 4095) == 0)
 			progress_at(i);

@@ -168,13 +168,13 @@ struct tenant {
 };
 
 /* Replays lg's operations through `pool`, each on its stream (streams[i] for
- * the log's stream i: VPMM_NO_STREAM, or NULL for replay() to make it on
- * drv at its first operation), with `tn`'s tenant on drv's device; the
- * device finishes its queued work every `complete_every` operations (0:
- * never); the pool's clock is `clock`'s; `check` runs the pool's check
- * after each; `plot` (or NULL) samples the pool's stats after each. A stream the log names no more is
- * destroyed when the next new stream comes (replay-run.c). Only the loop is
- * timed (sampling included). 0, or -ENOMEM. */
+ * the log's stream i: VPMM_NO_STREAM, or NULL for replay() to make it on drv
+ * at its first operation), with `tn`'s tenant on drv's device; the device
+ * finishes its queued work every `complete_every` operations (0: never); the
+ * pool's clock is `clock`'s; `check` runs the pool's check after each;
+ * `plot` (or NULL) samples the pool's stats after each. A stream the log
+ * names no more is destroyed when the next new stream comes (replay-run.c).
+ * Only the loop is timed (sampling included). 0, or -ENOMEM. */
 int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 	   const struct tenant *tn, uint64_t complete_every, enum replay_clock clock,
 	   bool check, struct plot *plot, struct result *r);
