@@ -1,11 +1,12 @@
 /* snapshot.c — vpmm_pool_snapshot(): configuration, stats, chunks and regions
- * copied under one hold of the pool's lock (see snapshot.h). The lock is held
+ * copied under one hold of the pool's lock (see snapshot.h), and where the
+ * free memory lies by the handles under it (vpmm_pool_free_split). The lock is held
  * only for the copy: no allocation, no I/O, no formatting inside it. The
  * streams' caches (front.c) are read under their own locks, taken after the
  * pool's, as vpmm_pool_stats() does.
  *
- * Calls pool.c (vpi_stats_locked, vpmm_pool_stats, vpmm_pool_summary) and
- * the tree.
+ * Calls pool.c (vpi_stats_locked, vpmm_pool_stats, vpmm_pool_summary),
+ * the handle map (handle.h's inline walk) and the tree.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 
 #include "chunk.h"
 #include "front.h"
+#include "handle.h"
 #include "pool.h"
 #include "region.h"
 #include "snapshot.h"
@@ -94,6 +96,41 @@ static size_t collect_parked(vpmm_pool *p, struct parked *out, size_t cap, size_
 	return n;
 }
 
+/* The free split of the regions copied into s: each home mapping against
+ * the free regions over it, both in address order. A zombie's mappings lie
+ * under no free region and count nowhere. */
+static void split_locked(vpmm_pool *p, struct vpmm_snapshot *s)
+{
+	struct vpmm_free_split fs = {0};
+	size_t j = 0;
+	for (size_t i = 0; i < s->nregions; i++)
+		if (s->regions[i].kind == VPMM_REGION_FREE && s->regions[i].size > fs.largest)
+			fs.largest = s->regions[i].size;
+	for (struct vpi_tnode *t = vpi_tree_first(&p->maps); t; t = vpi_tree_next(t)) {
+		const struct mapping *m = MAP(t);
+		CUdeviceptr a = m->va, b = a + m->handle->size;
+		while (j < s->nregions && s->regions[j].va + s->regions[j].size <= a)
+			j++;
+		uint64_t fr = 0;
+		for (size_t k = j; k < s->nregions && s->regions[k].va < b; k++) {
+			const struct vpmm_snap_region *r = &s->regions[k];
+			if (r->kind != VPMM_REGION_FREE)
+				continue;
+			CUdeviceptr lo = r->va > a ? r->va : a;
+			CUdeviceptr hi = r->va + r->size < b ? r->va + r->size : b;
+			fr += hi - lo;
+		}
+		if (fr == m->handle->size) {
+			fs.whole += fr;
+			fs.whole_handles++;
+		} else if (fr) {
+			fs.stranded += fr;
+			fs.stranded_handles++;
+		}
+	}
+	s->free_split = fs;
+}
+
 /* Copies into `s` if its arrays are large enough; returns false (copying
  * nothing) otherwise, with the sizes needed in need[0..2] (chunks, regions,
  * parked allocations). */
@@ -141,6 +178,7 @@ static bool copy_locked(vpmm_pool *p, struct vpmm_snapshot *s, struct parked *pk
 	}
 	s->nchunks = p->nchunks;
 	s->nregions = n;
+	split_locked(p, s);
 	return true;
 }
 
@@ -181,6 +219,17 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 		memset(out, 0, sizeof(*out));
 	}
 	return -ENOMEM; /* a pool growing faster than we can copy: give up */
+}
+
+int vpmm_pool_free_split(vpmm_pool *p, struct vpmm_free_split *out)
+{
+	struct vpmm_snapshot s;
+	int rc = vpmm_pool_snapshot(p, &s);
+	if (rc)
+		return rc;
+	*out = s.free_split;
+	vpmm_snapshot_free(&s);
+	return 0;
 }
 
 void vpmm_pool_summary(vpmm_pool *p, struct vpmm_config *cfg, struct vpmm_stats *stats)

@@ -10,6 +10,10 @@
  * each kind sum to the gauges of the stats (live, reusable, holes, zombies),
  * except for sub-grain blocks parked in a cache: those count as reusable
  * while their slab, a region carved into blocks, stays live.
+ *
+ * It also says where the free memory lies (struct vpmm_free_split), the
+ * answer to "out of memory with this much free": a defragmentation moves
+ * only handles wholly free.
  */
 #ifndef VPMM_SNAPSHOT_H
 #define VPMM_SNAPSHOT_H
@@ -32,9 +36,23 @@ struct vpmm_snap_region {
 	unsigned chunk;  /* index of the VA reservation */
 };
 
+/* The free regions of a snapshot (parked allocations among them) by the
+ * handles under them. A handle wholly free can be remapped anywhere; the
+ * free bytes of a handle that also holds live memory are stranded: they
+ * serve only a request placed where they lie. Every free byte lies in one
+ * handle, so whole + stranded is the free regions' sum. */
+struct vpmm_free_split {
+	uint64_t whole;            /* bytes in handles wholly free */
+	uint64_t whole_handles;
+	uint64_t stranded;         /* free bytes in handles holding live memory too */
+	uint64_t stranded_handles;
+	uint64_t largest;          /* the largest free region */
+};
+
 struct vpmm_snapshot {
 	struct vpmm_config cfg;  /* as the pool runs it (page_size resolved) */
 	struct vpmm_stats stats; /* as vpmm_pool_stats() reports them */
+	struct vpmm_free_split free_split;
 	struct vpmm_chunk_info *chunks; /* by index (= region.chunk) */
 	size_t nchunks;
 	struct vpmm_snap_region *regions; /* ascending VA */
@@ -46,6 +64,9 @@ struct vpmm_snapshot {
  * 0, or -ENOMEM (then *out holds nothing). */
 int vpmm_pool_snapshot(vpmm_pool *pool, struct vpmm_snapshot *out);
 void vpmm_snapshot_free(struct vpmm_snapshot *s);
+
+/* The free split alone (a snapshot taken and dropped): 0, or -ENOMEM. */
+int vpmm_pool_free_split(vpmm_pool *pool, struct vpmm_free_split *out);
 
 /* The configuration and stats alone (cheap: no region walk). */
 void vpmm_pool_summary(vpmm_pool *pool, struct vpmm_config *cfg,

@@ -53,6 +53,7 @@
  * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
  * memory), mempool.h (the pool the program chose), runtime.h
  * (vpmm_runtime_init), capture.h (deferred frees), trace.h, resolve.h,
+ * snapshot.h (where the free memory lies, for the out-of-memory line),
  * the log, the observer.
  */
 #include <errno.h>
@@ -71,6 +72,7 @@
 #include "resolve.h"
 #include "runtime.h"
 #include "shim.h"
+#include "snapshot.h"
 #include "streams.h"
 #include "trace.h"
 
@@ -168,7 +170,7 @@ static bool fences_stand(int dev, CUcontext ctx)
 }
 
 /* The one line an out-of-memory failure gets: what was asked, what the pool
- * holds, what the device has left (the pool already tried everything it
+ * holds and where its free memory lies, what the device has left (the pool already tried everything it
  * could: waited for every stream's frees, remapped, returned empty slabs). */
 static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
 {
@@ -187,14 +189,22 @@ static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
 	vpmm_pool_stats(pool, &ps);
 	if (vpmm_real.mem_get_info)
 		vpmm_real.mem_get_info(&dev_free, &dev_total);
-	char limit_s[64] = "";
+	char limit_s[64] = "", split_s[160] = "";
 	if (vpmm_process_config()->limit)
 		snprintf(limit_s, sizeof limit_s, ", VPMM_LIMIT %zu", vpmm_process_config()->limit);
+	/* Why more than the request can be free: only wholly free handles
+	 * move. (A copy of the regions; left out if the host cannot make it.) */
+	struct vpmm_free_split fs;
+	if (ps.reusable && vpmm_pool_free_split(pool, &fs) == 0)
+		snprintf(split_s, sizeof split_s,
+			 " (%" PRIu64 " in %" PRIu64 " wholly free handles, %" PRIu64
+			 " stranded in %" PRIu64 " partly live ones, largest free region %" PRIu64 ")",
+			 fs.whole, fs.whole_handles, fs.stranded, fs.stranded_handles, fs.largest);
 	vpmm_log_limited(&limit, VPMM_LOG_ERROR,
 			 "device %d: out of memory: requested %zu bytes; live %" PRIu64
-			 ", mapped %" PRIu64 ", reusable %" PRIu64 ", device free %zu of %zu%s%s",
-			 dev, size, ps.live, ps.mapped, ps.reusable, dev_free, dev_total, limit_s,
-			 more);
+			 ", mapped %" PRIu64 ", reusable %" PRIu64 "%s, device free %zu of %zu%s%s",
+			 dev, size, ps.live, ps.mapped, ps.reusable, split_s, dev_free, dev_total,
+			 limit_s, more);
 }
 
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,

@@ -182,6 +182,12 @@ static const char *req_map(struct server *s, const char *arg, struct sbuf *b, ch
 		put_config(b, &snap.cfg);
 		sb_printf(b, ",\"stats\":");
 		put_stats(b, &snap.stats);
+		const struct vpmm_free_split *fs = &snap.free_split;
+		sb_printf(b, ",\"free_split\":{\"whole\":%" PRIu64 ",\"whole_handles\":%" PRIu64
+			  ",\"stranded\":%" PRIu64 ",\"stranded_handles\":%" PRIu64
+			  ",\"largest\":%" PRIu64 "}",
+			  fs->whole, fs->whole_handles, fs->stranded, fs->stranded_handles,
+			  fs->largest);
 		sb_printf(b, ",\"chunks\":[");
 		for (size_t c = 0; c < snap.nchunks; c++)
 			sb_printf(b, "%s{\"index\":%zu,\"va\":%llu,\"size\":%zu}", c ? "," : "", c,

@@ -138,6 +138,15 @@ static void print_pool_head(const struct json *pool)
 		printf("  %-10s %14s %14s\n", gauges[i], human(a, sizeof(a), u64_of(st, gauges[i])),
 		       human(b, sizeof(b), u64_of(st, key)));
 	}
+	/* Where the free memory lies (the map's reply only). */
+	const struct json *fs = json_get(pool, "free_split");
+	if (fs && fs->type == JSON_OBJECT)
+		printf("  free: %s in %" PRIu64 " wholly free handles, %s stranded in %" PRIu64
+		       " partly live ones;\n"
+		       "        the largest free region %s\n",
+		       human(a, sizeof(a), u64_of(fs, "whole")), u64_of(fs, "whole_handles"),
+		       human(b, sizeof(b), u64_of(fs, "stranded")), u64_of(fs, "stranded_handles"),
+		       human(c, sizeof(c), u64_of(fs, "largest")));
 	/* The counters: every other field, so new ones show up by themselves. */
 	printf("  counters:");
 	int col = 11;

@@ -81,7 +81,38 @@ void print_json(FILE *f, const struct log *lg, const struct result *r,
 		r->wall_ns, r->ops ? (double)r->wall_ns / (double)r->ops : 0.0);
 	if (r->check_violations)
 		fprintf(f, ", \"check_violations\": %" PRIu64, r->check_violations);
+	if (r->failures) {
+		const struct failure_at *x = &r->first;
+		fprintf(f, ", \"first_failure\": {\"op\": %" PRIu64 ", \"size\": %zu"
+			   ", \"creatable\": %" PRIu64, x->op, x->size, x->creatable);
+		if (x->split_known)
+			fprintf(f, ", \"free_whole\": %" PRIu64 ", \"whole_handles\": %" PRIu64
+				   ", \"free_stranded\": %" PRIu64 ", \"stranded_handles\": %" PRIu64
+				   ", \"largest_free\": %" PRIu64,
+				x->split.whole, x->split.whole_handles, x->split.stranded,
+				x->split.stranded_handles, x->split.largest);
+		fprintf(f, "}");
+	}
 	fprintf(f, "}\n");
+}
+
+/* Why the first refusal: a request fails with more than its size free when
+ * the free memory is stranded in handles that also hold live memory. */
+static void print_first_failure(FILE *f, const struct failure_at *x)
+{
+	char a[32], b[32], c[32];
+	fprintf(f, "first failure       operation %" PRIu64 ": %s\n", x->op,
+		human(x->size, a, sizeof(a)));
+	if (x->split_known) {
+		fprintf(f, "  free then         %s: %s in %" PRIu64 " wholly free handles, "
+			   "%s stranded in %" PRIu64 " partly live ones\n",
+			human(x->split.whole + x->split.stranded, a, sizeof(a)),
+			human(x->split.whole, b, sizeof(b)), x->split.whole_handles,
+			human(x->split.stranded, c, sizeof(c)), x->split.stranded_handles);
+		fprintf(f, "  largest free      %s\n", human(x->split.largest, a, sizeof(a)));
+	}
+	fprintf(f, "  left to create    %s (the limit's and the device's)\n",
+		human(x->creatable, a, sizeof(a)));
 }
 
 void print_text(FILE *f, const struct log *lg, const struct result *r,
@@ -118,6 +149,8 @@ void print_text(FILE *f, const struct log *lg, const struct result *r,
 	if (r->failures)
 		fprintf(f, "failed allocations  %" PRIu64 " (first: %s); their frees "
 			   "were skipped\n", r->failures, strerror(r->first_failure));
+	if (r->failures)
+		print_first_failure(f, &r->first);
 	if (lg->log_failures)
 		fprintf(f, "log failures        %" PRIu64 " 'allocate failure' lines "
 			   "skipped\n", lg->log_failures);

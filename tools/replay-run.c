@@ -3,8 +3,8 @@
  * share of the device (--tenant) and the device finishing its queued work
  * every so many operations, the pool's clock at each operation's time in
  * the log (--clock), and --plot's samples taken after each. Only this loop
- * is timed. Calls vpmm.h, driver_host.h, replay-progress.c and
- * replay-plot.c.
+ * is timed. Calls vpmm.h, snapshot.h (the pool at the first refusal),
+ * driver_host.h, replay-progress.c and replay-plot.c.
  *
  * Streams: a host stream is made at a stream's first operation. One the
  * log names no more (its last operation passed) is destroyed when the next
@@ -73,6 +73,30 @@ static uint64_t log_clock(void *arg)
 	return *(const uint64_t *)arg;
 }
 
+/* The pool as the first refusal left it (a walk of every region and
+ * handle: once a replay). */
+static void failure_at(vpmm_pool *pool, vpmm_driver *drv, uint64_t op, size_t size,
+		       struct failure_at *f)
+{
+	struct vpmm_snapshot sn;
+	size_t dev_free = 0, total = 0;
+	f->op = op;
+	f->size = size;
+	if (drv->mem_info(drv, &dev_free, &total) != CUDA_SUCCESS)
+		dev_free = 0;
+	f->creatable = dev_free;
+	if (vpmm_pool_snapshot(pool, &sn) != 0)
+		return;
+	f->split = sn.free_split;
+	f->split_known = true;
+	if (sn.cfg.limit) {
+		uint64_t left = sn.cfg.limit > sn.stats.mapped ? sn.cfg.limit - sn.stats.mapped : 0;
+		if (left < f->creatable)
+			f->creatable = left;
+	}
+	vpmm_snapshot_free(&sn);
+}
+
 int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 	   const struct tenant *tn, uint64_t complete_every, enum replay_clock clock,
 	   bool check, struct plot *plot, struct result *r)
@@ -134,8 +158,10 @@ int replay(struct log *lg, vpmm_pool *pool, vpmm_driver *drv, CUstream *streams,
 				if (live > r->peak_requested)
 					r->peak_requested = live;
 			} else {
-				if (!r->failures++)
+				if (!r->failures++) {
 					r->first_failure = -e;
+					failure_at(pool, drv, i + 1, a->size, &r->first);
+				}
 			}
 		} else {
 			if (!a->live)

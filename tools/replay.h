@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "snapshot.h"
 #include "vpmm.h"
 
 #define EXIT_INPUT 2 /* usage, unreadable or malformed log, bad option */
@@ -138,10 +139,21 @@ void plot_free(struct plot *pl);
 
 /* ---- replay-run.c ----------------------------------------------------------- */
 
+/* The pool at the first allocation it refused: where its free memory lay
+ * and what it could still create. */
+struct failure_at {
+	uint64_t op;             /* 1-based operation */
+	size_t size;             /* requested */
+	struct vpmm_free_split split; /* all zero if the snapshot failed */
+	bool split_known;
+	uint64_t creatable;      /* within the limit and the device's free bytes */
+};
+
 struct result {
 	uint64_t ops, allocs, frees;
 	uint64_t failures;       /* allocations the pool refused */
 	int first_failure;       /* its errno */
+	struct failure_at first;
 	uint64_t free_errors;    /* frees the pool refused (a pool bug) */
 	uint64_t check_violations;
 	uint64_t peak_requested;

@@ -52,6 +52,16 @@ def main():
     expect(sums.get("hole", 0) == stats["holes"], "hole regions != holes gauge")
     expect(sums.get("zombie", 0) == stats["zombies"], "zombie regions != zombies gauge")
     expect(sum(c["size"] for c in pool["chunks"]) == stats["reserved"], "chunks != reserved")
+    split = pool.get("free_split")
+    expect(split is not None, "no free_split")
+    if split:
+        expect(split["whole"] + split["stranded"] == sums.get("free", 0),
+               "free_split %d + %d != free regions %d" % (split["whole"], split["stranded"], sums.get("free", 0)))
+        expect(split["largest"] == max([r["size"] for r in regions if r["kind"] == "free"] or [0]),
+               "free_split largest %d is not the largest free region" % split["largest"])
+        expect(split["whole"] % stats["page_size"] == 0 and
+               (split["whole_handles"] == 0) == (split["whole"] == 0),
+               "free_split whole %d in %d handles" % (split["whole"], split["whole_handles"]))
     for key in ("page_size", "va_size", "handle_size", "limit", "defrag"):
         expect(key in pool["config"], "config lacks %s" % key)
     print("\n".join(problems))

@@ -436,6 +436,42 @@ Test(replay, pool_out_of_memory_is_counted_and_the_replay_goes_on)
 	run_free(&r);
 }
 
+/* The first refusal says where the free memory lay. An 8 MiB device of
+ * 2 MiB pages: 3 MiB take a handle of 4 and strand 1; 6 MiB more need 5
+ * beyond that free MiB (3 pages), and the device has 2 pages left. */
+Test(replay, the_first_failure_says_where_the_free_memory_lay)
+{
+	const char *log = write_file("strand.csv", HEADER
+		"1,t,allocate,0x1000,3145728,0x0\n"
+		"1,t,allocate,0x2000,6291456,0x0\n"
+		"1,t,free,0x1000,3145728,0x0\n");
+	struct run r = replay((const char *[]){ "--capacity", "8M", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "failures"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "op"), 2, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "size"), 6 * MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "free_whole"), 0, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "whole_handles"), 0, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "free_stranded"), MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "stranded_handles"), 1, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "largest_free"), MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "creatable"), 4 * MiB, "%s", r.out);
+	run_free(&r);
+
+	r = replay((const char *[]){ "--capacity", "8M", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "first failure       operation 2: 6.00 MiB\n"
+				"  free then         1.00 MiB: 0 B in 0 wholly free handles, "
+				"1.00 MiB stranded in 1 partly live ones\n") != NULL, "%s", r.out);
+	run_free(&r);
+
+	/* No failure, no such object. */
+	r = replay((const char *[]){ "--capacity", "16M", "--json", log, NULL }, NULL);
+	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_null(strstr(r.out, "first_failure"), "%s", r.out);
+	run_free(&r);
+}
+
 Test(replay, cross_stream_reuse_follows_completion)
 {
 	/* Freed on stream A, wanted on stream B. With the device keeping up, the

@@ -230,6 +230,11 @@ static void oom(void)
 	}
 	CHECK_EQ(cudaMalloc(&q, (size_t)1 << 20), 0);
 	touch(q, (size_t)1 << 20, 9);
+	/* Refused with memory free: the line says where it lies. */
+	void *r;
+	CHECK_EQ(cudaMalloc(&r, (size_t)512 << 10), 0);
+	CHECK_EQ(cudaFree(r), 0);
+	CHECK_EQ(cudaMalloc(&p, (size_t)64 << 20), 2);
 	CHECK_EQ(cudaFree(q), 0);
 }
 

@@ -125,10 +125,13 @@ Test(shim_rt, oom)
 	const char *const small_real[] = {"FAKECUDA_CAPACITY=8M", "SHIMTEST_EXPECT=real", NULL};
 	run(RT_PROG, "oom", true, small);
 	EXPECT_OK();
-	/* One line says what was asked and what the pool and the device hold. */
+	/* One line says what was asked and what the pool and the device hold, */
 	cr_expect_geq(count_lines_with("out of memory: requested", NULL), 1,
 		      "no out-of-memory line:\n%s", R.out);
 	cr_expect_not_null(strstr(R.out, "device free"), "%s", R.out);
+	/* ... and where the pool's free memory lies. */
+	cr_expect_not_null(strstr(R.out, "wholly free handles"), "%s", R.out);
+	cr_expect_not_null(strstr(R.out, "stranded in"), "%s", R.out);
 	run(RT_PROG, "oom", false, small_real);
 	EXPECT_OK();
 }
@@ -597,8 +600,9 @@ Test(shim_options, the_limit_is_in_the_out_of_memory_line)
 	const char *const env[] = {"VPMM_LIMIT=2M", NULL};
 	run(RT_PROG, "oom", true, env);
 	EXPECT_OK();
+	/* the scenario's three refusals */
 	cr_expect_eq(count_lines_with("vpmm: error: device 0: out of memory", "VPMM_LIMIT 2097152"),
-		     2, "%s", R.out);
+		     3, "%s", R.out);
 }
 
 /* Allocations failing in a loop: the first lines, then one a second with

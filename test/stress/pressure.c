@@ -22,7 +22,8 @@
  * Allowed: -ENOMEM. Not allowed: a crash, a broken invariant
  * (vpmm_pool_check after each op, or every 8 on long rounds, and at the
  * end), a lost pattern, any other error, mapping past cfg.limit, a leak in
- * the driver. Out-of-memory answers for a request that the pool's wholly
+ * the driver, a free split (snapshot.h) that disagrees with the free
+ * regions at an out-of-memory answer. Out-of-memory answers for a request that the pool's wholly
  * free pages plus what the driver could still give would have held are
  * counted ("avoidable"), not failed.
  *
@@ -46,6 +47,7 @@
 #include <unistd.h>
 
 #include "host_device.h"
+#include "snapshot.h"
 #include "vpmm.h"
 #include "workloads.h"
 
@@ -402,6 +404,32 @@ static bool avoidable(struct run *R, size_t size)
 	return need <= have + driver;
 }
 
+/* What the out-of-memory line and vpmm-dump say about the free memory
+ * (snapshot.c's walk of the handles) against the same snapshot's free
+ * regions: every free byte in exactly one handle, whole handles in pages. */
+static void check_free_split(struct run *R)
+{
+	struct vpmm_snapshot sn;
+	if (vpmm_pool_snapshot(R->pool, &sn) != 0)
+		return; /* the host out of memory: nothing to check */
+	uint64_t sum = 0, largest = 0;
+	for (size_t i = 0; i < sn.nregions; i++)
+		if (sn.regions[i].kind == VPMM_REGION_FREE) {
+			sum += sn.regions[i].size;
+			if (sn.regions[i].size > largest)
+				largest = sn.regions[i].size;
+		}
+	const struct vpmm_free_split *f = &sn.free_split;
+	uint64_t page = sn.stats.page_size;
+	if (f->whole + f->stranded != sum || f->largest != largest || f->whole % page ||
+	    f->whole_handles > f->whole / page || (f->stranded != 0) != (f->stranded_handles != 0))
+		fail(R, "free split: %" PRIu64 " whole in %" PRIu64 " handles + %" PRIu64
+			" stranded in %" PRIu64 ", largest %" PRIu64 "; the free regions: %" PRIu64
+			", largest %" PRIu64, f->whole, f->whole_handles, f->stranded,
+		     f->stranded_handles, f->largest, sum, largest);
+	vpmm_snapshot_free(&sn);
+}
+
 static void do_op(struct run *R, struct thread *T, const struct op *o)
 {
 	struct round *r = R->r;
@@ -414,6 +442,7 @@ static void do_op(struct run *R, struct thread *T, const struct op *o)
 		if (rc == -ENOMEM) {
 			T->enomem++;
 			T->avoidable += avoidable(R, size);
+			check_free_split(R);
 			return;
 		}
 		if (rc) {

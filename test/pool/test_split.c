@@ -1,0 +1,134 @@
+/* test_split.c — where the free memory lies (vpmm_pool_free_split, the
+ * snapshot's free_split): free bytes in wholly free handles, which a
+ * defragmentation can move, and free bytes stranded in handles that also
+ * hold live memory. Handles of one page, a grain of a quarter page. */
+#include "pool_test.h"
+#include "snapshot.h"
+
+static void open_split(struct pt *t)
+{
+	struct pt_setup su = {.grain = 16 * PT_KiB, .va_pages = 256};
+	pt_open(t, &su);
+	cr_assert_eq(t->page, 64 * PT_KiB, "the host driver's page is %zu", t->page);
+}
+
+/* A malloc placed at a grain, not a page: PT_MALLOC_BYTES asks for pages. */
+static CUdeviceptr gmalloc(struct pt *t, size_t bytes, CUstream s)
+{
+	CUdeviceptr p = 0;
+	int rc = vpmm_pool_malloc(t->pool, bytes, s, &p);
+	cr_assert_eq(rc, 0, "malloc(%zu) = %d", bytes, rc);
+	cr_assert_eq(p % (16 * PT_KiB), 0, "%#llx not at a grain", (unsigned long long)p);
+	PT_CHECK(t);
+	return p;
+}
+
+static struct vpmm_free_split split_of(struct pt *t)
+{
+	struct vpmm_free_split f;
+	cr_assert_eq(vpmm_pool_free_split(t->pool, &f), 0);
+	return f;
+}
+
+/* The free regions' sum and the largest one, from the region list. */
+static size_t free_regions(struct pt *t, size_t *largest, size_t *count)
+{
+	struct vpmm_region_info reg[64];
+	size_t n = vpmm_pool_regions(t->pool, reg, 64), sum = 0;
+	cr_assert_leq(n, 64);
+	*largest = *count = 0;
+	for (size_t i = 0; i < n; i++)
+		if (reg[i].kind == VPMM_REGION_FREE) {
+			sum += reg[i].size;
+			++*count;
+			if (reg[i].size > *largest)
+				*largest = reg[i].size;
+		}
+	return sum;
+}
+
+/* An allocation ending a quarter into a page strands the rest of that
+ * page's handle; every other free page is a whole handle. */
+Test(split, a_partly_live_handle_strands_its_free_part)
+{
+	struct pt t;
+	open_split(&t);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = gmalloc(&t, 3 * t.page + 16 * PT_KiB, s);
+	struct vpmm_free_split f = split_of(&t);
+	struct vpmm_stats st = pt_stats(&t);
+	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
+	cr_assert_eq(sum, st.reusable);
+	cr_assert_eq(f.stranded, 48 * PT_KiB, "stranded %llu", (unsigned long long)f.stranded);
+	cr_assert_eq(f.stranded_handles, 1);
+	cr_assert_eq(f.whole, st.reusable - 48 * PT_KiB, "whole %llu of %llu free",
+		     (unsigned long long)f.whole, (unsigned long long)st.reusable);
+	cr_assert_eq(f.whole_handles, f.whole / t.page);
+	cr_assert_eq(f.largest, largest);
+
+	/* A request that fits the stranded part takes it: nothing stranded. */
+	CUdeviceptr b = gmalloc(&t, 48 * PT_KiB, s);
+	cr_assert_eq(b, a + 3 * t.page + 16 * PT_KiB, "b at %+lld from a",
+		     (long long)(b - a));
+	f = split_of(&t);
+	cr_assert_eq(f.stranded, 0);
+	cr_assert_eq(f.stranded_handles, 0);
+	cr_assert_eq(f.whole, pt_stats(&t).reusable);
+
+	/* b freed: its bytes are stranded beside a's last grain again. */
+	PT_FREE(&t, b, s);
+	f = split_of(&t);
+	cr_assert_eq(f.stranded, 48 * PT_KiB);
+	cr_assert_eq(f.stranded_handles, 1);
+	PT_FREE(&t, a, s);
+	f = split_of(&t);
+	cr_assert_eq(f.stranded, 0);
+	cr_assert_eq(f.whole, pt_stats(&t).reusable);
+	cr_assert_eq(f.whole_handles, f.whole / t.page);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* A handle freed in two pieces on two streams lies under two free regions
+ * that do not merge while their work is pending: it is wholly free all the
+ * same. */
+Test(split, a_handle_under_two_free_regions_is_whole)
+{
+	struct pt t;
+	open_split(&t);
+	CUstream s1 = vpmm_host_stream_create(t.drv), s2 = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = gmalloc(&t, t.page + 32 * PT_KiB, s1);
+	CUdeviceptr b = gmalloc(&t, 32 * PT_KiB, s2);
+	cr_assert_eq(b, a + t.page + 32 * PT_KiB, "b at %+lld from a", (long long)(b - a));
+	PT_FREE(&t, a, s1);
+	PT_FREE(&t, b, s2);
+	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
+	cr_assert_geq(nfree, 2, "the two frees merged: the case is not made");
+	struct vpmm_free_split f = split_of(&t);
+	cr_assert_eq(f.stranded, 0, "stranded %llu in %llu handles",
+		     (unsigned long long)f.stranded, (unsigned long long)f.stranded_handles);
+	cr_assert_eq(f.whole, sum);
+	cr_assert_eq(f.whole_handles, sum / t.page);
+	cr_assert_eq(f.largest, largest);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* An empty pool, and one whose memory is all live: nothing free. */
+Test(split, nothing_free)
+{
+	struct pt t;
+	open_split(&t);
+	struct vpmm_free_split f = split_of(&t);
+	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
+		  !f.largest);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = PT_MALLOC(&t, 2, s);
+	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
+	f = split_of(&t);
+	cr_assert_eq(f.whole + f.stranded, sum);
+	cr_assert_eq(f.stranded, 0);
+	PT_FREE(&t, a, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
