@@ -207,6 +207,46 @@ static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
 			 limit_s, more);
 }
 
+static const char *in_units(char *buf, size_t n, uint64_t v)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double d = (double)v;
+	int i = 0;
+	for (; d >= 1024 && i < 4; i++)
+		d /= 1024;
+	if (i)
+		snprintf(buf, n, "%.2f %s", d, unit[i]);
+	else
+		snprintf(buf, n, "%" PRIu64 " B", v);
+	return buf;
+}
+
+void vpmm_describe_oom(int dev, char *buf, size_t n)
+{
+	vpmm_pool *pool = vpmm_device_pool(dev, NULL);
+	struct vpmm_stats ps;
+	struct vpmm_free_split fs;
+	size_t dev_free = 0, dev_total = 0;
+	char a[32], b[32], c[32], d[32], e[32];
+	int k;
+	buf[0] = '\0';
+	if (!pool || !n)
+		return;
+	vpmm_pool_stats(pool, &ps);
+	k = snprintf(buf, n, "; the pool holds %s live and %s free",
+		     in_units(a, sizeof a, ps.live), in_units(b, sizeof b, ps.reusable));
+	if (k > 0 && (size_t)k < n && ps.reusable && vpmm_pool_free_split(pool, &fs) == 0)
+		k += snprintf(buf + k, n - (size_t)k,
+			      " (%s in wholly free handles, %s stranded in handles that also "
+			      "hold live memory; the largest free region %s)",
+			      in_units(a, sizeof a, fs.whole), in_units(b, sizeof b, fs.stranded),
+			      in_units(c, sizeof c, fs.largest));
+	if (k > 0 && (size_t)k < n && vpmm_real.mem_get_info &&
+	    vpmm_real.mem_get_info(&dev_free, &dev_total) == 0)
+		snprintf(buf + k, n - (size_t)k, "; the device has %s free of %s",
+			 in_units(d, sizeof d, dev_free), in_units(e, sizeof e, dev_total));
+}
+
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		    enum vpmm_via via, int device, void *caller, CUresult *res)
 {

@@ -6,7 +6,8 @@
  * given device, no device synchronisation), its pass-through to the
  * driver's own stream-ordered allocator, so that the pair stays symmetric
  * for what the pool does not serve, and how a failed allocation reaches
- * PyTorch. May call: alloc.h, streams.h, resolve.h, the log.
+ * PyTorch, with what the pool holds and where its free memory lies
+ * (vpmm_describe_oom). May call: alloc.h, streams.h, resolve.h, the log.
  *
  * A failed allocation is thrown, not returned. PyTorch's pluggable
  * allocator takes whatever pointer comes back as the tensor's memory, NULL
@@ -128,15 +129,17 @@ void *vpmm_pluggable_malloc(ssize_t size, int device, cudaStream_t stream, void 
 	const char *lib = pytorch_library(caller);
 	if (!lib)
 		return NULL;
-	char msg[160];
-	if (r == CUDA_ERROR_OUT_OF_MEMORY)
+	char msg[512], state[384];
+	if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+		vpmm_describe_oom(device, state, sizeof state);
 		snprintf(msg, sizeof msg,
-			 "vpmm: CUDA out of memory: tried to allocate %zd bytes on device %d", size,
-			 device);
-	else
+			 "vpmm: CUDA out of memory: tried to allocate %zd bytes on device %d%s",
+			 size, device, state);
+	} else {
 		snprintf(msg, sizeof msg,
 			 "vpmm: allocation of %zd bytes on device %d failed (CUresult %d)", size,
 			 device, (int)r);
+	}
 	throw_runtime_error(lib, msg);
 	return NULL;
 }

@@ -57,11 +57,20 @@ int main()
 
 	std::string why = attempt(m, 1L << 20, 0, st, &p);
 	CHECK(why.empty() && p);
+	// some memory free
+	why = attempt(m, 512L << 10, 0, st, &q);
+	CHECK(why.empty() && q);
+	f(q, 512L << 10, 0, st);
 	// over VPMM_LIMIT: thrown, not NULL
 	why = attempt(m, 64L << 20, 0, st, &q);
 	CHECK(!q);
 	CHECK(why.find("out of memory") != std::string::npos);
 	CHECK(why.find("67108864") != std::string::npos);
+	// ... with what the pool holds (the 1 MiB above), where its free memory
+	// lies, and the device's free memory
+	CHECK(why.find("the pool holds 1.00 MiB live and 512.00 KiB free (") != std::string::npos);
+	CHECK(why.find("in wholly free handles, ") != std::string::npos);
+	CHECK(why.find("the device has ") != std::string::npos);
 	// a device that does not exist: thrown, with the driver's answer
 	why = attempt(m, 1L << 16, 7, st, &q);
 	CHECK(!q);
