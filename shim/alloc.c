@@ -229,8 +229,10 @@ void vpmm_describe_oom(int dev, char *buf, size_t n)
 	size_t dev_free = 0, dev_total = 0;
 	char a[32], b[32], c[32], d[32], e[32];
 	int k;
+	if (!n)
+		return;
 	buf[0] = '\0';
-	if (!pool || !n)
+	if (!pool)
 		return;
 	vpmm_pool_stats(pool, &ps);
 	k = snprintf(buf, n, "; the pool holds %s live and %s free",

@@ -73,27 +73,30 @@ static uint64_t log_clock(void *arg)
 	return *(const uint64_t *)arg;
 }
 
-/* The pool as the first refusal left it (a walk of every region and
- * handle: once a replay). */
+/* The pool as the first refusal left it. A walk of every region and
+ * handle, once a replay; its time counts in the replay's. */
 static void failure_at(vpmm_pool *pool, vpmm_driver *drv, uint64_t op, size_t size,
 		       struct failure_at *f)
 {
 	struct vpmm_snapshot sn;
+	struct vpmm_config cfg;
+	struct vpmm_stats st;
 	size_t dev_free = 0, total = 0;
 	f->op = op;
 	f->size = size;
 	if (drv->mem_info(drv, &dev_free, &total) != CUDA_SUCCESS)
 		dev_free = 0;
 	f->creatable = dev_free;
+	vpmm_pool_summary(pool, &cfg, &st);
+	if (cfg.limit) {
+		uint64_t left = cfg.limit > st.mapped ? cfg.limit - st.mapped : 0;
+		if (left < f->creatable)
+			f->creatable = left;
+	}
 	if (vpmm_pool_snapshot(pool, &sn) != 0)
 		return;
 	f->split = sn.free_split;
 	f->split_known = true;
-	if (sn.cfg.limit) {
-		uint64_t left = sn.cfg.limit > sn.stats.mapped ? sn.cfg.limit - sn.stats.mapped : 0;
-		if (left < f->creatable)
-			f->creatable = left;
-	}
 	vpmm_snapshot_free(&sn);
 }
 
