@@ -37,10 +37,13 @@ struct vpmm_snap_region {
 };
 
 /* The free regions of a snapshot (parked allocations among them) by the
- * handles under them. A handle wholly free can be remapped anywhere; the
- * free bytes of a handle that also holds live memory are stranded: they
- * serve only a request placed where they lie. Every free byte lies in one
- * handle, so whole + stranded is the free regions' sum. */
+ * handles under them. A handle wholly free can be remapped anywhere, once
+ * the frees pending on it have completed (a defragmentation moves a handle
+ * lying inside one free region; one under the pending frees of two streams
+ * waits for them to settle and merge). The free bytes of a handle that
+ * also holds live memory are stranded: they serve only a request placed
+ * where they lie. Every free byte lies in one handle, so whole + stranded
+ * is the free regions' sum. */
 struct vpmm_free_split {
 	uint64_t whole;            /* bytes in handles wholly free */
 	uint64_t whole_handles;

@@ -85,10 +85,10 @@ void print_json(FILE *f, const struct log *lg, const struct result *r,
 		const struct failure_at *x = &r->first;
 		fprintf(f, ", \"first_failure\": {\"op\": %" PRIu64 ", \"size\": %zu"
 			   ", \"creatable\": %" PRIu64, x->op, x->size, x->creatable);
-		if (x->split_known)
-			fprintf(f, ", \"free_whole\": %" PRIu64 ", \"whole_handles\": %" PRIu64
-				   ", \"free_stranded\": %" PRIu64 ", \"stranded_handles\": %" PRIu64
-				   ", \"largest_free\": %" PRIu64,
+		if (x->split_known) /* the names of vpmm-dump's free_split */
+			fprintf(f, ", \"free_split\": {\"whole\": %" PRIu64 ", \"whole_handles\": %" PRIu64
+				   ", \"stranded\": %" PRIu64 ", \"stranded_handles\": %" PRIu64
+				   ", \"largest\": %" PRIu64 "}",
 				x->split.whole, x->split.whole_handles, x->split.stranded,
 				x->split.stranded_handles, x->split.largest);
 		fprintf(f, "}");
@@ -111,7 +111,7 @@ static void print_first_failure(FILE *f, const struct failure_at *x)
 			human(x->split.stranded, c, sizeof(c)), x->split.stranded_handles);
 		fprintf(f, "  largest free      %s\n", human(x->split.largest, a, sizeof(a)));
 	}
-	fprintf(f, "  left to create    %s (the limit's and the device's)\n",
+	fprintf(f, "  creatable         %s (within the limit and the device's free memory)\n",
 		human(x->creatable, a, sizeof(a)));
 }
 

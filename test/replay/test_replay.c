@@ -450,11 +450,11 @@ Test(replay, the_first_failure_says_where_the_free_memory_lay)
 	cr_expect_eq(json_u64(r.out, "failures"), 1, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "op"), 2, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "size"), 6 * MiB, "%s", r.out);
-	cr_expect_eq(json_u64(r.out, "free_whole"), 0, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "whole"), 0, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "whole_handles"), 0, "%s", r.out);
-	cr_expect_eq(json_u64(r.out, "free_stranded"), MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "stranded"), MiB, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "stranded_handles"), 1, "%s", r.out);
-	cr_expect_eq(json_u64(r.out, "largest_free"), MiB, "%s", r.out);
+	cr_expect_eq(json_u64(r.out, "largest"), MiB, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "creatable"), 4 * MiB, "%s", r.out);
 	run_free(&r);
 
@@ -470,6 +470,33 @@ Test(replay, the_first_failure_says_where_the_free_memory_lay)
 	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
 	cr_expect_null(strstr(r.out, "first_failure"), "%s", r.out);
 	run_free(&r);
+}
+
+/* What is creatable is the least of what the limit and the device leave.
+ * The same log as above, three ways to the same 8 MiB: a limit on a device
+ * of a pebibyte (the limit leaves 4 MiB, the device almost all of it), and
+ * another process holding 8 MiB of 16 from the first operation on (the
+ * device leaves 4 MiB). Both refuse the second request as the 8 MiB device
+ * did, with the same stranded MiB. */
+Test(replay, creatable_is_what_the_limit_and_the_other_tenant_leave)
+{
+	const char *log = write_file("strand2.csv", HEADER
+		"1,t,allocate,0x1000,3145728,0x0\n"
+		"1,t,allocate,0x2000,6291456,0x0\n"
+		"1,t,free,0x1000,3145728,0x0\n");
+	const char **ways[] = {
+		(const char *[]){"--limit", "8M", "--json", log, NULL},
+		(const char *[]){"--capacity", "16M", "--tenant", "0:8M", "--json", log, NULL},
+	};
+	for (size_t i = 0; i < 2; i++) {
+		struct run r = replay(ways[i], NULL);
+		cr_assert_eq(r.status, 0, "%s: exit %d: %s", ways[i][0], r.status, r.err);
+		cr_expect_eq(json_u64(r.out, "failures"), 1, "%s", r.out);
+		cr_expect_eq(json_u64(r.out, "op"), 2, "%s", r.out);
+		cr_expect_eq(json_u64(r.out, "stranded"), MiB, "%s", r.out);
+		cr_expect_eq(json_u64(r.out, "creatable"), 4 * MiB, "%s: %s", ways[i][0], r.out);
+		run_free(&r);
+	}
 }
 
 Test(replay, cross_stream_reuse_follows_completion)
