@@ -53,8 +53,7 @@
  * pools), live_streams.h (the fences), process.h, ipc.h (frees of shared
  * memory), mempool.h (the pool the program chose), runtime.h
  * (vpmm_runtime_init), capture.h (deferred frees), trace.h, resolve.h,
- * snapshot.h (where the free memory lies, for the out-of-memory line),
- * the log, the observer.
+ * oom.h (what a refusal reports), the log, the observer.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -71,8 +70,8 @@
 #include "process.h"
 #include "resolve.h"
 #include "runtime.h"
+#include "oom.h"
 #include "shim.h"
-#include "snapshot.h"
 #include "streams.h"
 #include "trace.h"
 
@@ -169,86 +168,6 @@ static bool fences_stand(int dev, CUcontext ctx)
 	       vpmm_device_alone(dev) && vpmm_fence_possible(ctx, dev);
 }
 
-/* The one line an out-of-memory failure gets: what was asked, what the pool
- * holds and where its free memory lies, what the device has left (the pool already tried everything it
- * could: waited for every stream's frees, remapped, returned empty slabs). */
-static void log_out_of_memory(vpmm_pool *pool, int dev, size_t size)
-{
-	static struct vpmm_log_limit limit;
-	struct vpmm_stats ps;
-	size_t dev_free = 0, dev_total = 0;
-	uint64_t take;
-	if (!vpmm_log_on(VPMM_LOG_ERROR) || !(take = vpmm_log_limit_take(&limit)))
-		return;
-	char more[96] = "";
-	if (take > 1)
-		snprintf(more, sizeof more, " (and %" PRIu64 " more since the last such line)",
-			 take - 1);
-	else if (atomic_load_explicit(&limit.seen, memory_order_relaxed) == VPMM_LOG_BURST)
-		snprintf(more, sizeof more, " (more: one line a second, with their count)");
-	vpmm_pool_stats(pool, &ps);
-	if (vpmm_real.mem_get_info)
-		vpmm_real.mem_get_info(&dev_free, &dev_total);
-	char limit_s[64] = "", split_s[160] = "";
-	if (vpmm_process_config()->limit)
-		snprintf(limit_s, sizeof limit_s, ", VPMM_LIMIT %zu", vpmm_process_config()->limit);
-	/* Why more than the request can be free: only wholly free handles
-	 * move. (A copy of the regions; left out if the host cannot make it.) */
-	struct vpmm_free_split fs;
-	if (ps.reusable && vpmm_pool_free_split(pool, &fs) == 0)
-		snprintf(split_s, sizeof split_s,
-			 " (%" PRIu64 " in %" PRIu64 " wholly free handles, %" PRIu64
-			 " stranded in %" PRIu64 " partly live ones, largest free region %" PRIu64 ")",
-			 fs.whole, fs.whole_handles, fs.stranded, fs.stranded_handles, fs.largest);
-	vpmm_log_limited(&limit, VPMM_LOG_ERROR,
-			 "device %d: out of memory: requested %zu bytes; live %" PRIu64
-			 ", mapped %" PRIu64 ", reusable %" PRIu64 "%s, device free %zu of %zu%s%s",
-			 dev, size, ps.live, ps.mapped, ps.reusable, split_s, dev_free, dev_total,
-			 limit_s, more);
-}
-
-static const char *in_units(char *buf, size_t n, uint64_t v)
-{
-	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double d = (double)v;
-	int i = 0;
-	for (; d >= 1024 && i < 4; i++)
-		d /= 1024;
-	if (i)
-		snprintf(buf, n, "%.2f %s", d, unit[i]);
-	else
-		snprintf(buf, n, "%" PRIu64 " B", v);
-	return buf;
-}
-
-void vpmm_describe_oom(int dev, char *buf, size_t n)
-{
-	vpmm_pool *pool = vpmm_device_pool(dev, NULL);
-	struct vpmm_stats ps;
-	struct vpmm_free_split fs;
-	size_t dev_free = 0, dev_total = 0;
-	char a[32], b[32], c[32], d[32], e[32];
-	int k;
-	if (!n)
-		return;
-	buf[0] = '\0';
-	if (!pool)
-		return;
-	vpmm_pool_stats(pool, &ps);
-	k = snprintf(buf, n, "; the pool holds %s live and %s free",
-		     in_units(a, sizeof a, ps.live), in_units(b, sizeof b, ps.reusable));
-	if (k > 0 && (size_t)k < n && ps.reusable && vpmm_pool_free_split(pool, &fs) == 0)
-		k += snprintf(buf + k, n - (size_t)k,
-			      " (%s in wholly free handles, %s stranded in handles that also "
-			      "hold live memory; the largest free region %s)",
-			      in_units(a, sizeof a, fs.whole), in_units(b, sizeof b, fs.stranded),
-			      in_units(c, sizeof c, fs.largest));
-	if (k > 0 && (size_t)k < n && vpmm_real.mem_get_info &&
-	    vpmm_real.mem_get_info(&dev_free, &dev_total) == 0)
-		snprintf(buf + k, n - (size_t)k, "; the device has %s free of %s",
-			 in_units(d, sizeof d, dev_free), in_units(e, sizeof e, dev_total));
-}
-
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 		    enum vpmm_via via, int device, void *caller, CUresult *res)
 {
@@ -334,7 +253,7 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
 			 size, ps == VPMM_NO_STREAM ? NULL : ps);
 	if (e == -ENOMEM)
-		log_out_of_memory(pool, dev, size);
+		vpmm_oom_refused(pool, dev, size, via == VPMM_VIA_TORCH);
 	vpmm_leave(&sc);
 	*res = pool_result(pool, e);
 	if (!e) {

@@ -19,10 +19,6 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 /* Turns the driver's free bytes of the current device into what its pool
  * can still hand out: plus its reusable bytes, within VPMM_LIMIT. */
 void vpmm_add_reusable(size_t *free_bytes, size_t total);
-/* For the exception PyTorch raises: after "tried to allocate N bytes",
- * what device `dev`'s pool holds, where its free memory lies and what the
- * device has free, in binary units ("" with no pool). */
-void vpmm_describe_oom(int dev, char *buf, size_t n);
 /* Where ptr lies: in a live pool allocation (with its base and size), in a
  * pool's address space but no live allocation (freed, a slab's unused
  * block: the driver would answer with the pool's mapping there), or

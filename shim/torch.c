@@ -7,7 +7,7 @@
  * driver's own stream-ordered allocator, so that the pair stays symmetric
  * for what the pool does not serve, and how a failed allocation reaches
  * PyTorch, with what the pool holds and where its free memory lies
- * (vpmm_describe_oom). May call: alloc.h, streams.h, resolve.h, the log.
+ * (vpmm_describe_oom). May call: alloc.h, oom.h, streams.h, resolve.h, the log.
  *
  * A failed allocation is thrown, not returned. PyTorch's pluggable
  * allocator takes whatever pointer comes back as the tensor's memory, NULL
@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include "alloc.h"
+#include "oom.h"
 #include "resolve.h"
 #include "shim.h"
 #include "streams.h"

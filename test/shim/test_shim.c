@@ -491,6 +491,19 @@ Test(shim_torch, failure_is_thrown)
 	run(TORCH_OOM_PROG, NULL, false, env);
 	EXPECT_OK();
 	cr_expect_eq(count_lines_with("ok", NULL), 1, "%s", R.out);
+	/* The exception and the pool's line give the same state:
+	 * its live, reusable and wholly free bytes, and the device's free
+	 * memory (the line in bytes, the exception in binary units). */
+	const char *line = strstr(R.out, "out of memory: requested 67108864 bytes; live 1048576, "
+				  "mapped 1572864, reusable 524288 (524288 in 8 wholly free handles");
+	const char *thrown = strstr(R.out, "thrown: ");
+	cr_assert(line && thrown, "%s", R.out);
+	unsigned long long dev_free = 0;
+	const char *df = strstr(line, "device free ");
+	cr_assert(df && sscanf(df, "device free %llu", &dev_free) == 1, "%s", R.out);
+	char want[64];
+	snprintf(want, sizeof want, "the device has %.2f MiB free", (double)dev_free / (1 << 20));
+	cr_expect_not_null(strstr(thrown, want), "%s not in:\n%s", want, R.out);
 }
 
 /* ---- options ---------------------------------------------------------------------------------- */

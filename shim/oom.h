@@ -1,0 +1,21 @@
+/* oom.h — what a refusal of the pool reports (oom.c): the out-of-memory
+ * log line and the text of the exception PyTorch raises. Includes shim.h.
+ */
+#ifndef VPMM_OOM_H
+#define VPMM_OOM_H
+
+#include "shim.h"
+
+/* The pool of device `dev` refused `size` bytes (ENOMEM), in the call's
+ * context. Reads the pool's state once, under one hold of its lock, and
+ * the device's free memory: for the log line (at most a burst, then one a
+ * second) and, when `for_torch`, for vpmm_describe_oom() on this thread. */
+void vpmm_oom_refused(vpmm_pool *pool, int dev, size_t size, bool for_torch);
+
+/* For the exception PyTorch raises: after "tried to allocate N bytes",
+ * what device `dev`'s pool held at this thread's last refusal (else now),
+ * where its free memory lay and what the device had free, in binary units
+ * ("" with no pool). */
+void vpmm_describe_oom(int dev, char *buf, size_t n);
+
+#endif
