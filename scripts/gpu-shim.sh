@@ -13,7 +13,9 @@
 #   2. test/gpu/shim_cupy.py under the shim;
 #   3. test/gpu/shim_torch.py: PyTorch native, expandable_segments, no
 #      caching, no caching + shim, CUDAPluggableAllocator; the loss curves of
-#      the shim runs must equal the no-caching run's;
+#      the shim runs must equal the no-caching run's; test/gpu/torch_oom.py:
+#      the pluggable pair refusing more than the device has, raised in
+#      Python with what the pool held (torch-oom);
 #   4. compute-sanitizer --tool memcheck on 1 (static, --quick) under the shim;
 #   5. test/gpu/shim_lab.py: the laboratory cases through PyTorch;
 #   6. test/gpu/shim_jax.py: JAX with XLA's BFC allocator, then under the
@@ -127,6 +129,7 @@ step torch-expandable torch_run expandable PYTORCH_CUDA_ALLOC_CONF=expandable_se
 step torch-nocache torch_run nocache PYTORCH_NO_CUDA_MEMORY_CACHING=1
 step torch-shim torch_run shim PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$LIB"
 step torch-pluggable torch_run pluggable VPMM_LIB="$LIB"
+step torch-oom env VPMM_LIB="$LIB" python3 "$ROOT/test/gpu/torch_oom.py"
 build_async() {
 	nvcc -O2 -arch="$ARCH" -shared -Xcompiler -fPIC -o "$W/libtorch_async.so" \
 		"$ROOT/test/gpu/torch_async_alloc.cu"
