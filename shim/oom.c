@@ -27,6 +27,7 @@
 struct oom_state {
 	bool known;              /* read at a refusal, not yet described */
 	int dev;
+	size_t size;             /* the request refused */
 	struct vpmm_stats ps;
 	struct vpmm_free_split fs;
 	bool split;              /* fs read (the copy of the regions was made) */
@@ -37,11 +38,12 @@ struct oom_state {
 /* This thread's last refusal through PyTorch's allocator, until described. */
 static __thread struct oom_state last_refusal;
 
-static void read_state(vpmm_pool *pool, int dev, struct oom_state *o)
+static void read_state(vpmm_pool *pool, int dev, size_t size, struct oom_state *o)
 {
 	struct vpmm_snapshot sn;
 	memset(o, 0, sizeof *o);
 	o->dev = dev;
+	o->size = size;
 	if (vpmm_pool_snapshot(pool, &sn) == 0) {
 		o->ps = sn.stats;
 		o->fs = sn.free_split;
@@ -57,8 +59,7 @@ static void read_state(vpmm_pool *pool, int dev, struct oom_state *o)
 
 /* The one line: the pool already tried everything it could (waited for
  * every stream's frees, remapped, returned empty slabs). */
-static void log_line(struct vpmm_log_limit *limit, uint64_t take, const struct oom_state *o,
-		     size_t size)
+static void log_line(struct vpmm_log_limit *limit, uint64_t take, const struct oom_state *o)
 {
 	char more[96] = "", limit_s[64] = "", split_s[160] = "", dev_s[64];
 	if (take > 1)
@@ -81,7 +82,7 @@ static void log_line(struct vpmm_log_limit *limit, uint64_t take, const struct o
 	vpmm_log_limited(limit, VPMM_LOG_ERROR,
 			 "device %d: out of memory: requested %zu bytes; live %" PRIu64
 			 ", mapped %" PRIu64 ", reusable %" PRIu64 "%s, %s%s%s",
-			 o->dev, size, o->ps.live, o->ps.mapped, o->ps.reusable, split_s, dev_s,
+			 o->dev, o->size, o->ps.live, o->ps.mapped, o->ps.reusable, split_s, dev_s,
 			 limit_s, more);
 }
 
@@ -94,9 +95,9 @@ void vpmm_oom_refused(vpmm_pool *pool, int dev, size_t size, bool for_torch)
 	if (!take && !for_torch)
 		return;
 	struct oom_state o;
-	read_state(pool, dev, &o);
+	read_state(pool, dev, size, &o);
 	if (take)
-		log_line(&limit, take, &o, size);
+		log_line(&limit, take, &o);
 	if (for_torch)
 		last_refusal = o;
 }
@@ -115,7 +116,7 @@ static const char *in_units(char *buf, size_t n, uint64_t v)
 	return buf;
 }
 
-void vpmm_describe_oom(int dev, char *buf, size_t n)
+void vpmm_describe_oom(int dev, size_t size, char *buf, size_t n)
 {
 	struct oom_state o;
 	char a[32], b[32], c[32];
@@ -123,15 +124,17 @@ void vpmm_describe_oom(int dev, char *buf, size_t n)
 	if (!n)
 		return;
 	buf[0] = '\0';
-	if (last_refusal.known && last_refusal.dev == dev) {
-		o = last_refusal;
-	} else { /* not the pool's refusal (it did not serve the call): as it is now */
+	/* The pool's refusal of this very request; else (the driver's own
+	 * allocator refused a call the pool did not serve) the pool as it is. */
+	bool refused = last_refusal.known && last_refusal.dev == dev && last_refusal.size == size;
+	o = last_refusal;
+	last_refusal.known = false;
+	if (!refused) {
 		vpmm_pool *pool = vpmm_device_pool(dev, NULL);
 		if (!pool)
 			return;
-		read_state(pool, dev, &o);
+		read_state(pool, dev, size, &o);
 	}
-	last_refusal.known = false;
 	k = snprintf(buf, n, "; the pool holds %s live and %s reusable",
 		     in_units(a, sizeof a, o.ps.live), in_units(b, sizeof b, o.ps.reusable));
 	if (k > 0 && (size_t)k < n && o.ps.reusable && o.split)

@@ -12,10 +12,11 @@
  * second) and, when `for_torch`, for vpmm_describe_oom() on this thread. */
 void vpmm_oom_refused(vpmm_pool *pool, int dev, size_t size, bool for_torch);
 
-/* For the exception PyTorch raises: after "tried to allocate N bytes",
- * what device `dev`'s pool held at this thread's last refusal (else now),
- * where its free memory lay and what the device had free, in binary units
- * ("" with no pool). */
-void vpmm_describe_oom(int dev, char *buf, size_t n);
+/* For the exception PyTorch raises: after "tried to allocate `size` bytes",
+ * what device `dev`'s pool held when it refused that request on this
+ * thread (else, as when the driver's allocator refused it, what it holds
+ * now), where its free memory lay and what the device had free, in binary
+ * units ("" with no pool). */
+void vpmm_describe_oom(int dev, size_t size, char *buf, size_t n);
 
 #endif

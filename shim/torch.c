@@ -132,7 +132,7 @@ void *vpmm_pluggable_malloc(ssize_t size, int device, cudaStream_t stream, void 
 		return NULL;
 	char msg[512], state[384];
 	if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-		vpmm_describe_oom(device, state, sizeof state);
+		vpmm_describe_oom(device, (size_t)size, state, sizeof state);
 		snprintf(msg, sizeof msg,
 			 "vpmm: CUDA out of memory: tried to allocate %zd bytes on device %d%s",
 			 size, device, state);
