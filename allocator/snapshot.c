@@ -1,7 +1,8 @@
 /* snapshot.c — vpmm_pool_snapshot(): configuration, stats, chunks and regions
  * copied under one hold of the pool's lock (see snapshot.h), and where the
- * free memory lies by the handles under it (vpmm_pool_free_split). The lock is held
- * only for the copy: no allocation, no I/O, no formatting inside it. The
+ * free memory lies by the handles under it (the snapshot's free_split;
+ * vpmm_pool_free_split() gives it alone, for tests). The lock is held only
+ * for the copy: no allocation, no I/O, no formatting inside it. The
  * streams' caches (front.c) are read under their own locks, taken after the
  * pool's, as vpmm_pool_stats() does.
  *

@@ -1,6 +1,7 @@
 /* snapshot.h — a consistent copy of one pool's state (configuration, stats,
  * VA chunks and every region) taken under a single hold of the pool's lock,
- * for readers that format it later without the lock (the vpmm-dump server).
+ * for readers that format it later without the lock (the vpmm-dump server,
+ * the shim's out-of-memory reports, vpmm-replay's first refusal).
  *
  * vpmm_pool_stats() and vpmm_pool_regions() each copy under the lock, but two
  * calls may straddle an allocation; a snapshot never does. It also shows
@@ -68,7 +69,8 @@ struct vpmm_snapshot {
 int vpmm_pool_snapshot(vpmm_pool *pool, struct vpmm_snapshot *out);
 void vpmm_snapshot_free(struct vpmm_snapshot *s);
 
-/* The free split alone (a snapshot taken and dropped): 0, or -ENOMEM. */
+/* The free split alone (a snapshot taken and dropped; for tests, since a
+ * reader that also wants the stats takes one snapshot): 0, or -ENOMEM. */
 int vpmm_pool_free_split(vpmm_pool *pool, struct vpmm_free_split *out);
 
 /* The configuration and stats alone (cheap: no region walk). */

@@ -56,9 +56,7 @@
  * oom.h (what a refusal reports), the log, the observer.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <pthread.h>
 
 #include "alloc.h"
@@ -67,10 +65,10 @@
 #include "ipc.h"
 #include "live_streams.h"
 #include "mempool.h"
+#include "oom.h"
 #include "process.h"
 #include "resolve.h"
 #include "runtime.h"
-#include "oom.h"
 #include "shim.h"
 #include "streams.h"
 #include "trace.h"

@@ -10,7 +10,8 @@
  * make it, the reports leave the split out.
  *
  * May call: snapshot.h, devices.h (the pool of a device), process.h
- * (VPMM_LIMIT), resolve.h (the real cuMemGetInfo), the log.
+ * (VPMM_LIMIT), resolve.h (the real cuMemGetInfo), streams.h (the device's
+ * context, for a state read after the call), the log.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -23,6 +24,7 @@
 #include "resolve.h"
 #include "shim.h"
 #include "snapshot.h"
+#include "streams.h"
 
 struct oom_state {
 	bool known;              /* read at a refusal, not yet described */
@@ -30,12 +32,14 @@ struct oom_state {
 	size_t size;             /* the request refused */
 	struct vpmm_stats ps;
 	struct vpmm_free_split fs;
-	bool split;              /* fs read (the copy of the regions was made) */
+	bool split_known;        /* fs read (the copy of the regions was made) */
 	size_t dev_free, dev_total;
 	bool dev_known;          /* the driver answered cuMemGetInfo */
 };
 
-/* This thread's last refusal through PyTorch's allocator, until described. */
+/* This thread's last refusal through PyTorch's allocator, until described
+ * or forgotten: torch.c ends every failed call with one or the other, so a
+ * state found at a failure is that call's. */
 static __thread struct oom_state last_refusal;
 
 static void read_state(vpmm_pool *pool, int dev, size_t size, struct oom_state *o)
@@ -47,7 +51,7 @@ static void read_state(vpmm_pool *pool, int dev, size_t size, struct oom_state *
 	if (vpmm_pool_snapshot(pool, &sn) == 0) {
 		o->ps = sn.stats;
 		o->fs = sn.free_split;
-		o->split = true;
+		o->split_known = true;
 		vpmm_snapshot_free(&sn);
 	} else {
 		vpmm_pool_stats(pool, &o->ps);
@@ -69,7 +73,7 @@ static void log_line(struct vpmm_log_limit *limit, uint64_t take, const struct o
 		snprintf(more, sizeof more, " (more: one line a second, with their count)");
 	if (vpmm_process_config()->limit)
 		snprintf(limit_s, sizeof limit_s, ", VPMM_LIMIT %zu", vpmm_process_config()->limit);
-	if (o->ps.reusable && o->split)
+	if (o->ps.reusable && o->split_known)
 		snprintf(split_s, sizeof split_s,
 			 " (%" PRIu64 " in %" PRIu64 " wholly free handles, %" PRIu64
 			 " stranded in %" PRIu64 " partly live ones, largest free region %" PRIu64 ")",
@@ -116,28 +120,36 @@ static const char *in_units(char *buf, size_t n, uint64_t v)
 	return buf;
 }
 
-void vpmm_describe_oom(int dev, size_t size, char *buf, size_t n)
+void vpmm_oom_forget(void)
+{
+	last_refusal.known = false;
+}
+
+void vpmm_oom_describe(int dev, size_t size, char *buf, size_t n)
 {
 	struct oom_state o;
 	char a[32], b[32], c[32];
 	int k;
-	if (!n)
-		return;
-	buf[0] = '\0';
 	/* The pool's refusal of this very request; else (the driver's own
-	 * allocator refused a call the pool did not serve) the pool as it is. */
+	 * allocator refused a call the pool did not serve) the pool as it is,
+	 * read in the device's context. */
 	bool refused = last_refusal.known && last_refusal.dev == dev && last_refusal.size == size;
 	o = last_refusal;
 	last_refusal.known = false;
+	if (!n)
+		return;
+	buf[0] = '\0';
 	if (!refused) {
+		struct vpmm_ctx_scope sc = {false};
 		vpmm_pool *pool = vpmm_device_pool(dev, NULL);
-		if (!pool)
+		if (!pool || vpmm_enter_device(dev, &sc) != CUDA_SUCCESS)
 			return;
 		read_state(pool, dev, size, &o);
+		vpmm_leave(&sc);
 	}
 	k = snprintf(buf, n, "; the pool holds %s live and %s reusable",
 		     in_units(a, sizeof a, o.ps.live), in_units(b, sizeof b, o.ps.reusable));
-	if (k > 0 && (size_t)k < n && o.ps.reusable && o.split)
+	if (k > 0 && (size_t)k < n && o.ps.reusable && o.split_known)
 		k += snprintf(buf + k, n - (size_t)k,
 			      " (%s in wholly free handles, %s stranded in handles that also "
 			      "hold live memory; the largest free region %s)",

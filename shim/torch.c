@@ -7,7 +7,7 @@
  * driver's own stream-ordered allocator, so that the pair stays symmetric
  * for what the pool does not serve, and how a failed allocation reaches
  * PyTorch, with what the pool holds and where its free memory lies
- * (vpmm_describe_oom). May call: alloc.h, oom.h, streams.h, resolve.h, the log.
+ * (vpmm_oom_describe). May call: alloc.h, oom.h, streams.h, resolve.h, the log.
  *
  * A failed allocation is thrown, not returned. PyTorch's pluggable
  * allocator takes whatever pointer comes back as the tensor's memory, NULL
@@ -128,11 +128,13 @@ void *vpmm_pluggable_malloc(ssize_t size, int device, cudaStream_t stream, void 
 	if (r == CUDA_SUCCESS)
 		return (void *)(uintptr_t)p;
 	const char *lib = pytorch_library(caller);
+	if (!lib || r != CUDA_ERROR_OUT_OF_MEMORY)
+		vpmm_oom_forget(); /* not described: no later failure may take it */
 	if (!lib)
 		return NULL;
 	char msg[512], state[384];
 	if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-		vpmm_describe_oom(device, (size_t)size, state, sizeof state);
+		vpmm_oom_describe(device, (size_t)size, state, sizeof state);
 		snprintf(msg, sizeof msg,
 			 "vpmm: CUDA out of memory: tried to allocate %zd bytes on device %d%s",
 			 size, device, state);

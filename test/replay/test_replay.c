@@ -450,6 +450,9 @@ Test(replay, the_first_failure_says_where_the_free_memory_lay)
 	cr_expect_eq(json_u64(r.out, "failures"), 1, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "op"), 2, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "size"), 6 * MiB, "%s", r.out);
+	cr_expect_not_null(strstr(r.out, "\"first_failure\": {\"op\": 2, \"size\": 6291456, "
+				     "\"creatable\": 4194304, \"free_split\": {\"whole\": 0, "),
+			   "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "whole"), 0, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "whole_handles"), 0, "%s", r.out);
 	cr_expect_eq(json_u64(r.out, "stranded"), MiB, "%s", r.out);
@@ -462,7 +465,10 @@ Test(replay, the_first_failure_says_where_the_free_memory_lay)
 	cr_assert_eq(r.status, 0, "exit %d: %s", r.status, r.err);
 	cr_expect(strstr(r.out, "first failure       operation 2: 6.00 MiB\n"
 				"  free then         1.00 MiB: 0 B in 0 wholly free handles, "
-				"1.00 MiB stranded in 1 partly live ones\n") != NULL, "%s", r.out);
+				"1.00 MiB stranded in 1 partly live ones\n"
+				"  largest free      1.00 MiB\n"
+				"  creatable         4.00 MiB (within the limit and the device's "
+				"free memory)\n") != NULL, "%s", r.out);
 	run_free(&r);
 
 	/* No failure, no such object. */
@@ -473,7 +479,7 @@ Test(replay, the_first_failure_says_where_the_free_memory_lay)
 }
 
 /* What is creatable is the least of what the limit and the device leave.
- * The same log as above, three ways to the same 8 MiB: a limit on a device
+ * The same log as above, two more ways to the same 8 MiB: a limit on a device
  * of a pebibyte (the limit leaves 4 MiB, the device almost all of it), and
  * another process holding 8 MiB of 16 from the first operation on (the
  * device leaves 4 MiB). Both refuse the second request as the 8 MiB device

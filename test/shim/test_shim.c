@@ -501,8 +501,13 @@ Test(shim_torch, failure_is_thrown)
 	unsigned long long dev_free = 0;
 	const char *df = strstr(line, "device free ");
 	cr_assert(df && sscanf(df, "device free %llu", &dev_free) == 1, "%s", R.out);
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double d = (double)dev_free;
+	int u = 0;
+	for (; d >= 1024 && u < 4; u++)
+		d /= 1024;
 	char want[64];
-	snprintf(want, sizeof want, "the device has %.2f MiB free", (double)dev_free / (1 << 20));
+	snprintf(want, sizeof want, "the device has %.2f %s free", d, unit[u]);
 	cr_expect_not_null(strstr(thrown, want), "%s not in:\n%s", want, R.out);
 }
 
