@@ -1,7 +1,8 @@
 /* test_split.c — where the free memory lies (vpmm_pool_free_split, the
  * snapshot's free_split): free bytes in wholly free handles, which a
  * defragmentation can move, and free bytes stranded in handles that also
- * hold live memory. Handles of one page, a grain of a quarter page. */
+ * hold live memory; zombies, parked allocations and every VA chunk.
+ * Handles of one page, a grain of a quarter page. */
 #include "pool_test.h"
 #include "snapshot.h"
 
@@ -119,16 +120,111 @@ Test(split, nothing_free)
 {
 	struct pt t;
 	open_split(&t);
+	cr_assert_eq(pt_stats(&t).mapped, 0, "the pool is not empty");
 	struct vpmm_free_split f = split_of(&t);
 	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
 		  !f.largest);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr a = PT_MALLOC(&t, 2, s);
 	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
+	cr_assert(sum == 0 && nfree == 0 && pt_stats(&t).reusable == 0,
+		  "%zu bytes free in %zu regions: the case is not made", sum, nfree);
 	f = split_of(&t);
-	cr_assert_eq(f.whole + f.stranded, sum);
-	cr_assert_eq(f.stranded, 0);
+	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
+		  !f.largest);
 	PT_FREE(&t, a, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* A zombie is mapped but not free: [~2][1][3] holds nothing free, though
+ * the 2 pages' handles are mapped twice (at their old address and in the
+ * 3). Freed, the 3 are three wholly free handles, each counted once. */
+Test(split, a_zombie_is_not_free)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr old = PT_MALLOC(&t, 2, s);
+	CUdeviceptr guard = PT_MALLOC(&t, 1, s);
+	PT_FREE(&t, old, s);
+	CUdeviceptr q = PT_MALLOC(&t, 3, s);
+	PT_LAYOUT_IS(&t, "[~2][1][3][*58]");
+	struct vpmm_free_split f = split_of(&t);
+	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
+		  !f.largest, "whole %llu, stranded %llu",
+		  (unsigned long long)f.whole, (unsigned long long)f.stranded);
+	PT_FREE(&t, q, s);
+	PT_LAYOUT_IS(&t, "[~2][1][-3][*58]");
+	f = split_of(&t);
+	cr_assert_eq(f.whole, 3 * t.page, "whole %llu", (unsigned long long)f.whole);
+	cr_assert_eq(f.whole_handles, 3);
+	cr_assert_eq(f.stranded, 0);
+	cr_assert_eq(f.largest, 3 * t.page);
+	PT_FREE(&t, guard, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* An allocation parked in its stream's cache is live to the pool's
+ * structures but free to the program: it counts where it lies. a ends a
+ * quarter into its last page, beside b: parked, its 2 whole pages are
+ * wholly free and its last grain joins the 48 KiB stranded beside b. */
+Test(split, a_parked_allocation_counts_where_it_lies)
+{
+	struct pt t;
+	struct pt_setup su = {.grain = 16 * PT_KiB, .va_pages = 256, .front_entries = 4};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = gmalloc(&t, 2 * t.page + 16 * PT_KiB, s);
+	CUdeviceptr b = gmalloc(&t, 16 * PT_KiB, s);
+	cr_assert_eq(b, a + 2 * t.page + 16 * PT_KiB, "b at %+lld from a", (long long)(b - a));
+	struct vpmm_free_split f0 = split_of(&t);
+	cr_assert_eq(f0.stranded, 32 * PT_KiB, "stranded %llu", (unsigned long long)f0.stranded);
+	cr_assert_eq(vpmm_pool_free(t.pool, a, s), 0);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(st.parked, 2 * t.page + 16 * PT_KiB, "a not parked: %llu",
+		     (unsigned long long)st.parked);
+	struct vpmm_free_split f = split_of(&t);
+	cr_assert_eq(f.whole, f0.whole + 2 * t.page, "whole %llu", (unsigned long long)f.whole);
+	cr_assert_eq(f.whole_handles, f0.whole_handles + 2);
+	cr_assert_eq(f.stranded, 48 * PT_KiB, "stranded %llu", (unsigned long long)f.stranded);
+	cr_assert_eq(f.stranded_handles, 1);
+	cr_assert_eq(f.whole + f.stranded, st.reusable);
+	PT_FREE(&t, b, s);
+	pt_settle(&t);
+	pt_close(&t);
+}
+
+/* Two VA chunks of 8 pages: a fills 6 of the first, b (5 pages and a
+ * grain) needs a second. With a freed, its 6 handles in chunk 0 are
+ * wholly free, and b's last page strands 48 KiB in chunk 1. */
+Test(split, every_chunk_counts)
+{
+	struct pt t;
+	struct pt_setup su = {.grain = 16 * PT_KiB, .va_pages = 8};
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a = gmalloc(&t, 6 * t.page, s);
+	CUdeviceptr b = gmalloc(&t, 5 * t.page + 16 * PT_KiB, s);
+	PT_FREE(&t, a, s);
+	struct vpmm_snapshot sn;
+	cr_assert_eq(vpmm_pool_snapshot(t.pool, &sn), 0);
+	size_t nchunks = sn.nchunks;
+	vpmm_snapshot_free(&sn);
+	cr_assert_eq(nchunks, 2, "%zu chunks: the case is not made (%s)", nchunks,
+		     pt_layout(&t));
+	struct vpmm_free_split f = split_of(&t);
+	struct vpmm_stats st = pt_stats(&t);
+	cr_assert_eq(f.stranded, 48 * PT_KiB, "stranded %llu (%s)",
+		     (unsigned long long)f.stranded, pt_layout(&t));
+	cr_assert_eq(f.stranded_handles, 1);
+	cr_assert_eq(f.whole, st.reusable - 48 * PT_KiB, "whole %llu of %llu",
+		     (unsigned long long)f.whole, (unsigned long long)st.reusable);
+	cr_assert_geq(f.whole, 6 * t.page);
+	cr_assert_eq(f.whole_handles, f.whole / t.page);
+	PT_FREE(&t, b, s);
 	pt_settle(&t);
 	pt_close(&t);
 }
