@@ -120,13 +120,14 @@ Test(split, nothing_free)
 {
 	struct pt t;
 	open_split(&t);
-	cr_assert_eq(pt_stats(&t).mapped, 0, "the pool is not empty");
+	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
+	cr_assert(pt_stats(&t).mapped == 0 && nfree == 0, "the pool is not empty");
 	struct vpmm_free_split f = split_of(&t);
 	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
 		  !f.largest);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr a = PT_MALLOC(&t, 2, s);
-	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
+	sum = free_regions(&t, &largest, &nfree);
 	cr_assert(sum == 0 && nfree == 0 && pt_stats(&t).reusable == 0,
 		  "%zu bytes free in %zu regions: the case is not made", sum, nfree);
 	f = split_of(&t);
@@ -168,9 +169,11 @@ Test(split, a_zombie_is_not_free)
 }
 
 /* An allocation parked in its stream's cache is live to the pool's
- * structures but free to the program: it counts where it lies. a ends a
- * quarter into its last page, beside b: parked, its 2 whole pages are
- * wholly free and its last grain joins the 48 KiB stranded beside b. */
+ * structures but free to the program: it counts where it lies. The pool
+ * maps the 3 pages a and b need: a ends a quarter into its last page,
+ * beside b, which leaves 32 KiB free there and nothing else. Parked, a is
+ * the largest free region (2 pages and a grain); its 2 whole pages are
+ * wholly free and its last grain joins the 32 KiB: 48 KiB stranded. */
 Test(split, a_parked_allocation_counts_where_it_lies)
 {
 	struct pt t;
@@ -180,26 +183,31 @@ Test(split, a_parked_allocation_counts_where_it_lies)
 	CUdeviceptr a = gmalloc(&t, 2 * t.page + 16 * PT_KiB, s);
 	CUdeviceptr b = gmalloc(&t, 16 * PT_KiB, s);
 	cr_assert_eq(b, a + 2 * t.page + 16 * PT_KiB, "b at %+lld from a", (long long)(b - a));
-	struct vpmm_free_split f0 = split_of(&t);
-	cr_assert_eq(f0.stranded, 32 * PT_KiB, "stranded %llu", (unsigned long long)f0.stranded);
+	struct vpmm_free_split f = split_of(&t);
+	cr_assert(f.stranded == 32 * PT_KiB && f.stranded_handles == 1 && !f.whole &&
+		  !f.whole_handles && f.largest == 32 * PT_KiB, "whole %llu, stranded %llu (%s)",
+		  (unsigned long long)f.whole, (unsigned long long)f.stranded, pt_layout(&t));
 	cr_assert_eq(vpmm_pool_free(t.pool, a, s), 0);
 	struct vpmm_stats st = pt_stats(&t);
 	cr_assert_eq(st.parked, 2 * t.page + 16 * PT_KiB, "a not parked: %llu",
 		     (unsigned long long)st.parked);
-	struct vpmm_free_split f = split_of(&t);
-	cr_assert_eq(f.whole, f0.whole + 2 * t.page, "whole %llu", (unsigned long long)f.whole);
-	cr_assert_eq(f.whole_handles, f0.whole_handles + 2);
+	cr_assert_eq(st.reusable, 2 * t.page + 48 * PT_KiB);
+	f = split_of(&t);
+	cr_assert_eq(f.whole, 2 * t.page, "whole %llu", (unsigned long long)f.whole);
+	cr_assert_eq(f.whole_handles, 2);
 	cr_assert_eq(f.stranded, 48 * PT_KiB, "stranded %llu", (unsigned long long)f.stranded);
 	cr_assert_eq(f.stranded_handles, 1);
-	cr_assert_eq(f.whole + f.stranded, st.reusable);
+	cr_assert_eq(f.largest, 2 * t.page + 16 * PT_KiB, "largest %llu",
+		     (unsigned long long)f.largest);
 	PT_FREE(&t, b, s);
 	pt_settle(&t);
 	pt_close(&t);
 }
 
 /* Two VA chunks of 8 pages: a fills 6 of the first, b (5 pages and a
- * grain) needs a second. With a freed, its 6 handles in chunk 0 are
- * wholly free, and b's last page strands 48 KiB in chunk 1. */
+ * grain, 6 pages mapped) needs a second. With a freed, its 6 handles in
+ * chunk 0 are wholly free and the largest region, and b's last page
+ * strands 48 KiB in chunk 1: 6 pages and 48 KiB free, all counted. */
 Test(split, every_chunk_counts)
 {
 	struct pt t;
@@ -212,18 +220,24 @@ Test(split, every_chunk_counts)
 	struct vpmm_snapshot sn;
 	cr_assert_eq(vpmm_pool_snapshot(t.pool, &sn), 0);
 	size_t nchunks = sn.nchunks;
+	unsigned ca = 9, cb = 9; /* the chunks of a and b */
+	for (size_t i = 0; i < sn.nregions; i++)
+		if (sn.regions[i].va == a)
+			ca = sn.regions[i].chunk;
+		else if (sn.regions[i].va == b)
+			cb = sn.regions[i].chunk;
 	vpmm_snapshot_free(&sn);
-	cr_assert_eq(nchunks, 2, "%zu chunks: the case is not made (%s)", nchunks,
-		     pt_layout(&t));
+	cr_assert(nchunks == 2 && ca == 0 && cb == 1,
+		  "%zu chunks, a in %u, b in %u: the case is not made (%s)", nchunks, ca, cb,
+		  pt_layout(&t));
+	cr_assert_eq(pt_stats(&t).reusable, 6 * t.page + 48 * PT_KiB, "(%s)", pt_layout(&t));
 	struct vpmm_free_split f = split_of(&t);
-	struct vpmm_stats st = pt_stats(&t);
 	cr_assert_eq(f.stranded, 48 * PT_KiB, "stranded %llu (%s)",
 		     (unsigned long long)f.stranded, pt_layout(&t));
 	cr_assert_eq(f.stranded_handles, 1);
-	cr_assert_eq(f.whole, st.reusable - 48 * PT_KiB, "whole %llu of %llu",
-		     (unsigned long long)f.whole, (unsigned long long)st.reusable);
-	cr_assert_geq(f.whole, 6 * t.page);
-	cr_assert_eq(f.whole_handles, f.whole / t.page);
+	cr_assert_eq(f.whole, 6 * t.page, "whole %llu", (unsigned long long)f.whole);
+	cr_assert_eq(f.whole_handles, 6);
+	cr_assert_eq(f.largest, 6 * t.page);
 	PT_FREE(&t, b, s);
 	pt_settle(&t);
 	pt_close(&t);
