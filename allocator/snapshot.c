@@ -1,9 +1,8 @@
 /* snapshot.c — vpmm_pool_snapshot(): configuration, stats, chunks and regions
  * copied under one hold of the pool's lock (see snapshot.h), and where the
- * free memory lies by the handles under it (the snapshot's free_split;
- * vpmm_pool_free_split() gives it alone, for tests). The lock is held only
- * for the copy: no allocation, no I/O, no formatting inside it. The
- * streams' caches (front.c) are read under their own locks, taken after the
+ * free memory lies by the handles under it (the snapshot's free_split).
+ * The lock is held only for the copy: no allocation, no I/O, no formatting
+ * inside it. The streams' caches (front.c) are read under their own locks, taken after the
  * pool's, as vpmm_pool_stats() does.
  *
  * Calls pool.c (vpi_stats_locked, vpmm_pool_stats, vpmm_pool_summary),
@@ -220,17 +219,6 @@ int vpmm_pool_snapshot(vpmm_pool *p, struct vpmm_snapshot *out)
 		memset(out, 0, sizeof(*out));
 	}
 	return -ENOMEM; /* a pool growing faster than we can copy: give up */
-}
-
-int vpmm_pool_free_split(vpmm_pool *p, struct vpmm_free_split *out)
-{
-	struct vpmm_snapshot s;
-	int rc = vpmm_pool_snapshot(p, &s);
-	if (rc)
-		return rc;
-	*out = s.free_split;
-	vpmm_snapshot_free(&s);
-	return 0;
 }
 
 void vpmm_pool_summary(vpmm_pool *p, struct vpmm_config *cfg, struct vpmm_stats *stats)

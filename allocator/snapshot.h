@@ -69,10 +69,6 @@ struct vpmm_snapshot {
 int vpmm_pool_snapshot(vpmm_pool *pool, struct vpmm_snapshot *out);
 void vpmm_snapshot_free(struct vpmm_snapshot *s);
 
-/* The free split alone (a snapshot taken and dropped; for tests, since a
- * reader that also wants the stats takes one snapshot): 0, or -ENOMEM. */
-int vpmm_pool_free_split(vpmm_pool *pool, struct vpmm_free_split *out);
-
 /* The configuration and stats alone (cheap: no region walk). */
 void vpmm_pool_summary(vpmm_pool *pool, struct vpmm_config *cfg,
 		       struct vpmm_stats *stats);

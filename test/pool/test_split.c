@@ -1,8 +1,8 @@
-/* test_split.c — where the free memory lies (vpmm_pool_free_split, the
- * snapshot's free_split): free bytes in wholly free handles, which a
- * defragmentation can move, and free bytes stranded in handles that also
- * hold live memory; zombies, parked allocations and every VA chunk.
- * Handles of one page, a grain of a quarter page. */
+/* test_split.c — where the free memory lies (the snapshot's free_split):
+ * free bytes in wholly free handles, which a defragmentation can move, and
+ * free bytes stranded in handles that also hold live memory; zombies,
+ * parked allocations and every VA chunk. Handles of one page, a grain of a
+ * quarter page. */
 #include "pool_test.h"
 #include "snapshot.h"
 
@@ -26,8 +26,10 @@ static CUdeviceptr gmalloc(struct pt *t, size_t bytes, CUstream s)
 
 static struct vpmm_free_split split_of(struct pt *t)
 {
-	struct vpmm_free_split f;
-	cr_assert_eq(vpmm_pool_free_split(t->pool, &f), 0);
+	struct vpmm_snapshot sn;
+	cr_assert_eq(vpmm_pool_snapshot(t->pool, &sn), 0);
+	struct vpmm_free_split f = sn.free_split;
+	vpmm_snapshot_free(&sn);
 	return f;
 }
 
