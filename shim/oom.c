@@ -134,7 +134,8 @@ void vpmm_oom_describe(int dev, size_t size, char *buf, size_t n)
 	 * allocator refused a call the pool did not serve) the pool as it is,
 	 * read in the device's context. */
 	bool refused = last_refusal.known && last_refusal.dev == dev && last_refusal.size == size;
-	o = last_refusal;
+	if (refused)
+		o = last_refusal;
 	last_refusal.known = false;
 	if (!n)
 		return;
