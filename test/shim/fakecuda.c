@@ -31,7 +31,12 @@
  * fakecuda_refuse_destroy() (the next cuCtxDestroy fails, ending nothing).
  *
  * Environment: FAKECUDA_CAPACITY (bytes, default 256M), FAKECUDA_GRANULARITY
- * (default 64K), FAKECUDA_DEVICES (default 2).
+ * (default 64K), FAKECUDA_DEVICES (default 2), FAKECUDA_FREE_DRIFT (bytes,
+ * default 0): another process whose use of the device grows between reads,
+ * so that each answer of cuMemGetInfo_v2 reports that much less free memory
+ * for every answer given before it (down to 0; the total stays). Two reads
+ * then differ, and a test can tell one read of the state from two.
+ * fakecuda_mem_info() leaves the other process out.
  *
  * Linked -Bsymbolic: the addresses it hands out must be its own functions
  * even though libvpmm.so exports the same names ahead of it.
@@ -48,6 +53,7 @@
 pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 vpmm_driver *fake_drv;
 size_t fake_capacity;
+size_t fake_free_drift;
 int fake_ndev;
 struct fake_ctx fake_ctxs[MAX_DEV];
 

@@ -50,6 +50,7 @@ struct fake_ctx {
 extern pthread_mutex_t fake_lock;  /* guards everything below and the lists */
 extern vpmm_driver *fake_drv;      /* NULL until cuInit */
 extern size_t fake_capacity;       /* bytes of the device */
+extern size_t fake_free_drift;     /* FAKECUDA_FREE_DRIFT (fakecuda.c) */
 extern int fake_ndev;
 extern struct fake_ctx fake_ctxs[MAX_DEV]; /* the primary contexts */
 

@@ -51,6 +51,7 @@ static CUresult init_locked(void)
 		return CUDA_SUCCESS;
 	fake_capacity = env_size("FAKECUDA_CAPACITY", (size_t)256 << 20);
 	o.granularity = env_size("FAKECUDA_GRANULARITY", (size_t)64 << 10);
+	fake_free_drift = env_size("FAKECUDA_FREE_DRIFT", 0);
 	o.capacity = fake_capacity;
 	o.unbacked = false;
 	fake_ndev = (int)env_size("FAKECUDA_DEVICES", 2);

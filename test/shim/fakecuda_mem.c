@@ -354,15 +354,27 @@ CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total)
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+/* Answers given so far (under fake_lock): FAKECUDA_FREE_DRIFT's other
+ * process has grown by the drift before each later one. */
+static unsigned long info_answers;
+
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
 	CUresult r = fake_ctx_state();
+	unsigned long before;
 	fake_count("cuMemGetInfo_v2");
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (!free_bytes || !total)
 		return CUDA_ERROR_INVALID_VALUE;
 	fakecuda_mem_info(free_bytes, total);
+	pthread_mutex_lock(&fake_lock);
+	before = info_answers++;
+	pthread_mutex_unlock(&fake_lock);
+	if (before && fake_free_drift > *free_bytes / before)
+		*free_bytes = 0;
+	else
+		*free_bytes -= fake_free_drift * before;
 	return CUDA_SUCCESS;
 }
 

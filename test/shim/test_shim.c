@@ -484,16 +484,24 @@ Test(shim_torch, pluggable_disabled)
 }
 
 /* A failed vpmm_torch_malloc reaches PyTorch's C++ as an exception that
- * names out of memory, never as NULL (a tensor at address 0). */
+ * names out of memory, never as NULL (a tensor at address 0), with the
+ * state of its own refusal, or of none (torch_oom_prog checks that a
+ * failure the pool did not refuse reads the pool afresh). */
 Test(shim_torch, failure_is_thrown)
 {
-	const char *const env[] = {"VPMM_LIMIT=8M", NULL};
+	const char *const env[] = {"VPMM_LIMIT=8M", "FAKECUDA_FREE_DRIFT=1M", NULL};
 	run(TORCH_OOM_PROG, NULL, false, env);
 	EXPECT_OK();
 	cr_expect_eq(count_lines_with("ok", NULL), 1, "%s", R.out);
 	/* The exception and the pool's line give the same state:
 	 * its live, reusable and wholly free bytes, and the device's free
-	 * memory (the line in bytes, the exception in binary units). */
+	 * memory (the line in bytes, the exception in binary units). The
+	 * fake device loses 1 MiB of free memory to another process at each
+	 * read (FAKECUDA_FREE_DRIFT), so that two reads differ in the
+	 * exception's two decimals: they agree only when both come from the
+	 * one read at the refusal. The program's few reads leave most of the
+	 * 256 MiB free. The first such line is the refusal thrown; the
+	 * second, a read later, the one returned NULL. */
 	const char *line = strstr(R.out, "out of memory: requested 67108864 bytes; live 1048576, "
 				  "mapped 1572864, reusable 524288 (524288 in 8 wholly free handles");
 	const char *thrown = strstr(R.out, "thrown: ");

@@ -4,10 +4,12 @@
 // library named as PyTorch's are (torch_oom_caller.cpp). A failure must
 // arrive there as a C++ exception naming out of memory (PyTorch takes any
 // returned pointer, NULL included, as the tensor's memory); called from
-// here, not PyTorch's, it returns NULL; and the pool serves again
-// afterwards. Run by test_shim.c with VPMM_LIMIT=8M; prints the message
-// thrown at the first refusal ("thrown: ..."), then "ok" and exits 0, or
-// says what failed and exits 1.
+// here, not PyTorch's, it returns NULL; a failure the pool did not refuse
+// is described with the pool as it is, not with an earlier refusal; and
+// the pool serves again afterwards. Run by test_shim.c with VPMM_LIMIT=8M;
+// prints the message thrown at the first refusal ("thrown: ...") and the
+// one thrown for the driver's refusal ("thrown unrefused: ..."), then "ok"
+// and exits 0, or says what failed and exits 1.
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +21,8 @@
 typedef void *cudaStream_t;
 extern "C" int cudaSetDevice(int dev);
 extern "C" int cudaStreamCreate(cudaStream_t *s);
+extern "C" int cudaStreamBeginCapture(cudaStream_t s, int mode);
+extern "C" int cudaStreamEndCapture(cudaStream_t s, void **graph);
 
 static int failures;
 #define CHECK(c)                                                                        \
@@ -41,7 +45,7 @@ static std::string attempt(oom_malloc_fn m, long size, int device, cudaStream_t 
 int main()
 {
 	cudaStream_t st;
-	void *p, *q;
+	void *p, *q, *r, *g;
 	if (cudaSetDevice(0) != 0 || cudaStreamCreate(&st) != 0) {
 		fprintf(stderr, "torch_oom_prog: no device\n");
 		return 1;
@@ -82,6 +86,23 @@ int main()
 	CHECK(why.find("failed (CUresult") != std::string::npos);
 	// not called from PyTorch's code: NULL, as to a C program
 	CHECK(m(64L << 20, 0, st) == nullptr);
+	// a failure the pool did not refuse, after a refusal of the same size
+	// on the same device that was not described (returned NULL, from
+	// here): the exception reads the pool afresh, 1 MiB more live than at
+	// the refusal. The pool leaves a capturing stream to the driver's own
+	// allocator, which refuses more than the device has.
+	const long big = 512L << 20;
+	CHECK(m(big, 0, st) == nullptr);
+	why = attempt(m, 1L << 20, 0, st, &r);
+	CHECK(why.empty() && r);
+	CHECK(cudaStreamBeginCapture(st, 1 /* thread-local */) == 0);
+	why = attempt(m, big, 0, st, &q);
+	CHECK(cudaStreamEndCapture(st, &g) == 0);
+	CHECK(!q);
+	printf("thrown unrefused: %s\n", why.c_str());
+	CHECK(why.find("tried to allocate 536870912 bytes on device 0; the pool holds "
+		       "2.00 MiB live") != std::string::npos);
+	f(r, 1L << 20, 0, st);
 	// the pool serves on: the first allocation is still there, a second fits
 	why = attempt(m, 2L << 20, 0, st, &q);
 	CHECK(why.empty() && q && q != p);
