@@ -10,6 +10,7 @@
  * Calls nothing in allocator/.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -610,6 +611,20 @@ const char *vpmm_size_text(size_t v, char *buf, size_t n)
 		snprintf(buf, n, "%zu", v);
 	else
 		snprintf(buf, n, "%zu%c", v, suffix[i]);
+	return buf;
+}
+
+const char *vpmm_size_human(uint64_t v, char *buf, size_t n)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	double d = (double)v;
+	int i = 0;
+	for (; d >= 1024 && i < 6; i++)
+		d /= 1024;
+	if (i)
+		snprintf(buf, n, "%.2f %s", d, unit[i]);
+	else
+		snprintf(buf, n, "%" PRIu64 " B", v);
 	return buf;
 }
 

@@ -84,6 +84,10 @@ void vpmm_config_units(const struct vpmm_config *cfg, size_t gran, struct vpmm_u
 
 /* "64K", "2M", or bytes: how a size reads back in a message (n >= 24). */
 const char *vpmm_size_text(size_t v, char *buf, size_t n);
+/* "1.50 MiB", "512 B": a size for people, in binary units with two
+ * decimals up to EiB (n >= 24); the reports' notation (the out-of-memory
+ * line and exception, vpmm-dump, vpmm-replay). */
+const char *vpmm_size_human(uint64_t v, char *buf, size_t n);
 
 /* vpmm_config_check() and the checks against the device's memory (`total`
  * bytes; 0: unknown), the ones vpmm_pool_create() makes: 0, or -EINVAL

@@ -11,7 +11,8 @@
  *
  * May call: snapshot.h, devices.h (the pool of a device), process.h
  * (VPMM_LIMIT), resolve.h (the real cuMemGetInfo), streams.h (the device's
- * context, for a state read after the call), the log.
+ * context, for a state read after the call), options.h (sizes as text),
+ * the log.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -106,20 +107,6 @@ void vpmm_oom_refused(vpmm_pool *pool, int dev, size_t size, bool for_torch)
 		last_refusal = o;
 }
 
-static const char *in_units(char *buf, size_t n, uint64_t v)
-{
-	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double d = (double)v;
-	int i = 0;
-	for (; d >= 1024 && i < 4; i++)
-		d /= 1024;
-	if (i)
-		snprintf(buf, n, "%.2f %s", d, unit[i]);
-	else
-		snprintf(buf, n, "%" PRIu64 " B", v);
-	return buf;
-}
-
 void vpmm_oom_forget(void)
 {
 	last_refusal.known = false;
@@ -149,14 +136,14 @@ void vpmm_oom_describe(int dev, size_t size, char *buf, size_t n)
 		vpmm_leave(&sc);
 	}
 	k = snprintf(buf, n, "; the pool holds %s live and %s reusable",
-		     in_units(a, sizeof a, o.ps.live), in_units(b, sizeof b, o.ps.reusable));
+		     vpmm_size_human(o.ps.live, a, sizeof a), vpmm_size_human(o.ps.reusable, b, sizeof b));
 	if (k > 0 && (size_t)k < n && o.ps.reusable && o.split_known)
 		k += snprintf(buf + k, n - (size_t)k,
 			      " (%s in wholly free handles, %s stranded in handles that also "
 			      "hold live memory; the largest free region %s)",
-			      in_units(a, sizeof a, o.fs.whole), in_units(b, sizeof b, o.fs.stranded),
-			      in_units(c, sizeof c, o.fs.largest));
+			      vpmm_size_human(o.fs.whole, a, sizeof a), vpmm_size_human(o.fs.stranded, b, sizeof b),
+			      vpmm_size_human(o.fs.largest, c, sizeof c));
 	if (k > 0 && (size_t)k < n && o.dev_known)
 		snprintf(buf + k, n - (size_t)k, "; the device has %s free of %s",
-			 in_units(a, sizeof a, o.dev_free), in_units(b, sizeof b, o.dev_total));
+			 vpmm_size_human(o.dev_free, a, sizeof a), vpmm_size_human(o.dev_total, b, sizeof b));
 }

@@ -1,6 +1,6 @@
 /* dump-common.c — what every part of vpmm-dump uses: the interrupt flag,
- * error messages, names made printable for a terminal, sizes as text, and
- * numbers read from a reply. Calls json.h only.
+ * error messages, names made printable for a terminal, sizes in the
+ * region map's notation, and numbers read from a reply. Calls json.h only.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -50,22 +50,6 @@ int output_status(void)
 /* ---- sizes ------------------------------------------------------------------ */
 
 /* "12.50 MiB" */
-const char *human(char *buf, size_t n, uint64_t v)
-{
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	double d = (double)v;
-	int i = 0;
-	while (d >= 1024.0 && i < 6) {
-		d /= 1024.0;
-		i++;
-	}
-	if (i == 0)
-		snprintf(buf, n, "%" PRIu64 " B", v);
-	else
-		snprintf(buf, n, "%.2f %s", d, unit[i]);
-	return buf;
-}
-
 /* The region map's size notation: the largest K/M/G/T... unit that divides it. */
 const char *exact(char *buf, size_t n, uint64_t v)
 {

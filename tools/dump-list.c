@@ -1,7 +1,8 @@
 /* dump-list.c — finding programs running under libvpmm.so: the socket of
  * one process (from its environment, else the directories the socket rule
  * names), and the list of every socket found, each asked for its stats at
- * once. Calls json.h, protocol.h, dump-common.c and dump-conn.c.
+ * once. Calls json.h, options.h (sizes as text), protocol.h, dump-common.c
+ * and dump-conn.c.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -24,6 +25,7 @@
 
 #include "dump.h"
 #include "json.h"
+#include "options.h"
 #include "protocol.h"
 
 #define LIST_TIMEOUT_MS 2000 /* while listing, for all processes at once: a
@@ -467,7 +469,7 @@ int list_processes(bool json)
 			printable(shown); /* a name another user chose */
 			if (st == EXIT_OK)
 				printf("%-8ld %-16s %12s %12s %5zu  %s\n", pid, comm,
-				       human(a, sizeof(a), mapped), human(b, sizeof(b), live), npools,
+				       vpmm_size_human(mapped, a, sizeof(a)), vpmm_size_human(live, b, sizeof(b)), npools,
 				       shown);
 			else
 				printf("%-8ld %-16s %12s %12s %5s  %s: %s\n", pid, comm, "-", "-", "-",

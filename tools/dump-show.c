@@ -2,7 +2,8 @@
  * config replies fetched, then printed as text (header metrics and every
  * region in the region map's notation), as a picture of the address space (--map)
  * or as one JSON document (--json, docs/dump-json.md). Calls json.h,
- * protocol.h, dump-common.c, dump-conn.c and dump-list.c.
+ * protocol.h, options.h (sizes as text), dump-common.c, dump-conn.c and
+ * dump-list.c.
  */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -15,6 +16,7 @@
 
 #include "dump.h"
 #include "json.h"
+#include "options.h"
 #include "protocol.h"
 
 /* ---- one process: fetching ---------------------------------------------------- */
@@ -135,8 +137,8 @@ static void print_pool_head(const struct json *pool)
 	for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
 		char key[32];
 		snprintf(key, sizeof(key), "%s_peak", gauges[i]);
-		printf("  %-10s %14s %14s\n", gauges[i], human(a, sizeof(a), u64_of(st, gauges[i])),
-		       human(b, sizeof(b), u64_of(st, key)));
+		printf("  %-10s %14s %14s\n", gauges[i], vpmm_size_human(u64_of(st, gauges[i]), a, sizeof(a)),
+		       vpmm_size_human(u64_of(st, key), b, sizeof(b)));
 	}
 	/* Where the free memory lies (the map's reply only). */
 	const struct json *fs = json_get(pool, "free_split");
@@ -144,9 +146,9 @@ static void print_pool_head(const struct json *pool)
 		printf("  free: %s in %" PRIu64 " wholly free handles, %s stranded in %" PRIu64
 		       " partly live ones;\n"
 		       "        the largest free region %s\n",
-		       human(a, sizeof(a), u64_of(fs, "whole")), u64_of(fs, "whole_handles"),
-		       human(b, sizeof(b), u64_of(fs, "stranded")), u64_of(fs, "stranded_handles"),
-		       human(c, sizeof(c), u64_of(fs, "largest")));
+		       vpmm_size_human(u64_of(fs, "whole"), a, sizeof(a)), u64_of(fs, "whole_handles"),
+		       vpmm_size_human(u64_of(fs, "stranded"), b, sizeof(b)), u64_of(fs, "stranded_handles"),
+		       vpmm_size_human(u64_of(fs, "largest"), c, sizeof(c)));
 	/* The counters: every other field, so new ones show up by themselves. */
 	printf("  counters:");
 	int col = 11;
@@ -316,8 +318,8 @@ void show_map(const struct target *t, bool color)
 			ncells = used / cell + (used % cell != 0);
 			printf("\ndevice %" PRId64 " chunk %" PRIu64 " 0x%016" PRIx64
 			       ": %s used of %s, one cell = %s\n", dev, idx, cva,
-			       human(a, sizeof(a), used), exact(b, sizeof(b), csize),
-			       human(cs, sizeof(cs), cell));
+			       vpmm_size_human(used, a, sizeof(a)), exact(b, sizeof(b), csize),
+			       vpmm_size_human(cell, cs, sizeof(cs)));
 			size_t ri = 0;
 			for (uint64_t i = 0; i < ncells; i++) {
 				uint64_t lo = cva + i * cell, hi = lo + cell;
@@ -358,7 +360,7 @@ void show_map(const struct target *t, bool color)
 			}
 			printf("|\n");
 			if (used < csize)
-				printf("  + %s of never-used VA\n", human(a, sizeof(a), csize - used));
+				printf("  + %s of never-used VA\n", vpmm_size_human(csize - used, a, sizeof(a)));
 		}
 	}
 	if (color)

@@ -56,8 +56,6 @@ void errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Whether everything written to stdout got there (/dev/full, a closed
  * descriptor): EXIT_OK, or EXIT_FAIL saying why. */
 int output_status(void);
-/* "12.50 MiB" */
-const char *human(char *buf, size_t n, uint64_t v);
 /* The region map's size notation: the largest K/M/G/T... unit that divides it. */
 const char *exact(char *buf, size_t n, uint64_t v);
 /* obj's unsigned number `key`, 0 if it has none. */

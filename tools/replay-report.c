@@ -1,6 +1,6 @@
 /* replay-report.c — vpmm-replay's report of a replay: text for a reader,
  * or one JSON object (--json) for scripts. Calls json.h (to escape the
- * log's name).
+ * log's name) and options.h (sizes as text).
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -8,22 +8,9 @@
 #include <string.h>
 
 #include "json.h"
+#include "options.h"
 #include "replay.h"
 #include "vpmm.h"
-
-static const char *human(uint64_t b, char *buf, size_t n)
-{
-	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	double v = (double)b;
-	int u = 0;
-	while (v >= 1024 && u < 6) {
-		v /= 1024;
-		u++;
-	}
-	snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, units[u]);
-	return buf;
-}
-
 
 /* Distinct streams the log used. */
 static size_t streams_used(const struct log *lg)
@@ -102,17 +89,17 @@ static void print_first_failure(FILE *f, const struct failure_at *x)
 {
 	char a[32], b[32], c[32];
 	fprintf(f, "first failure       operation %" PRIu64 ": %s\n", x->op,
-		human(x->size, a, sizeof(a)));
+		vpmm_size_human(x->size, a, sizeof(a)));
 	if (x->split_known) {
 		fprintf(f, "  free then         %s: %s in %" PRIu64 " wholly free handles, "
 			   "%s stranded in %" PRIu64 " partly live ones\n",
-			human(x->split.whole + x->split.stranded, a, sizeof(a)),
-			human(x->split.whole, b, sizeof(b)), x->split.whole_handles,
-			human(x->split.stranded, c, sizeof(c)), x->split.stranded_handles);
-		fprintf(f, "  largest free      %s\n", human(x->split.largest, a, sizeof(a)));
+			vpmm_size_human(x->split.whole + x->split.stranded, a, sizeof(a)),
+			vpmm_size_human(x->split.whole, b, sizeof(b)), x->split.whole_handles,
+			vpmm_size_human(x->split.stranded, c, sizeof(c)), x->split.stranded_handles);
+		fprintf(f, "  largest free      %s\n", vpmm_size_human(x->split.largest, a, sizeof(a)));
 	}
 	fprintf(f, "  creatable         %s (within the limit and the device's free memory)\n",
-		human(x->creatable, a, sizeof(a)));
+		vpmm_size_human(x->creatable, a, sizeof(a)));
 }
 
 void print_text(FILE *f, const struct log *lg, const struct result *r,
@@ -123,15 +110,15 @@ void print_text(FILE *f, const struct log *lg, const struct result *r,
 
 	fprintf(f, "log                 %s: %zu operations on %zu stream%s\n",
 		lg->name, lg->nops, streams_used(lg), streams_used(lg) == 1 ? "" : "s");
-	fprintf(f, "page size           %s\n", human(s->page_size, a, sizeof(a)));
+	fprintf(f, "page size           %s\n", vpmm_size_human(s->page_size, a, sizeof(a)));
 	fprintf(f, "operations          %" PRIu64 " (allocations %" PRIu64 ", frees %"
 		   PRIu64 ")\n", r->ops, r->allocs, r->frees);
 	fprintf(f, "peak requested      %" PRIu64 " bytes (%s): sizes as logged\n",
-		r->peak_requested, human(r->peak_requested, a, sizeof(a)));
+		r->peak_requested, vpmm_size_human(r->peak_requested, a, sizeof(a)));
 	fprintf(f, "peak live           %" PRIu64 " bytes (%s): rounded to pages\n",
-		s->live_peak, human(s->live_peak, a, sizeof(a)));
+		s->live_peak, vpmm_size_human(s->live_peak, a, sizeof(a)));
 	fprintf(f, "peak mapped         %" PRIu64 " bytes (%s)\n", s->mapped_peak,
-		human(s->mapped_peak, b, sizeof(b)));
+		vpmm_size_human(s->mapped_peak, b, sizeof(b)));
 	if (s->live_peak)
 		fprintf(f, "mapped / live       %.3f\n", ratio(s->mapped_peak, s->live_peak));
 	fprintf(f, "pages created       %" PRIu64 "\n", s->pages_created);
