@@ -33,6 +33,17 @@ static struct vpmm_free_split split_of(struct pt *t)
 	return f;
 }
 
+/* No free memory anywhere: every field of the split is 0. */
+static void assert_nothing_free(struct pt *t, struct vpmm_free_split f)
+{
+	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
+			  !f.largest,
+		  "whole %llu in %llu, stranded %llu in %llu, largest %llu (%s)",
+		  (unsigned long long)f.whole, (unsigned long long)f.whole_handles,
+		  (unsigned long long)f.stranded, (unsigned long long)f.stranded_handles,
+		  (unsigned long long)f.largest, pt_layout(t));
+}
+
 /* The free regions' sum and the largest one, from the region list. */
 static size_t free_regions(struct pt *t, size_t *largest, size_t *count)
 {
@@ -124,17 +135,13 @@ Test(split, nothing_free)
 	open_split(&t);
 	size_t largest, nfree, sum = free_regions(&t, &largest, &nfree);
 	cr_assert(pt_stats(&t).mapped == 0 && nfree == 0, "the pool is not empty");
-	struct vpmm_free_split f = split_of(&t);
-	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
-		  !f.largest);
+	assert_nothing_free(&t, split_of(&t));
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr a = PT_MALLOC(&t, 2, s);
 	sum = free_regions(&t, &largest, &nfree);
 	cr_assert(sum == 0 && nfree == 0 && pt_stats(&t).reusable == 0,
 		  "%zu bytes free in %zu regions: the case is not made", sum, nfree);
-	f = split_of(&t);
-	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
-		  !f.largest);
+	assert_nothing_free(&t, split_of(&t));
 	PT_FREE(&t, a, s);
 	pt_settle(&t);
 	pt_close(&t);
@@ -154,13 +161,10 @@ Test(split, a_zombie_is_not_free)
 	PT_FREE(&t, old, s);
 	CUdeviceptr q = PT_MALLOC(&t, 3, s);
 	PT_LAYOUT_IS(&t, "[~2][1][3][*58]");
-	struct vpmm_free_split f = split_of(&t);
-	cr_assert(!f.whole && !f.whole_handles && !f.stranded && !f.stranded_handles &&
-		  !f.largest, "whole %llu, stranded %llu",
-		  (unsigned long long)f.whole, (unsigned long long)f.stranded);
+	assert_nothing_free(&t, split_of(&t));
 	PT_FREE(&t, q, s);
 	PT_LAYOUT_IS(&t, "[~2][1][-3][*58]");
-	f = split_of(&t);
+	struct vpmm_free_split f = split_of(&t);
 	cr_assert_eq(f.whole, 3 * t.page, "whole %llu", (unsigned long long)f.whole);
 	cr_assert_eq(f.whole_handles, 3);
 	cr_assert_eq(f.stranded, 0);
