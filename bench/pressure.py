@@ -35,6 +35,10 @@ other failure: a set-up that failed, another error code); crash (a signal,
 or an exit status other than replay_gpu's 0 and 1, or no result line); hang
 (killed at --timeout). --fake replays with replay_gpu's dry allocator, its
 capacity the holder's free memory; --dry-run prints what would run.
+
+An allocator named "base:" and a vpmm allocator (base:vpmm_preload) runs
+that allocator with --base-libvpmm, another revision's library, so that two
+revisions meet the same pressure in one command.
 """
 import argparse
 import ctypes
@@ -52,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_gpu  # noqa: E402  (same directory)
 from pressure_report import fmt_bytes, mib, pressure_table, setup_from, soak_table  # noqa: E402
 
+BASE = "base:"              # prefix of the allocators run with --base-libvpmm
 REPLAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay_gpu.py")
 MiB = 1 << 20
 GiB = 1 << 30
@@ -228,13 +233,16 @@ class Runner:
 
     def command(self, alloc, trace, max_ops, vpmm_env, capacity=None):
         a = self.args
-        cmd = [sys.executable, REPLAY, "run", "--alloc", "dry" if a.fake else alloc,
+        real, lib = alloc, a.libvpmm
+        if alloc.startswith(BASE):
+            real, lib = alloc[len(BASE):], a.base_libvpmm
+        cmd = [sys.executable, REPLAY, "run", "--alloc", "dry" if a.fake else real,
                "--trace", trace]
         if max_ops:
             cmd += ["--max-ops", str(max_ops)]
-        if a.libvpmm:
-            cmd += ["--libvpmm", a.libvpmm]
-        env = replay_gpu.child_env(alloc, a.libvpmm or "")
+        if lib:
+            cmd += ["--libvpmm", lib]
+        env = replay_gpu.child_env(real, lib or "")
         env.update(vpmm_env)
         if a.fake:
             for k, v in os.environ.items():
@@ -342,6 +350,13 @@ def classify(alloc, rc, res, stderr, timed_out):
 
 
 # ---- shared by both commands -------------------------------------------------------
+
+
+def known_alloc(a):
+    """replay_gpu's allocators, and base: before a vpmm one."""
+    if a.startswith(BASE):
+        return a[len(BASE):] in replay_gpu.VPMM_ALLOCATORS
+    return a in replay_gpu.ALLOCATORS
 
 
 def load_index(args):
@@ -459,7 +474,7 @@ def under_pressure(args, holder, runner, rec, alloc, trace, max_ops, vpmm_env,
 def cmd_pressure(args):
     index, names = load_index(args)
     allocs = [a for a in args.allocs.split(",") if a]
-    bad = [a for a in allocs if a not in replay_gpu.ALLOCATORS]
+    bad = [a for a in allocs if not known_alloc(a)]
     if bad:
         raise SystemExit("pressure.py: unknown allocator(s): %s" % ", ".join(bad))
     # The CUDA pool alone first: the time every ratio divides by.
@@ -542,7 +557,7 @@ def say(rec):
 def cmd_soak(args):
     index, names = load_index(args)
     allocs = [a for a in args.allocs.split(",") if a]
-    bad = [a for a in allocs if a not in replay_gpu.ALLOCATORS]
+    bad = [a for a in allocs if not known_alloc(a)]
     if bad:
         raise SystemExit("pressure.py: unknown allocator(s): %s" % ", ".join(bad))
     margins = [float(m) for m in args.margins.split(",") if m]
@@ -628,6 +643,8 @@ def main(argv=None):
         p.add_argument("--out", help="results JSON (rewritten as runs finish)")
         p.add_argument("--log", help="every replay's output is appended here")
         p.add_argument("--libvpmm", help="libvpmm.so, for the vpmm allocators")
+        p.add_argument("--base-libvpmm", help="another revision's libvpmm.so, for the "
+                       "allocators named base:vpmm_...")
         p.add_argument("--allocs", default=allocs, help="comma-separated (default %(default)s)")
         p.add_argument("--only", help="comma-separated workloads (default: all)")
         p.add_argument("--allowance", default="16M",
@@ -668,9 +685,12 @@ def main(argv=None):
     if args.cmd == "fake-hold":
         return cmd_fake_hold(args)
     for a in (args.allocs or "").split(","):
-        if a.startswith("vpmm") and not args.fake and not args.dry_run and \
-                not (args.libvpmm and os.path.exists(args.libvpmm)):
-            ap.error("%s needs --libvpmm PATH (an existing libvpmm.so)" % a)
+        base = a.startswith(BASE)
+        lib = args.base_libvpmm if base else args.libvpmm
+        if (base or a.startswith("vpmm")) and not args.fake and not args.dry_run and \
+                not (lib and os.path.exists(lib)):
+            ap.error("%s needs %s PATH (an existing libvpmm.so)"
+                     % (a, "--base-libvpmm" if base else "--libvpmm"))
     if not args.fake and not args.dry_run and not os.access(args.hold, os.X_OK):
         ap.error("--hold %s: not an executable" % args.hold)
     return cmd_pressure(args) if args.cmd == "pressure" else cmd_soak(args)

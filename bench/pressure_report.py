@@ -23,6 +23,14 @@ ALLOC_HEAD = {"cudaMalloc": "cudaMalloc", "cuda_pool": "CUDA pool",
               "vpmm_preload_always": "vpmm preload, REMAP=always"}
 
 
+def alloc_head(a):
+    """A column's heading; base:NAME is NAME run with the other revision's
+    library (pressure.py --base-libvpmm)."""
+    if a.startswith("base:"):
+        return ALLOC_HEAD.get(a[5:], a[5:]) + ", base"
+    return ALLOC_HEAD.get(a, a)
+
+
 def mib(n):
     return "—" if n is None else "%.0f" % (n / MiB)
 
@@ -93,7 +101,7 @@ def pressure_table(doc):
         out.append("Traces cut to their first %d operations." % doc["max_ops"])
     out.append("")
     out.append("| workload (peak live; CUDA pool alone) | " +
-               " | ".join(ALLOC_HEAD.get(a, a) for a in allocs) + " |")
+               " | ".join(alloc_head(a) for a in allocs) + " |")
     out.append("|---|" + "---|" * len(allocs))
     alone_rows = []
     for w in doc["workloads"]:
@@ -118,7 +126,7 @@ def pressure_table(doc):
         alone_rows.append("| %s | %s |" % (w, " | ".join(cells)))
     out += ["", "Alone (the holder holds nothing): call time ÷ the CUDA pool's, "
             "peak used ÷ peak live.", "",
-            "| workload | " + " | ".join(ALLOC_HEAD.get(a, a) for a in allocs) + " |",
+            "| workload | " + " | ".join(alloc_head(a) for a in allocs) + " |",
             "|---|" + "---|" * len(allocs)] + alone_rows
     setups = []
     for a in allocs:
@@ -191,7 +199,7 @@ def soak_table(doc):
         for label in doc["vpmm_sets"]:
             rs = [r for r in runs if r["alloc"] == a and r.get("vpmm_env") == label]
             out.append("| %s | %s | %s | %s |" % (
-                ALLOC_HEAD.get(a, a), label,
+                alloc_head(a), label,
                 " | ".join(cell([r for r in rs if r.get("margin") == m]) for m in margins),
                 cell(rs)))
     out += ["", "By workload (all settings and margins):", "",
@@ -199,7 +207,7 @@ def soak_table(doc):
     for w in doc["workloads"]:
         rs = [r for r in runs if r.get("workload") == w]
         out.append("| %s | %d | %s |" % (w, len(rs), cell(rs)))
-    passthrough = [r for r in runs if r["alloc"].startswith("vpmm") and
+    passthrough = [r for r in runs if r["alloc"].split(":")[-1].startswith("vpmm") and
                    (r.get("result") or {}).get("pool_malloc") == 0 and
                    (r.get("result") or {}).get("done_ops")]
     if passthrough:

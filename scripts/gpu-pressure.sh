@@ -55,6 +55,12 @@
 #                       VPMM_REMAP=always)
 #   SOAK_MAX_OPS (2000)  SOAK_DEADLINE (200 s)  SOAK_TIMEOUT (30 s)
 #   CUDA_HOME (/usr/local/cuda)  PYTHON (python3)
+#   BASE                another revision's sources (untracked, e.g. exp-old/,
+#                       from `git archive REV allocator shim include tools
+#                       meson.build | tar -x -C exp-old`): its libvpmm.so
+#                       is built too, and base:vpmm_preload (that library
+#                       through the preload) joins the pressure allocators
+#                       after vpmm_preload, under the same holder
 #   DRY_RUN=1           builds nothing and runs nothing: prints the build
 #                       commands, then every holder adjustment and replay
 #                       command (the set-up taken as 0); needs no GPU
@@ -192,6 +198,10 @@ else
 	. "$ROOT/scripts/gpu-build.sh"
 	if [[ $DRY_RUN = 1 ]]; then
 		say "would build $LIB with scripts/gpu-build.sh's vpmm_build_lib"
+		if [[ -n ${BASE:-} ]]; then
+			BASE_LIB=$W/base/libvpmm.so
+			say "would build $BASE_LIB from BASE=$BASE"
+		fi
 		run_or_show "$CUDA_HOME/bin/nvcc" -O2 -std=c++17 -o "$HOLD" test/gpu/hold.cu
 	else
 		say "building libvpmm.so and the holder"
@@ -212,6 +222,16 @@ else
 			tail -20 "$OUT/build.log"
 			say "libvpmm.so did not build (build.log): the vpmm allocators are left out"
 			LIB=""
+		fi
+		if [[ -n ${BASE:-} ]]; then
+			BASE_LIB=$W/base/libvpmm.so
+			mkdir -p "$W/base"
+			if ! vpmm_build_lib "$BASE_LIB" "$(cd "$BASE" && pwd)" >>"$OUT/build.log" 2>&1; then
+				tail -20 "$OUT/build.log"
+				say "BASE=$BASE did not build (build.log): nothing run"
+				exit 1
+			fi
+			say "built BASE=$BASE's libvpmm.so"
 		fi
 	fi
 fi
@@ -250,6 +270,7 @@ drive() {
 		--seed "$SEED" --device "$CARD" --rev "$REV"
 		--allowance "${PRESSURE_ALLOWANCE:-16M}" "$@")
 	[[ -n $LIB ]] && args+=(--libvpmm "$LIB")
+	[[ -n ${BASE_LIB:-} ]] && args+=(--base-libvpmm "$BASE_LIB")
 	[[ -n ${ONLY:-} ]] && args+=(--only "$ONLY")
 	[[ $DRY_RUN = 1 ]] && args+=(--dry-run)
 	[[ $FAKE_GPU = 1 ]] && args+=(--fake)
@@ -274,6 +295,10 @@ drive() {
 for m in $MODES; do
 	if [[ $m = pressure ]]; then
 		allocs=$(allocs_for "${PRESSURE_ALLOCS:-cuda_pool,torch_native,torch_expandable,vpmm_torch,vpmm_preload}")
+		if [[ -n ${BASE_LIB:-} && ,$allocs, != *,base:vpmm_preload,* ]]; then
+			allocs=$(sed 's/\(^\|,\)vpmm_preload\(,\|$\)/\1vpmm_preload,base:vpmm_preload\2/' <<<"$allocs")
+			[[ ,$allocs, = *,base:vpmm_preload,* ]] || allocs+=,base:vpmm_preload
+		fi
 		[[ -z $allocs ]] && { say "pressure: no allocator left"; FAILED=1; continue; }
 		drive pressure --allocs "$allocs" --margin "${MARGIN:-1.02}" \
 			--deadline "${PRESSURE_DEADLINE:-220}" --timeout "${PRESSURE_TIMEOUT:-60}" \

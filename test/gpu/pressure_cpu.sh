@@ -106,6 +106,22 @@ check "DRY_RUN=1 prints every replay and runs none (60 expected, $runs printed)"
 [ ! -e "$W/dry/pressure.md" ]
 check "DRY_RUN=1 writes no table" $?
 
+# BASE: another revision's library joins after vpmm_preload, preloaded in
+# its runs and only in its runs.
+DRY_RUN=1 BASE=$ROOT OUT=$W/dry-base ONLY=moe PRESSURE_ALLOCS=cuda_pool,vpmm_preload,torch_native \
+	bash "$ROOT/scripts/gpu-pressure.sh" >"$W/dry-base.txt" 2>&1
+rc=$?
+grep '^run: ' "$W/dry-base.txt" | sed -n 's/.*--alloc \([a-z_]*\) .*/\1/p' | tr '\n' ' ' >"$W/order.txt"
+[ $rc = 0 ] && [ "$(cat "$W/order.txt")" = "cuda_pool cuda_pool vpmm_preload vpmm_preload vpmm_preload vpmm_preload torch_native torch_native " ] &&
+	[ "$(grep -c '^run: .*LD_PRELOAD=[^ ]*/base/libvpmm.so' "$W/dry-base.txt")" = 2 ] &&
+	[ "$(grep -c '^run: .*LD_PRELOAD=' "$W/dry-base.txt")" = 4 ]
+check "BASE=DIR: base:vpmm_preload runs after vpmm_preload with the other library" $? \
+	"exit $rc, order $(cat "$W/order.txt")"
+python3 "$ROOT/bench/pressure.py" pressure --workloads "$W/wl" --allocs base:vpmm_torch,base:cuda_pool \
+	--dry-run >"$W/base-bad.txt" 2>&1
+[ $? = 1 ] && grep -q 'unknown allocator(s): base:cuda_pool' "$W/base-bad.txt"
+check "pressure.py refuses base: before an allocator that is not libvpmm's" $? "$(tail -2 "$W/base-bad.txt")"
+
 # ---- the script: a whole fake run ------------------------------------------------------
 FAKE_GPU=1 OUT=$W/fake ONLY=moe,lab_free_0_2_then_32,lab_10g_pattern MODES="pressure soak" \
 	SOAK_DEADLINE=12 FAKE_FAULTS=torch_native:abort:20,vpmm_torch:exit:40 \
