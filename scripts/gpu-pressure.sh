@@ -56,8 +56,9 @@
 #   SOAK_MAX_OPS (2000)  SOAK_DEADLINE (200 s)  SOAK_TIMEOUT (30 s)
 #   CUDA_HOME (/usr/local/cuda)  PYTHON (python3)
 #   BASE                another revision's sources (untracked, e.g. exp-old/,
-#                       from `git archive REV allocator shim include tools
-#                       meson.build | tar -x -C exp-old`): its libvpmm.so
+#                       from `git archive REV allocator shim tools
+#                       meson.build | tar -x -C exp-old`, with include too
+#                       where REV has it): its libvpmm.so
 #                       is built too, and base:vpmm_preload (that library
 #                       through the preload) joins the pressure allocators
 #                       after vpmm_preload, under the same holder
