@@ -36,9 +36,10 @@ or an exit status other than replay_gpu's 0 and 1, or no result line); hang
 (killed at --timeout). --fake replays with replay_gpu's dry allocator, its
 capacity the holder's free memory; --dry-run prints what would run.
 
-An allocator named "base:" and a vpmm allocator (base:vpmm_preload) runs
-that allocator with --base-libvpmm, another revision's library, so that two
-revisions meet the same pressure in one command.
+An allocator named "base:" followed by a vpmm allocator's name
+(base:vpmm_preload) is that allocator with --base-libvpmm, another
+revision's library, so that two revisions meet the same pressure in one
+command.
 """
 import argparse
 import ctypes
