@@ -2,8 +2,8 @@
  * copied under one hold of the pool's lock (see snapshot.h), and where the
  * free memory lies by the handles under it (the snapshot's free_split).
  * The lock is held only for the copy: no allocation, no I/O, no formatting
- * inside it. The streams' caches (front.c) are read under their own locks, taken after the
- * pool's, as vpmm_pool_stats() does.
+ * inside it. The streams' caches (front.c) are read under their own locks,
+ * taken after the pool's, as vpmm_pool_stats() does.
  *
  * Calls pool.c (vpi_stats_locked, vpmm_pool_stats, vpmm_pool_summary),
  * the handle map (handle.h's inline walk) and the tree.

@@ -49,7 +49,6 @@ int output_status(void)
 
 /* ---- sizes ------------------------------------------------------------------ */
 
-/* "12.50 MiB" */
 /* The region map's size notation: the largest K/M/G/T... unit that divides it. */
 const char *exact(char *buf, size_t n, uint64_t v)
 {
