@@ -55,9 +55,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import replay_gpu  # noqa: E402  (same directory)
-from pressure_report import fmt_bytes, mib, pressure_table, setup_from, soak_table  # noqa: E402
+from pressure_report import (BASE, fmt_bytes, mib, pressure_table, setup_from,  # noqa: E402
+                             soak_table, unbased)
 
-BASE = "base:"              # prefix of the allocators run with --base-libvpmm
 REPLAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay_gpu.py")
 MiB = 1 << 20
 GiB = 1 << 30
@@ -234,9 +234,8 @@ class Runner:
 
     def command(self, alloc, trace, max_ops, vpmm_env, capacity=None):
         a = self.args
-        real, lib = alloc, a.libvpmm
-        if alloc.startswith(BASE):
-            real, lib = alloc[len(BASE):], a.base_libvpmm
+        real = unbased(alloc)
+        lib = a.libvpmm if real == alloc else a.base_libvpmm
         cmd = [sys.executable, REPLAY, "run", "--alloc", "dry" if a.fake else real,
                "--trace", trace]
         if max_ops:
@@ -356,7 +355,7 @@ def classify(alloc, rc, res, stderr, timed_out):
 def known_alloc(a):
     """replay_gpu's allocators, and base: before a vpmm one."""
     if a.startswith(BASE):
-        return a[len(BASE):] in replay_gpu.VPMM_ALLOCATORS
+        return unbased(a) in replay_gpu.VPMM_ALLOCATORS
     return a in replay_gpu.ALLOCATORS
 
 

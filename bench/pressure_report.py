@@ -23,12 +23,19 @@ ALLOC_HEAD = {"cudaMalloc": "cudaMalloc", "cuda_pool": "CUDA pool",
               "vpmm_preload_always": "vpmm preload, REMAP=always"}
 
 
+BASE = "base:"  # prefix of the allocators run with pressure.py --base-libvpmm
+
+
+def unbased(a):
+    """The allocator a names, without BASE."""
+    return a[len(BASE):] if a.startswith(BASE) else a
+
+
 def alloc_head(a):
     """A column's heading; base:NAME is NAME run with the other revision's
-    library (pressure.py --base-libvpmm)."""
-    if a.startswith("base:"):
-        return ALLOC_HEAD.get(a[5:], a[5:]) + ", base"
-    return ALLOC_HEAD.get(a, a)
+    library."""
+    name = unbased(a)
+    return ALLOC_HEAD.get(name, name) + (", base" if name != a else "")
 
 
 def mib(n):
@@ -207,7 +214,7 @@ def soak_table(doc):
     for w in doc["workloads"]:
         rs = [r for r in runs if r.get("workload") == w]
         out.append("| %s | %d | %s |" % (w, len(rs), cell(rs)))
-    passthrough = [r for r in runs if r["alloc"].split(":")[-1].startswith("vpmm") and
+    passthrough = [r for r in runs if unbased(r["alloc"]).startswith("vpmm") and
                    (r.get("result") or {}).get("pool_malloc") == 0 and
                    (r.get("result") or {}).get("done_ops")]
     if passthrough:
