@@ -249,7 +249,7 @@ bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
 	}
 	vpmm_pop_ctx(pool_pushed);
 	vpmm_trace_event(e ? VPMM_TRACE_ALLOCATE_FAILURE : VPMM_TRACE_ALLOCATE, e ? 0 : *out,
-			 size, ps == VPMM_NO_STREAM ? NULL : ps);
+			 size, ps);
 	if (e == -ENOMEM)
 		vpmm_oom_refused(pool, dev, size, via == VPMM_VIA_TORCH);
 	vpmm_leave(&sc);
@@ -436,7 +436,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		CUdeviceptr base;
 		size_t size = 0;
 		vpmm_pool_find(pool, ptr, &base, &size);
-		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps == VPMM_NO_STREAM ? NULL : ps);
+		vpmm_trace_event(VPMM_TRACE_FREE, ptr, size, ps);
 	}
 	observe(VPMM_EVENT_FREE, owner, pool, ptr, 0, ps); /* before: as the trace */
 	switch (vpmm_ipc_defer_free(owner, ptr, ps)) {

@@ -9,7 +9,7 @@
  * are read as hexadecimal. They are only identities, so a log that writes them
  * in decimal replays the same, except for two values: 0 is the default
  * stream, and 0xffffffffffffffff (what VPMM_TRACE writes for cudaMalloc and
- * cudaFree, which have no stream order) is VPMM_NO_STREAM. Thread is not
+ * cudaFree when the pool took them without stream order) is VPMM_NO_STREAM. Thread is not
  * used. Time, a time of day (H:MM:SS with a fraction after '.' or ':', as
  * RMM, VPMM_TRACE and bench/workloads.py write it), is the pool's clock in
  * the replay: read as microseconds since the first line, a day added where

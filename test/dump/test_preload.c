@@ -22,15 +22,17 @@ struct preloaded {
 	int in, out; /* its stdin (we hold it open) and stdout */
 };
 
-/* rel_socket: VPMM_SOCKET, a path relative to dir, where the program runs. */
+/* rel_socket: VPMM_SOCKET, a path relative to dir, where the program runs;
+ * extra: one more VAR=VALUE, or NULL. */
 static void preload_start(struct preloaded *p, const char *dir, const char *trace,
-			  const char *rel_socket)
+			  const char *rel_socket, const char *extra)
 {
 	char xdg[160], tr[200], so[160];
 	snprintf(xdg, sizeof(xdg), "XDG_RUNTIME_DIR=%s", dir);
 	snprintf(tr, sizeof(tr), "VPMM_TRACE=%s", trace);
 	snprintf(so, sizeof(so), "VPMM_SOCKET=%s", rel_socket ? rel_socket : "");
-	char *env[] = { "LD_LIBRARY_PATH=" FAKE_DIR, "LD_PRELOAD=" LIBVPMM, xdg, tr, so, NULL };
+	char *env[] = { "LD_LIBRARY_PATH=" FAKE_DIR, "LD_PRELOAD=" LIBVPMM, xdg, tr, so,
+			(char *)extra, NULL };
 	int in[2], out[2];
 	cr_assert_eq(pipe(in), 0);
 	cr_assert_eq(pipe(out), 0);
@@ -80,7 +82,7 @@ Test(dump, a_preloaded_program_is_listed_and_read)
 	snprintf(trace, sizeof(trace), "%s/trace.csv", dir);
 	snprintf(snap, sizeof(snap), "%s/snap.pickle", dir);
 	struct preloaded p;
-	preload_start(&p, dir, trace, NULL);
+	preload_start(&p, dir, trace, NULL, NULL);
 	snprintf(sock, sizeof(sock), "%s/vpmm/%ld.sock", dir, (long)p.pid);
 	bool served = false;
 	for (int i = 0; i < 100 && !served; i++) {
@@ -172,7 +174,7 @@ Test(dump, a_relative_socket_is_found)
 	snprintf(trace, sizeof(trace), "%s/trace.csv", dir);
 	snprintf(sock, sizeof(sock), "%s/here.sock", dir);
 	struct preloaded p;
-	preload_start(&p, dir, trace, "here.sock");
+	preload_start(&p, dir, trace, "here.sock", NULL);
 	for (int i = 0; i < 100 && access(sock, F_OK) != 0; i++)
 		usleep(50000);
 	cr_assert_eq(access(sock, F_OK), 0, "no socket at %s", sock);
@@ -184,6 +186,57 @@ Test(dump, a_relative_socket_is_found)
 	run_free(&r);
 	cr_assert_eq(preload_finish(&p), 0, "the program failed under the shim");
 	remove_dir(dir);
+}
+/* The trace names the stream the pool took each call on, so that
+ * vpmm-replay does what the pool did: cudaMalloc and cudaFree on the legacy
+ * stream (0x0) while the shim's fences stand for cudaFree's
+ * synchronisation, without stream order (0xffffffffffffffff) under
+ * VPMM_SYNC_FREE=device; the stream-ordered pair on its stream, both
+ * times. */
+static void trace_streams(const char *extra, unsigned long long sync_stream)
+{
+	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char trace[128], line[256], action[32];
+	snprintf(trace, sizeof(trace), "%s/trace.csv", dir);
+	struct preloaded p;
+	preload_start(&p, dir, trace, NULL, extra);
+	cr_assert_eq(preload_finish(&p), 0, "the program failed under the shim");
+	FILE *f = fopen(trace, "r");
+	cr_assert_not_null(f, "no trace at %s", trace);
+	cr_assert_not_null(fgets(line, sizeof(line), f)); /* the header */
+	/* cudaMalloc a, cudaMalloc b, cudaMallocAsync c; cudaFree a, b;
+	 * cudaFreeAsync c (preload_prog.c) */
+	const bool ordered[6] = { false, false, true, false, false, true };
+	unsigned long long stream[6];
+	int n = 0;
+	while (n < 6 && fgets(line, sizeof(line), f)) {
+		unsigned tid, h, m, sec, us;
+		unsigned long long ptr, size;
+		cr_assert_eq(sscanf(line, "%u,%u:%u:%u.%u,%31[^,],%llx,%llu,%llx", &tid, &h, &m, &sec,
+				    &us, action, &ptr, &size, &stream[n]),
+			     9, "not a record: %s", line);
+		cr_expect_str_eq(action, n < 3 ? "allocate" : "free", "%s", line);
+		if (!ordered[n])
+			cr_expect_eq(stream[n], sync_stream, "%s with %s: %s", n < 3 ? "cudaMalloc" : "cudaFree",
+				     extra ? extra : "the defaults", line);
+		n++;
+	}
+	fclose(f);
+	cr_assert_eq(n, 6, "6 records expected, %d read", n);
+	cr_expect_neq(stream[2], 0, "cudaMallocAsync on the program's stream");
+	cr_expect_neq(stream[2], ~0ull, "cudaMallocAsync on the program's stream");
+	cr_expect_eq(stream[5], stream[2], "freed on the stream it was taken on");
+	remove_dir(dir);
+}
+
+Test(dump, a_trace_names_the_stream_the_pool_used)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	cr_skip_test("sanitizer build: LD_PRELOAD runs are covered by the plain build");
+#endif
+	trace_streams(NULL, 0);
+	trace_streams("VPMM_SYNC_FREE=device", ~0ull);
 }
 #else
 Test(dump, a_preloaded_program_is_listed_and_read)
