@@ -5,7 +5,7 @@
  *
  * Owns struct vpmm_pool (pool.h). Top room: may call every other room of
  * allocator/; nothing in allocator/ calls into it but snapshot.c
- * (vpi_stats_locked). The checker and the region map: check.c.
+ * (vpi_stats_locked, vpmm_pool_stats). The checker and the region map: check.c.
  */
 #include <errno.h>
 #include <signal.h>

@@ -103,8 +103,8 @@ struct vpmm_pool {
 	size_t inflight; /* bytes being created by defragmentations, for the limit */
 	unsigned mappers; /* callers inside vpi_defrag()'s driver work (atomic,
 			   * read without the lock): the background thread
-			   * leaves its unmaps for later meanwhile (pool.c,
-			   * defer_to_mappers) */
+			   * leaves its unmaps for later meanwhile
+			   * (reclaim.c, defer_to_mappers) */
 	unsigned reclaim_deferrals; /* rounds in a row it did so; written by
 				     * the thread only, under the lock */
 	uint64_t loop_grown; /* bytes created instead of remapping, for the cap */

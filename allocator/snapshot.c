@@ -5,7 +5,7 @@
  * inside it. The streams' caches (front.c) are read under their own locks,
  * taken after the pool's, as vpmm_pool_stats() does.
  *
- * Calls pool.c (vpi_stats_locked, vpmm_pool_stats, vpmm_pool_summary),
+ * Calls pool.c (vpi_stats_locked, vpmm_pool_stats),
  * the handle map (handle.h's inline walk) and the tree.
  */
 #include <errno.h>
