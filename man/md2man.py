@@ -207,7 +207,9 @@ def convert(lines, version, inserts):
                 j += 1
             uses_table = True
             cols = len(header)
-            out += [".PP", ".TS", "tab(\t);",
+            # Keep a short table on one page: tbl warns of a row's text
+            # block cut by a page break (about two lines a row).
+            out += [".PP", ".ne %dv" % (3 + 2 * len(rows)), ".TS", "tab(\t);",
                     " ".join(["lb"] * cols),
                     " ".join(["l"] * (cols - 1) + ["lx"]) + "."]
             out.append("\t".join(inline(c) for c in header))
