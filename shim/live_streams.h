@@ -10,8 +10,10 @@
 
 /* Most non-blocking streams a context may have for a fence; with more, a
  * synchronous free synchronises the context instead (the cost of a fence
- * grows with them: two driver calls each). */
-#define VPMM_FENCE_STREAMS_MAX 64
+ * grows with them: two driver calls each). PyTorch's first
+ * torch.cuda.Stream() makes 128, its stream pools: a step fenced over them
+ * beat the synchronisation (docs/shim.md, "Synchronous frees"). */
+#define VPMM_FENCE_STREAMS_MAX 256
 
 /* The program made stream `s` in the current context with `flags`
  * (cuStreamCreate, cuStreamCreateWithPriority). */

@@ -285,25 +285,25 @@ static void syncfree_blocking_phase(void)
 
 static void syncfree_many_phase(void)
 {
-	const int N = 70;
+	const int N = 262, MAX = 256;
 	cudaStream_t s[N];
 	unsigned long long ns = quick ? 5000000ull : 50000000ull;
 	for (int i = 0; i < N; i++)
 		CK(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking));
-	// 70 non-blocking streams: past the shim's limit (64), synchronised
+	// 262 non-blocking streams: past the shim's limit (256), synchronised
 	unsigned long long f0 = hook("fence_free"), s0 = hook("sync_free");
-	for (int i = 0; i < N; i += 7)
+	for (int i = 0; i < N; i += 29)
 		late_then_new(s[i], s[(i + 1) % N], ns);
-	expect_frees("syncfree_many (70 streams)", f0, s0, false);
-	for (int i = 64; i < N; i++)
+	expect_frees("syncfree_many (262 streams)", f0, s0, false);
+	for (int i = MAX; i < N; i++)
 		CK(cudaStreamDestroy(s[i]));
-	// 64: fenced, every one of them waited for and waiting
+	// 256: fenced, every one of them waited for and waiting
 	f0 = hook("fence_free");
 	s0 = hook("sync_free");
-	for (int i = 0; i < 64; i += 7)
-		late_then_new(s[i], s[63 - i], ns);
-	expect_frees("syncfree_many (64 streams)", f0, s0, true);
-	for (int i = 0; i < 64; i++)
+	for (int i = 0; i < MAX; i += 29)
+		late_then_new(s[i], s[MAX - 1 - i], ns);
+	expect_frees("syncfree_many (256 streams)", f0, s0, true);
+	for (int i = 0; i < MAX; i++)
 		CK(cudaStreamDestroy(s[i]));
 	printf("syncfree_many: ok\n");
 }
