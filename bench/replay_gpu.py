@@ -108,6 +108,9 @@ CUDA_ERROR_MEMORY_ALLOCATION = 2          # cudaErrorMemoryAllocation
 
 # ---- the trace ----------------------------------------------------------------
 
+NO_STREAM_ORDER = 0xffffffffffffffff  # vpmm-replay's VPMM_NO_STREAM
+
+
 def parse_id(s):
     """Pointer or stream: hexadecimal with or without 0x, as vpmm-replay reads."""
     s = s.strip()
@@ -529,7 +532,9 @@ def run_one(name, trace_path, libvpmm, max_ops=0):
         alloc, free, used, sync, make_stream, via, why = \
             setup_cudart_allocator(name, libvpmm)
     # Real streams for the trace's stream values, made before the baseline.
-    smap = {0: 0}
+    # No stream order (VPMM_TRACE's 0xffffffffffffffff, a call the pool took
+    # without one) replays on the legacy stream, as the synchronous call.
+    smap = {0: 0, NO_STREAM_ORDER: 0}
     for _, _, _, s in ops:
         if s not in smap:
             smap[s] = make_stream()
@@ -619,7 +624,7 @@ def run_one(name, trace_path, libvpmm, max_ops=0):
         "wall_s": wall / 1e9,
         "alloc_ns": statistics.median(t_alloc) if t_alloc else None,
         "free_ns": statistics.median(t_free) if t_free else None,
-        "streams": len(smap),
+        "streams": len(set(smap.values())),
         "slow_calls": len(slow), "slow_s": sum(slow) / 1e9,
     }
     if name in VPMM_ALLOCATORS:

@@ -207,8 +207,11 @@ def convert(lines, version, inserts):
                 j += 1
             uses_table = True
             cols = len(header)
-            # Keep a short table on one page: tbl warns of a row's text
-            # block cut by a page break (about two lines a row).
+            # .ne for the table's height (about two lines a row): groff's
+            # man macros then lengthen the page (continuous rendering, as
+            # man and check_install.sh's groff use) or break it (paged)
+            # before the table, so no row's text block is cut by a page
+            # end, which tbl warns of.
             out += [".PP", ".ne %dv" % (3 + 2 * len(rows)), ".TS", "tab(\t);",
                     " ".join(["lb"] * cols),
                     " ".join(["l"] * (cols - 1) + ["lx"]) + "."]

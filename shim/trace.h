@@ -52,9 +52,11 @@ const char *vpmm_trace_strerror(int rc);
  * (finding a freed allocation's size). */
 bool vpmm_trace_on(void);
 /* Records one event; does nothing when no trace is open. Thread-safe.
- * stream is VPMM_NO_STREAM for a call without stream order (cudaMalloc,
- * cudaFree): written as 0xffffffffffffffff, which vpmm-replay reads as such,
- * where 0x0 would replay it on the legacy stream. */
+ * stream is the one the pool took the call on; VPMM_NO_STREAM (a call the
+ * pool took without stream order: cudaMalloc and cudaFree where the fences
+ * cannot stand, the per-thread stream, another context's) is written as
+ * 0xffffffffffffffff, which vpmm-replay reads as such, where 0x0 would
+ * replay it on the legacy stream. */
 void vpmm_trace_event(enum vpmm_trace_action action, CUdeviceptr ptr, size_t size,
 		      CUstream stream);
 /* Writes every event recorded so far. 0, or the negative errno of a write

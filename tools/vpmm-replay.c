@@ -66,7 +66,7 @@ static void usage(FILE *f)
 "and remapped, the defragmentations and the time per operation. LOG may be '-'\n"
 "for standard input. Pointers and streams are read as hexadecimal (0x optional).\n"
 "Stream 0 is the default stream, 0xffffffffffffffff means no stream order\n"
-"(cudaMalloc/cudaFree under VPMM_SYNC_FREE=device in a VPMM_TRACE), every other\n"
+"(what VPMM_TRACE writes for a call the pool took without one), every other\n"
 "value is a stream of its own.\n"
 "\n"
 "Pool options (defaults: the VPMM_* variables, else the library's defaults;\n"
