@@ -533,7 +533,9 @@ def run_one(name, trace_path, libvpmm, max_ops=0):
             setup_cudart_allocator(name, libvpmm)
     # Real streams for the trace's stream values, made before the baseline.
     # No stream order (VPMM_TRACE's 0xffffffffffffffff, a call the pool took
-    # without one) replays on the legacy stream, as the synchronous call.
+    # without one) replays on the legacy stream: the call itself for the
+    # allocators that take no stream (cudaMalloc, the preload), an order on
+    # the legacy stream, not a synchronisation, for the stream-ordered ones.
     smap = {0: 0, NO_STREAM_ORDER: 0}
     for _, _, _, s in ops:
         if s not in smap:
@@ -624,7 +626,7 @@ def run_one(name, trace_path, libvpmm, max_ops=0):
         "wall_s": wall / 1e9,
         "alloc_ns": statistics.median(t_alloc) if t_alloc else None,
         "free_ns": statistics.median(t_free) if t_free else None,
-        "streams": len(set(smap.values())),
+        "streams": len({op[3] for op in ops}),
         "slow_calls": len(slow), "slow_s": sum(slow) / 1e9,
     }
     if name in VPMM_ALLOCATORS:

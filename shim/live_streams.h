@@ -10,9 +10,11 @@
 
 /* Most non-blocking streams a context may have for a fence; with more, a
  * synchronous free synchronises the context instead (the cost of a fence
- * grows with them: two driver calls each). PyTorch's first
+ * grows with them: a capture query each on every synchronous call, a
+ * record and a wait each when a fence is owed). PyTorch's first
  * torch.cuda.Stream() makes 128, its stream pools: a step fenced over them
- * beat the synchronisation (docs/shim.md, "Synchronous frees"). */
+ * beat the synchronisation; past 128 unmeasured (docs/shim.md,
+ * "Synchronous frees"). */
 #define VPMM_FENCE_STREAMS_MAX 256
 
 /* The program made stream `s` in the current context with `flags`

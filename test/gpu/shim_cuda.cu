@@ -14,8 +14,8 @@
 //             and the new writer on two blocking streams and the per-thread
 //             default stream (ordered by the legacy stream alone; the new
 //             owner's memory from cudaMalloc and from cudaMallocAsync on
-//             the legacy stream); on 64
-//             and on 70 non-blocking streams (fenced; past the shim's limit,
+//             the legacy stream); on 256
+//             and on 262 non-blocking streams (fenced; past the shim's limit,
 //             synchronised); on streams made through
 //             cudaGetDriverEntryPointByVersion("cuStreamCreate"...); with
 //             the late stream destroyed between the free and the reuse, and
