@@ -193,7 +193,10 @@ static void pk_trace_entry(struct pickle *pk, const char *action, const struct t
 	else
 		pk_kv_uint(pk, "addr", ev->ptr);
 	pk_kv_uint(pk, "size", ev->size);
-	pk_kv_uint(pk, "stream", ev->stream);
+	/* No stream order (the trace's 0xffffffffffffffff) has no stream in
+	 * PyTorch's snapshot: 0, the default stream, rather than a number
+	 * past any cudaStream_t. */
+	pk_kv_uint(pk, "stream", ev->stream == UINT64_MAX ? 0 : ev->stream);
 	pk_kv_uint(pk, "time_us", ev->time_us);
 	pk_str(pk, "frames");
 	pk_list_begin(pk);

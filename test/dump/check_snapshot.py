@@ -75,6 +75,9 @@ def main():
                    "trace action %r" % e.get("action"))
             for key in ("size", "stream"):
                 expect(isinstance(e.get(key), int), "trace entry lacks %s" % key)
+            # a stream is a cudaStream_t; no stream order is 0
+            expect(isinstance(e.get("stream"), int) and 0 <= e["stream"] < 1 << 63,
+                   "trace entry's stream %r is no cudaStream_t" % e.get("stream"))
             if e.get("action") != "oom":
                 expect(isinstance(e.get("addr"), int), "trace entry lacks addr")
     print("\n".join(problems))

@@ -204,7 +204,8 @@ Test(dump, torch_snapshot_loads_in_python)
 	vpmm_trace_event(VPMM_TRACE_ALLOCATE, d, 2 * PAGE, s);
 	cr_assert_eq(vpmm_pool_free(h.pool, d, s), 0);
 	vpmm_trace_event(VPMM_TRACE_FREE, d, 2 * PAGE, s);
-	vpmm_trace_event(VPMM_TRACE_ALLOCATE_FAILURE, 0, (size_t)1 << 40, s);
+	/* a request without stream order: stream 0 in the snapshot */
+	vpmm_trace_event(VPMM_TRACE_ALLOCATE_FAILURE, 0, (size_t)1 << 40, VPMM_NO_STREAM);
 	/* 4 allocs + 2 frees (2 entries each) + 1 oom */
 	const int entries = 4 + 2 * 2 + 1;
 
