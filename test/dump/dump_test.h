@@ -90,6 +90,15 @@ uint32_t rnd(void);
 
 size_t count_lines(const char *path);
 
+/* One record of a VPMM_TRACE file, as shim/trace.c writes it. */
+struct trace_rec {
+	unsigned tid, hh, mm, ss, us;
+	char action[32]; /* "allocate", "free", "allocate failure" */
+	unsigned long long ptr, size, stream;
+};
+/* Whether `line` is a whole record (9 fields); fills r. */
+bool trace_rec_parse(const char *line, struct trace_rec *r);
+
 /* Trace events of one thread: allocate and free in turn, stream = id. */
 struct producer {
 	int id, events;

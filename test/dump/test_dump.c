@@ -392,6 +392,12 @@ size_t count_lines(const char *path)
 	return n;
 }
 
+bool trace_rec_parse(const char *line, struct trace_rec *r)
+{
+	return sscanf(line, "%u,%u:%u:%u.%u,%31[a-z ],0x%llx,%llu,0x%llx", &r->tid, &r->hh, &r->mm,
+		      &r->ss, &r->us, r->action, &r->ptr, &r->size, &r->stream) == 9;
+}
+
 void *produce(void *arg)
 {
 	struct producer *p = arg;

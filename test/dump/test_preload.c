@@ -197,7 +197,7 @@ static void trace_streams(const char *extra, unsigned long long sync_stream)
 {
 	char dir[64] = "/tmp/vpmm-dump-test-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
-	char trace[128], line[256], action[32];
+	char trace[128], line[256];
 	snprintf(trace, sizeof(trace), "%s/trace.csv", dir);
 	struct preloaded p;
 	preload_start(&p, dir, trace, NULL, extra);
@@ -211,12 +211,10 @@ static void trace_streams(const char *extra, unsigned long long sync_stream)
 	unsigned long long stream[6];
 	int n = 0;
 	while (n < 6 && fgets(line, sizeof(line), f)) {
-		unsigned tid, h, m, sec, us;
-		unsigned long long ptr, size;
-		cr_assert_eq(sscanf(line, "%u,%u:%u:%u.%u,%31[^,],%llx,%llu,%llx", &tid, &h, &m, &sec,
-				    &us, action, &ptr, &size, &stream[n]),
-			     9, "not a record: %s", line);
-		cr_expect_str_eq(action, n < 3 ? "allocate" : "free", "%s", line);
+		struct trace_rec t;
+		cr_assert(trace_rec_parse(line, &t), "not a record: %s", line);
+		stream[n] = t.stream;
+		cr_expect_str_eq(t.action, n < 3 ? "allocate" : "free", "%s", line);
 		if (!ordered[n])
 			cr_expect_eq(stream[n], sync_stream, "%s with %s: %s", n < 3 ? "cudaMalloc" : "cudaFree",
 				     extra ? extra : "the defaults", line);

@@ -280,20 +280,16 @@ Test(dump, trace_loses_nothing_under_threads)
 	cr_assert_str_eq(line, "Thread,Time,Action,Pointer,Size,Stream\n");
 	unsigned long long last[THREADS] = { 0 };
 	while (fgets(line, sizeof(line), f)) {
-		unsigned tid, hh, mm, ss, us;
-		char action[32];
-		unsigned long long ptr, size, stream;
-		int n = sscanf(line, "%u,%u:%u:%u.%u,%31[a-z ],0x%llx,%llu,0x%llx", &tid, &hh, &mm,
-			       &ss, &us, action, &ptr, &size, &stream);
-		cr_assert_eq(n, 9, "malformed line: %s", line);
-		cr_assert(hh < 24 && mm < 60 && ss < 61 && us < 1000000);
-		cr_assert_eq(size, 4096);
-		cr_assert_lt(stream, THREADS);
-		if (!strcmp(action, "allocate")) {
-			cr_assert_gt(ptr, last[stream], "thread %llu out of order", stream);
-			last[stream] = ptr;
+		struct trace_rec e;
+		cr_assert(trace_rec_parse(line, &e), "malformed line: %s", line);
+		cr_assert(e.hh < 24 && e.mm < 60 && e.ss < 61 && e.us < 1000000);
+		cr_assert_eq(e.size, 4096);
+		cr_assert_lt(e.stream, THREADS);
+		if (!strcmp(e.action, "allocate")) {
+			cr_assert_gt(e.ptr, last[e.stream], "thread %llu out of order", e.stream);
+			last[e.stream] = e.ptr;
 		} else {
-			cr_assert_str_eq(action, "free");
+			cr_assert_str_eq(e.action, "free");
 		}
 	}
 	fclose(f);
