@@ -163,6 +163,44 @@ static void crowded(size_t g, size_t crowd, size_t crowd_sz, const char *tag)
 	}
 }
 
+
+// Can a handle be mapped in part, at an offset? One handle of 4 pages:
+// page 1 alone mapped at a second address, written there, read back through
+// the whole handle's mapping. Prints "offset map: <result>" with the driver's
+// code (0 is success) and, on success, whether the bytes landed at page 1.
+static void offset_probe(size_t g)
+{
+	CUmemGenericAllocationHandle h;
+	CU(cuMemCreate(&h, 4 * g, &prop, 0));
+	CUdeviceptr whole, part;
+	CU(cuMemAddressReserve(&whole, 4 * g, 0, 0, 0));
+	CU(cuMemAddressReserve(&part, g, 0, 0, 0));
+	CU(cuMemMap(whole, 4 * g, 0, h, 0));
+	CU(cuMemSetAccess(whole, 4 * g, &access, 1));
+	CU(cuMemsetD8(whole, 0, 4 * g));
+	CUresult r = cuMemMap(part, g, g, h, 0);
+	int landed = -1;
+	if (r == CUDA_SUCCESS) {
+		CU(cuMemSetAccess(part, g, &access, 1));
+		CU(cuMemsetD8(part, 0x5a, g));
+		unsigned char at[3];
+		CU(cuMemcpyDtoH(&at[0], whole, 1));
+		CU(cuMemcpyDtoH(&at[1], whole + g, 1));
+		CU(cuMemcpyDtoH(&at[2], whole + 2 * g, 1));
+		landed = at[0] == 0 && at[1] == 0x5a && at[2] == 0;
+		CU(cuMemUnmap(part, g));
+	}
+	printf("offset map: driver %d, %s\n", (int)r,
+	       r != CUDA_SUCCESS ? "refused"
+	       : landed	  ? "maps that page"
+			  : "accepted but wrote elsewhere");
+	fflush(stdout);
+	CU(cuMemUnmap(whole, 4 * g));
+	CU(cuMemRelease(h));
+	CU(cuMemAddressFree(whole, 4 * g));
+	CU(cuMemAddressFree(part, g));
+}
+
 int main(void)
 {
 	CUdevice dev;
@@ -180,6 +218,7 @@ int main(void)
 	CU(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
 	char name[64];
 	cudaFree(0);
+	offset_probe(g);
 	for (int rep = 0; rep < 2; rep++) { // the first pass warms the driver
 		printf("pass %d\n", rep);
 		snprintf(name, sizeof name, "%zuM", g >> 20);

@@ -143,6 +143,7 @@ if part costs; then
 		nvcc -O2 -o "$W/driver_queries" "$ROOT/bench/driver_queries.cu" -lcuda >>"$W/logs/costs-build.txt" 2>&1; then
 		"$W/vmm_costs" >"$W/logs/vmm_costs.txt" 2>&1
 		note "driver costs, us per handle (second pass; bench/vmm_costs.cu): exit $?"
+		grep '^offset map' "$W/logs/vmm_costs.txt" | sed 's/^/  /' | tee -a "$SUMMARY"
 		sed -n '/^pass 1/,$p' "$W/logs/vmm_costs.txt" | grep '^cost' | sed 's/^cost /  /' | tee -a "$SUMMARY"
 		"$W/driver_queries" >"$W/logs/driver_queries.txt" 2>&1
 		note "driver queries, 8 threads over 1, then the fences' calls on one (bench/driver_queries.cu): exit $?"
