@@ -7,7 +7,9 @@
 # sharing checks (scripts/gpu-share.sh; peers need 2 GPUs), out-of-memory and
 # soak checks (scripts/gpu-reliability.sh; about 60 s with the 40 s soak of
 # these defaults, 6 minutes with its own 300 s), what the driver's calls cost
-# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds), the allocator
+# (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds), synchronous
+# frees over many non-blocking streams, the fences against synchronising
+# (bench/fence_streams.py: part fences, about 4 minutes), the allocator
 # comparisons (scripts/gpu-bench.sh), and the replays under memory pressure
 # from a second process (scripts/gpu-pressure.sh: part pressure, every
 # workload x allocator alone and under a process holding all but 1.02 x its
@@ -25,8 +27,8 @@
 # soak.md when those parts ran.
 #
 # Environment: OUT (default build-gpu), PARTS (a regex of parts to run:
-# shim|dump|python|hotpath|share|reliab|costs|step|capacity|bench|pressure|soak|
-# graphs|address|multi; "all" for every part; the default is
+# shim|dump|python|hotpath|share|reliab|costs|fences|step|capacity|bench|pressure|
+# soak|graphs|address|multi; "all" for every part; the default is
 # shim|dump|share|reliab|bench), SHIM_STEPS (100), SHIM_JAX_STEPS (30),
 # SOAK_DURATION (reliab, 40 s), STEP_ROUNDS (1),
 # STEP_MODES (pluggable, pluggable with VPMM_GROWTH_SPLIT=1, and shim: the
@@ -150,6 +152,47 @@ if part costs; then
 		sed 's/^/  /' "$W/logs/driver_queries.txt" | tee -a "$SUMMARY"
 	else
 		note "driver costs: build failed (logs/costs-build.txt)"
+	fi
+fi
+
+if part fences; then
+	# Synchronous frees over N non-blocking streams (bench/fence_streams.py):
+	# PyTorch without its cache under the preload, every free synchronous;
+	# FENCE_ROUNDS rounds, each config a process, alternated. A config is
+	# SIDE:EXTRA:DIM, SIDE 1 for a torch.cuda.Stream() (128 streams), EXTRA
+	# idle streams more, DIM the layers' width (1024: the host sets the
+	# step's pace; 4096: the GPU does). Each runs with the library's
+	# defaults, with VPMM_SYNC_FREE=device (every free synchronises), and
+	# with FENCE_BASE's library where that names another revision's tree
+	# (as gpu-pressure.sh's BASE: git archive REV allocator shim tools
+	# meson.build include | tar -x -C DIR).
+	t0=$SECONDS
+	lib=$W/libvpmm.so
+	# shellcheck source=scripts/gpu-build.sh
+	. "$ROOT/scripts/gpu-build.sh"
+	hows="default device"
+	if vpmm_build_lib "$lib" >"$W/logs/fences-build.txt" 2>&1 &&
+		{ [ -z "${FENCE_BASE:-}" ] || { vpmm_build_lib "$W/libvpmm-base.so" "$(cd "$FENCE_BASE" && pwd)" \
+			>>"$W/logs/fences-build.txt" 2>&1 && hows="default base device"; }; }; then
+		for round in $(seq "${FENCE_ROUNDS:-2}"); do
+			for cfg in ${FENCE_CONFIGS:-1:0:1024 1:0:4096 1:32:2048 1:128:4096 0:0:1024}; do
+				IFS=: read -r side extra dim <<<"$cfg"
+				for how in $hows; do
+					so=$lib sync=
+					[ "$how" = base ] && so=$W/libvpmm-base.so
+					[ "$how" = device ] && sync=VPMM_SYNC_FREE=device
+					env VPMM_SOCKET=off PYTORCH_NO_CUDA_MEMORY_CACHING=1 $sync \
+						LD_PRELOAD="$so" python3 "$ROOT/bench/fence_streams.py" \
+						$([ "$side" = 1 ] && echo --side) --extra "$extra" --dim "$dim" \
+						--steps "${FENCE_STEPS:-60}" 2>>"$W/logs/fences-err.txt" |
+						sed "s/^/round=$round how=$how /" >>"$W/logs/fences.txt"
+				done
+			done
+		done
+		note "synchronous frees over N non-blocking streams (bench/fence_streams.py; $((SECONDS - t0)) s):"
+		sed 's/^/  /' "$W/logs/fences.txt" | tee -a "$SUMMARY"
+	else
+		note "fences: build failed (logs/fences-build.txt)"
 	fi
 fi
 

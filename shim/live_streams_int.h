@@ -79,6 +79,7 @@ struct vpmm_ls_table {
 		CUcontext ctx;
 		int dev;
 		bool ok;
+		unsigned n; /* the context's non-blocking streams then */
 	} verdict;
 };
 
