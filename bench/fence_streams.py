@@ -20,9 +20,8 @@ of streams so that the two can be set side by side in one call (part
                between frees; 4096: the GPU sets it, the host runs ahead)
 
 Prints one line: "fence_streams dim=D side=0|1 extra=K ms_step=X" and the shim's
-counts of frees fenced and synchronised, which say which way the frees went,
-and of the synchronisations made to time one (probes; -1 where the library
-counts none).
+counts of frees fenced and synchronised, which say which way the frees went
+(-1 without the preload).
 """
 import argparse
 import ctypes
@@ -94,7 +93,6 @@ def main():
     torch.cuda.synchronize()
     fenced0 = shim_count(glob, "fence_free")
     synced0 = shim_count(glob, "sync_free")
-    probes0 = shim_count(glob, "fence_probe")
     t0 = time.perf_counter()
     for _ in range(a.steps):
         step()
@@ -102,11 +100,9 @@ def main():
     ms = (time.perf_counter() - t0) * 1e3 / a.steps
     fenced = shim_count(glob, "fence_free")
     synced = shim_count(glob, "sync_free")
-    probes = shim_count(glob, "fence_probe")
     print(f"fence_streams dim={a.dim} side={int(a.side)} extra={a.extra} ms_step={ms:.3f} "
           f"fenced_frees={fenced - fenced0 if fenced >= 0 else -1} "
-          f"synced_frees={synced - synced0 if synced >= 0 else -1} "
-          f"probes={probes - probes0 if probes >= 0 else -1}", flush=True)
+          f"synced_frees={synced - synced0 if synced >= 0 else -1}", flush=True)
     return 0
 
 

@@ -58,7 +58,6 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <pthread.h>
-#include <time.h>
 
 #include "alloc.h"
 #include "capture.h"
@@ -164,7 +163,7 @@ static CUresult sync_context(int dev);
 static bool fences_stand(int dev, CUcontext ctx)
 {
 	return !vpmm_process_sync_device() && ctx && ctx == vpmm_device_ctx(dev) &&
-	       vpmm_device_alone(dev) && vpmm_fence_possible(ctx, dev, false);
+	       vpmm_device_alone(dev) && vpmm_fence_possible(ctx, dev);
 }
 
 bool vpmm_do_malloc(CUdeviceptr *out, size_t size, CUstream stream,
@@ -318,7 +317,7 @@ static bool fence_free(int owner, vpmm_pool *pool, CUdeviceptr ptr, bool *pushed
 	if (vpmm_process_sync_device() || !ctx || !vpmm_device_alone(owner) ||
 	    vpmm_push_pool_ctx(owner, pushed) != CUDA_SUCCESS)
 		return false;
-	if (vpmm_fence_possible(ctx, owner, true)) {
+	if (vpmm_fence_possible(ctx, owner)) {
 		range_of(pool, ptr, &base, &size);
 		if (vpmm_fence_free(ctx, base, size) == CUDA_SUCCESS) {
 			vpmm_count(VPMM_HOOK_fence_free);
@@ -387,14 +386,7 @@ bool vpmm_do_free(CUdeviceptr ptr, CUstream stream, enum vpmm_via via,
 		 * with frees in its open epoch), instead of staying out of
 		 * reach of other streams and of merging. */
 		poll_pool(owner, true);
-		struct timespec t0, t1;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
 		r = sync_context(owner);
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-		if (r == CUDA_SUCCESS)
-			vpmm_fence_synced(vpmm_device_ctx(owner), owner,
-					  (unsigned long long)((t1.tv_sec - t0.tv_sec) * 1000000000ll +
-							       (t1.tv_nsec - t0.tv_nsec)));
 	} else if (ps == CU_STREAM_PER_THREAD) {
 		r = vpmm_real.stream_synchronize(ps);
 		ps = VPMM_NO_STREAM;

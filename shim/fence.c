@@ -202,11 +202,10 @@ static bool table_verdict_locked(CUcontext ctx, int dev)
 	vpmm_ls.verdict.ctx = ctx;
 	vpmm_ls.verdict.dev = dev;
 	vpmm_ls.verdict.ok = ok;
-	vpmm_ls.verdict.n = n;
 	return ok;
 }
 
-bool vpmm_fence_possible(CUcontext ctx, int dev, bool for_free)
+bool vpmm_fence_possible(CUcontext ctx, int dev)
 {
 	if (atomic_load_explicit(&vpmm_ls_untrusted, memory_order_relaxed) || !ctx || !have_event_calls())
 		return false;
@@ -214,25 +213,11 @@ bool vpmm_fence_possible(CUcontext ctx, int dev, bool for_free)
 		return false;
 	pthread_mutex_lock(&vpmm_ls.lock);
 	vpmm_ls_check_id_locked(ctx);
-	bool ok = table_verdict_locked(ctx, dev) && vpmm_fence_choice_fences(dev, vpmm_ls.verdict.n);
+	bool ok = table_verdict_locked(ctx, dev);
 	for (unsigned i = 0; ok && i < vpmm_ls.n_nb; i++)
 		ok = vpmm_ls.nb[i]->ctx != ctx || !capturing(vpmm_ls.nb[i]->s);
-	if (ok && for_free && vpmm_fence_choice_probe(dev, vpmm_ls.verdict.n)) {
-		vpmm_count(VPMM_HOOK_fence_probe);
-		ok = false;
-	}
 	pthread_mutex_unlock(&vpmm_ls.lock);
 	return ok;
-}
-
-void vpmm_fence_synced(CUcontext ctx, int dev, unsigned long long ns)
-{
-	pthread_mutex_lock(&vpmm_ls.lock);
-	bool known = vpmm_ls.verdict.ctx == ctx && vpmm_ls.verdict.dev == dev;
-	unsigned n = vpmm_ls.verdict.n;
-	pthread_mutex_unlock(&vpmm_ls.lock);
-	if (known)
-		vpmm_fence_choice_synced(dev, n, ns);
 }
 
 /* The work queued so far on non-blocking stream e, recorded on its

@@ -11,13 +11,12 @@
 /* Most non-blocking streams a context may have for a fence; with more, a
  * synchronous free synchronises the context instead (the cost of a fence
  * grows with them: a capture query each on every synchronous call, a
- * record and a wait each when a fence is owed). Over 256 streams a PyTorch
- * step synchronising beat the fences even with the GPU setting its pace,
- * over 192 it did not (docs/shim.md, "Fences or a synchronisation"). */
-#define VPMM_FENCE_STREAMS_MAX 192
-/* Up to this many the frees fence whatever the GPU does; past it, only
- * while that costs the host less than a synchronisation (fence_choice.c). */
-#define VPMM_FENCE_ALWAYS_MAX 32
+ * record and a wait each when a fence is owed). PyTorch's first
+ * torch.cuda.Stream() makes 128, its stream pools. With the GPU setting a
+ * step's pace the fences beat the synchronisation over 128 and 192, and
+ * over 256 in one call of two; with the host setting it, synchronising won
+ * from 64 (docs/shim.md, "Fences or a synchronisation"). */
+#define VPMM_FENCE_STREAMS_MAX 256
 
 /* The program made stream `s` in the current context with `flags`
  * (cuStreamCreate, cuStreamCreateWithPriority). */
@@ -48,24 +47,8 @@ void vpmm_live_streams_forget(void);
 /* Whether the fences can stand for a synchronisation of `ctx` (the
  * current context): every stream of it known, none of its non-blocking
  * streams or the legacy stream capturing, at most VPMM_FENCE_STREAMS_MAX
- * non-blocking ones (past VPMM_FENCE_ALWAYS_MAX, while fence_choice.c finds
- * that the fences cost less), no stream of another context on device
- * `dev`. For a free (`for_free`), false now and then past
- * VPMM_FENCE_ALWAYS_MAX too: a probe, whose synchronisation the caller
- * times and tells (vpmm_fence_synced). */
-bool vpmm_fence_possible(CUcontext ctx, int dev, bool for_free);
-/* Context `ctx` of device `dev` synchronised for a free, in `ns`
- * (fence_choice.c learns from it). */
-void vpmm_fence_synced(CUcontext ctx, int dev, unsigned long long ns);
-
-/* fence_choice.c. With `streams` non-blocking streams in the pool's
- * context of `dev`: whether synchronous calls fence them (else they
- * synchronise); whether this free, one that would fence, synchronises
- * instead to measure (a probe); what a free's synchronisation took. */
-bool vpmm_fence_choice_fences(int dev, unsigned streams);
-bool vpmm_fence_choice_probe(int dev, unsigned streams);
-void vpmm_fence_choice_synced(int dev, unsigned streams, unsigned long long ns);
-
+ * non-blocking ones, no stream of another context on device `dev`. */
+bool vpmm_fence_possible(CUcontext ctx, int dev);
 /* Before a free on the legacy default stream: the free owes the legacy
  * stream a wait for the work queued so far on every non-blocking stream of
  * `ctx` (the current context), made before the next record there or

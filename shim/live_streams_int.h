@@ -79,7 +79,6 @@ struct vpmm_ls_table {
 		CUcontext ctx;
 		int dev;
 		bool ok;
-		unsigned n; /* the context's non-blocking streams then */
 	} verdict;
 };
 

@@ -114,7 +114,6 @@ void vpmm_log_limited(struct vpmm_log_limit *l, int level, const char *fmt, ...)
 	X(fence_clean)              /* fence_malloc with nothing to wait for */ \
 	X(fence_spared)             /* fence_malloc with a record owed, not needed */ \
 	X(fence_done)               /* fence_malloc after the old work completed */ \
-	X(fence_probe)              /* sync_free to time a synchronisation */  \
 	X(cuStreamBeginCapture)     /* every form */                            \
 	X(cuStreamEndCapture)                                                 \
 	X(capture_deferred)         /* frees of pool memory a capture held back */ \

@@ -150,7 +150,6 @@ API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 API void fakecuda_set_capturing(CUstream s, int on);
 API void fakecuda_set_implicit(int on);
 API void fakecuda_set_eager(int on);
-API void fakecuda_set_sync_cost(unsigned us);
 #undef cuStreamBeginCapture
 #undef cuStreamEndCapture
 #undef cuStreamGetCaptureInfo

@@ -8,9 +8,7 @@
 #include "fakecuda.h"
 
 #include <stdbool.h>
-#include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "vpmm.h"
 
@@ -369,15 +367,6 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 	return CUDA_SUCCESS;
 }
 
-/* How long a synchronisation that finds work to run takes, in us
- * (fakecuda_set_sync_cost): a device behind the host. */
-static atomic_uint sync_cost_us;
-
-void fakecuda_set_sync_cost(unsigned us)
-{
-	atomic_store(&sync_cost_us, us);
-}
-
 static CUresult sync_ctx(struct fake_ctx *c)
 {
 	fake_count("cuCtxSynchronize");
@@ -389,9 +378,7 @@ static CUresult sync_ctx(struct fake_ctx *c)
 		return CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	if (sticky)
 		return sticky;
-	unsigned cost = atomic_load(&sync_cost_us);
-	if (vpmm_host_complete_all(fake_drv) && cost)
-		usleep(cost);
+	vpmm_host_complete_all(fake_drv);
 	return CUDA_SUCCESS;
 }
 

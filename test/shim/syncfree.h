@@ -1,8 +1,7 @@
 /* syncfree.h — what the synchronous-free program's files share
  * (syncfree_prog.c: the helpers, main and most scenarios; syncfree_ends.c:
  * the scenarios where a non-blocking stream ends; syncfree_owed.c: the
- * legacy stream's record with blocking streams only; syncfree_choice.c:
- * fences or a synchronisation over many streams). */
+ * legacy stream's record with blocking streams only). */
 #ifndef SYNCFREE_H
 #define SYNCFREE_H
 
@@ -47,9 +46,6 @@ void free_syncs(void);
 void owed(void);
 void owed_clean(void);
 void owed_obligation(void);
-
-/* syncfree_choice.c */
-void choice(void);
 
 /* syncfree_ends.c */
 void destroyed(void);

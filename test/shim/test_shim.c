@@ -283,7 +283,6 @@ Test(shim_drv, own_without_shim)
 
 SYNCFREE_SCENARIO(late)
 SYNCFREE_SCENARIO(many)
-SYNCFREE_SCENARIO(choice)
 SYNCFREE_SCENARIO(gpa)
 SYNCFREE_SCENARIO(destroyed)
 SYNCFREE_SCENARIO(unseen)
