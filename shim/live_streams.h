@@ -13,9 +13,10 @@
  * grows with them: a capture query each on every synchronous call, a
  * record and a wait each when a fence is owed). PyTorch's first
  * torch.cuda.Stream() makes 128, its stream pools. With the GPU setting a
- * step's pace the fences beat the synchronisation over 128 and 192, and
- * over 256 in one call of two; with the host setting it, synchronising won
- * from 64 (docs/shim.md, "Fences or a synchronisation"). */
+ * step's pace the fences beat the synchronisation over 128 (but for one
+ * tied round of six) and 192, and over 256 in one call of two; with the
+ * host setting it, synchronising won from 64 (docs/shim.md, "Fences or a
+ * synchronisation"). */
 #define VPMM_FENCE_STREAMS_MAX 256
 
 /* The program made stream `s` in the current context with `flags`
