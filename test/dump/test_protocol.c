@@ -1,8 +1,9 @@
 /* test_protocol.c — the dump suite's protocol cases: the project's version
  * in replies and --version, protocol errors answered, a client that stops
  * writing, a gone process, a stale socket and another protocol version as
- * clear failures, untrusted replies and bad option values, and the trim
- * request reaching its hook. Helpers: dump_test.h.
+ * clear failures, untrusted replies and bad option values, the trim
+ * request reaching its hook, and 4 000 requests made at random.
+ * Helpers: dump_test.h.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -389,6 +390,76 @@ Test(dump, trim_request_goes_to_its_hook)
 	cr_assert_not(reply_ok(&r));
 	cr_assert_not_null(strstr(json_str(json_get(&r, "error")), "unsupported"));
 	json_free(&r);
+	close(fd);
+	host_close(&h);
+}
+
+/* Requests made at random from the protocol's words, numbers, sizes and
+ * bytes that no request uses: each is answered with a reply that parses,
+ * an error saying why where it is refused, and the server answers a ping
+ * after all of them. A connection closes only after a reply (another
+ * protocol version, a line too long); the next request dials again. About
+ * one in ten closes. The generator is seeded: a failure repeats. */
+Test(dump, random_requests_are_answered)
+{
+	TEST_DEADLINE(120);
+	struct host h;
+	host_open(&h, "r.sock", 0, 64);
+	static const char *const heads[] = { "vpmm 1 ", "vpmm 2 ", "vpmm ", "", "vpmm 1  ",
+					     "VPMM 1 ", "vpmm 01 ", "vpmm 1\t" };
+	static const char *const words[] = { "ping", "version", "help", "stats", "map",
+					     "config", "trim", "trace", "ipc-open", "ipc-pieces",
+					     "ipc-close", "start", "stop", "status", "flush",
+					     "0", "-1", "1M", "1Q", "18446744073709551615",
+					     "18446744073709551616", "0x10", "1e9", "nan", "/",
+					     "", " ", "\t", "\x01", "\xff", "\"", "\\", "{}",
+					     "%s%n", "../..", "99999999999999999999999" };
+	char req[1200];
+	int fd = dial(h.sock);
+	cr_assert_geq(fd, 0);
+	unsigned answered = 0, closed = 0;
+	bool refused = false; /* the last reply */
+	for (int i = 0; i < 4000; i++) {
+		size_t n = (size_t)snprintf(req, sizeof(req), "%s", heads[rnd() % 8]);
+		for (unsigned k = rnd() % 5; k > 0 && n < 900; k--) {
+			const char *w = words[rnd() % (sizeof(words) / sizeof(words[0]))];
+			n += (size_t)snprintf(req + n, sizeof(req) - n, "%s%s", w,
+					      rnd() % 4 ? " " : "");
+		}
+		if (rnd() % 16 == 0) /* a long word */
+			for (unsigned k = 0; k < 1 + rnd() % 250 && n < sizeof(req) - 2; k++)
+				req[n++] = (char)('a' + rnd() % 26);
+		/* "trace start" with a word after it writes a file: only
+		 * into this test's directory, never a path the words make */
+		const char *t = strstr(req, "trace");
+		if (t && strstr(t, "start"))
+			n = (size_t)snprintf(req, sizeof(req), "vpmm 1 trace start %s/r%d.csv",
+					     h.dir, i % 4);
+		req[n++] = '\n';
+		req[n] = '\0';
+		struct json r;
+		if (exchange(fd, req, &r)) {
+			cr_assert(json_get(&r, "ok") != NULL, "reply to request %d without ok", i);
+			refused = !reply_ok(&r);
+			if (refused)
+				cr_assert_not_null(json_str(json_get(&r, "error")), "request %d", i);
+			json_free(&r);
+			answered++;
+		} else {
+			cr_assert(refused, "request %d: closed after a request it accepted", i);
+			close(fd);
+			closed++;
+			fd = dial(h.sock);
+			cr_assert_geq(fd, 0, "the server stopped accepting after request %d", i);
+		}
+	}
+	struct json r;
+	cr_assert(exchange(fd, "vpmm 1 trace stop\n", &r));
+	json_free(&r);
+	cr_assert(exchange(fd, "vpmm 1 ping\n", &r));
+	cr_assert(reply_ok(&r));
+	json_free(&r);
+	cr_assert_gt(answered, 3000, "%u answered, %u closed", answered, closed);
 	close(fd);
 	host_close(&h);
 }
