@@ -69,12 +69,22 @@ static uint64_t now_ms(void)
 
 /* ---- connections ---------------------------------------------------------- */
 
+/* Closes a descriptor the server's table names, out of the table first. A
+ * fork meanwhile closes in the child whatever the table names
+ * (atfork_child): a number this thread had closed already may name the
+ * program's next descriptor there (a fork's pipe, lost in the child). */
+void vpmm_server_close_named(int *fd)
+{
+	int v = *fd;
+	__atomic_store_n(fd, -1, __ATOMIC_SEQ_CST);
+	if (v >= 0)
+		close(v);
+}
+
 static void client_close(struct client *c)
 {
 	vpmm_server_drop_fds(c);
-	if (c->fd >= 0)
-		close(c->fd);
-	c->fd = -1;
+	vpmm_server_close_named(&c->fd);
 	c->inlen = 0;
 	c->outoff = 0;
 	c->closing = false;
@@ -522,12 +532,9 @@ static void server_free(struct server *s)
 	for (unsigned i = 0; i < s->nclients; i++)
 		client_close(&s->clients[i]);
 	free(s->clients);
-	if (s->listen_fd >= 0)
-		close(s->listen_fd);
-	if (s->wake[0] >= 0)
-		close(s->wake[0]);
-	if (s->wake[1] >= 0)
-		close(s->wake[1]);
+	vpmm_server_close_named(&s->listen_fd);
+	vpmm_server_close_named(&s->wake[0]);
+	vpmm_server_close_named(&s->wake[1]);
 	free(s);
 }
 

@@ -76,5 +76,8 @@ void vpmm_server_serve_line(struct server *s, struct client *c, char *line, size
 void vpmm_server_reply_error(struct sbuf *b, const char *request, const char *msg);
 /* Closes the descriptors a reply was to carry. */
 void vpmm_server_drop_fds(struct client *c);
+/* Sets *fd to -1, then closes what it held (if anything): the table never
+ * names a closed descriptor, which a fork could meet (server.c). */
+void vpmm_server_close_named(int *fd);
 
 #endif

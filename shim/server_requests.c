@@ -333,8 +333,7 @@ static const char *req_ipc(struct server *s, const char *arg, struct sbuf *b, ch
 	const char *e = s->cfg.ipc(g_serving_name, arg ? arg : "", c->pid, fields, sizeof(fields),
 				   c->fds, &c->nfds);
 	if (e) {
-		while (c->nfds)
-			close(c->fds[--c->nfds]);
+		vpmm_server_drop_fds(c);
 		snprintf(err, errlen, "%s", e);
 		return err;
 	}
@@ -401,8 +400,13 @@ void vpmm_server_reply_error(struct sbuf *b, const char *request, const char *ms
 
 void vpmm_server_drop_fds(struct client *c)
 {
-	while (c->nfds)
-		close(c->fds[--c->nfds]);
+	/* Counted out before closed, as vpmm_server_close_named says why. */
+	while (c->nfds) {
+		unsigned n = c->nfds - 1;
+		int fd = c->fds[n];
+		__atomic_store_n(&c->nfds, n, __ATOMIC_SEQ_CST);
+		close(fd);
+	}
 }
 
 void vpmm_server_serve_line(struct server *s, struct client *c, char *line, size_t len)
