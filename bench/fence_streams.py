@@ -14,6 +14,7 @@ of streams so that the two can be set side by side in one call (part
                makes its stream pools, 128 non-blocking streams, then)
   --extra K    make K more idle non-blocking streams with cuStreamCreate,
                through the preload's hook so that the shim counts them
+               (libcuda's own without the preload)
   --steps N    timed steps (40), after 5 untimed
   --layers L   linear layers of D x D (12), batch 256
   --dim D      their width (1024: the host sets the pace, the GPU idles
@@ -65,7 +66,10 @@ def main():
     glob = ctypes.CDLL(None)   # the preload's exports come first
     extra = []
     if a.extra:
-        create = glob.cuStreamCreate
+        try:
+            create = glob.cuStreamCreate
+        except AttributeError:   # no preload: libcuda's own, not global
+            create = ctypes.CDLL("libcuda.so.1").cuStreamCreate
         create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         for _ in range(a.extra):
             s = ctypes.c_void_p()

@@ -11,10 +11,12 @@
 #   vpmm_build_tool NAME OUT [TREE]  tools/NAME (vpmm-dump, vpmm-replay) at OUT
 #
 #   vpmm_version_of TREE           the version meson.build's project() sets
+#   vpmm_check_tree TREE           status 0 if TREE is a source tree
 #
-# TREE defaults to the checkout the sourcing script sits in. Extra compiler
-# flags (-g, ...) come from VPMM_BUILD_CFLAGS. Each returns the compiler's
-# status; the compiler's output goes to stderr. The generated header
+# TREE defaults to the checkout the sourcing script sits in; one given must
+# be a source tree (an empty one is refused, not taken for the default).
+# Extra compiler flags (-g, ...) come from VPMM_BUILD_CFLAGS. Each returns
+# the compiler's status; the compiler's output goes to stderr. The generated header
 # vpmm/version.h (meson's configure_file) goes under VPMM_BUILD_GEN
 # (default: a directory in $TMPDIR or /tmp named after this shell).
 
@@ -84,8 +86,18 @@ vpmm_build_cflags() {
 		-I"$VPMM_BUILD_CUDA/include" ${VPMM_BUILD_CFLAGS:-}
 }
 
+# A TREE given but empty (a `$(cd DIR && pwd)` whose cd failed) or not a
+# source tree is refused: the default would build this checkout under
+# another revision's name.
+vpmm_check_tree() {
+	[[ -f $1/shim/meson.build && -f $1/allocator/meson.build ]] && return 0
+	echo "gpu-build.sh: \"$1\" is not a libvpmm source tree (no shim/ and allocator/ meson.build)" >&2
+	return 1
+}
+
 vpmm_build_lib() {
-	local out=$1 tree=${2:-$VPMM_BUILD_TREE}
+	local out=$1 tree=${2-$VPMM_BUILD_TREE}
+	vpmm_check_tree "$tree" || return 1
 	mkdir -p "$(dirname "$out")"
 	# shellcheck disable=SC2046
 	# -fexceptions as shim/meson.build: vpmm_torch_malloc throws through it
@@ -96,7 +108,8 @@ vpmm_build_lib() {
 }
 
 vpmm_build_tool() {
-	local name=$1 out=$2 tree=${3:-$VPMM_BUILD_TREE} src
+	local name=$1 out=$2 tree=${3-$VPMM_BUILD_TREE} src
+	vpmm_check_tree "$tree" || return 1
 	src=$(vpmm_tool_sources "$tree" "$name")
 	if [[ -z $src ]]; then
 		echo "gpu-build.sh: tools/meson.build has no executable '$name'" >&2

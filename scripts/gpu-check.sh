@@ -9,7 +9,8 @@
 # these defaults, 6 minutes with its own 300 s), what the driver's calls cost
 # (bench/vmm_costs.cu, bench/driver_queries.cu, a few seconds), synchronous
 # frees over many non-blocking streams, the fences against synchronising
-# (bench/fence_streams.py: part fences, about 4 minutes), the allocator
+# (bench/fence_streams.py: part fences, about 4 minutes, 6 with
+# FENCE_BASE), the allocator
 # comparisons (scripts/gpu-bench.sh), and the replays under memory pressure
 # from a second process (scripts/gpu-pressure.sh: part pressure, every
 # workload x allocator alone and under a process holding all but 1.02 x its
@@ -43,7 +44,10 @@
 # runs at the common batch, 3; a run takes about 15 s on an H200, so the
 # defaults' 4 x 10 tries and 3 x 4 runs pass a 10-minute call: fewer tries
 # or modes there), CAPACITY_TIMED (1: the time inside the pluggable
-# allocator's and the preload's calls, a step); pressure and soak read gpu-pressure.sh's own
+# allocator's and the preload's calls, a step), FENCE_ROUNDS (fences: 2),
+# FENCE_CONFIGS (its SIDE:EXTRA:DIM list, the part's comment), FENCE_STEPS
+# (60), FENCE_BASE (another revision's tree to run beside this one's);
+# pressure and soak read gpu-pressure.sh's own
 # (SEED, MARGIN, PRESSURE_DEADLINE, SOAK_DEADLINE, ...: its header).
 #
 # All the parts together do not fit one 10-minute device call. On an H200
@@ -165,34 +169,48 @@ if part fences; then
 	# defaults, with VPMM_SYNC_FREE=device (every free synchronises), and
 	# with FENCE_BASE's library where that names another revision's tree
 	# (as gpu-pressure.sh's BASE: git archive REV allocator shim tools
-	# meson.build include | tar -x -C DIR).
+	# meson.build include | tar -x -C DIR). A run that fails leaves a line
+	# saying so.
 	t0=$SECONDS
 	lib=$W/libvpmm.so
 	# shellcheck source=scripts/gpu-build.sh
 	. "$ROOT/scripts/gpu-build.sh"
 	hows="default device"
-	if vpmm_build_lib "$lib" >"$W/logs/fences-build.txt" 2>&1 &&
-		{ [ -z "${FENCE_BASE:-}" ] || { vpmm_build_lib "$W/libvpmm-base.so" "$(cd "$FENCE_BASE" && pwd)" \
-			>>"$W/logs/fences-build.txt" 2>&1 && hows="default base device"; }; }; then
+	ok=1
+	vpmm_build_lib "$lib" >"$W/logs/fences-build.txt" 2>&1 || ok=0
+	if [ "$ok" = 1 ] && [ -n "${FENCE_BASE:-}" ]; then
+		if vpmm_build_lib "$W/libvpmm-base.so" "$(cd "$FENCE_BASE" 2>/dev/null && pwd)" \
+			>>"$W/logs/fences-build.txt" 2>&1; then
+			hows="default base device"
+		else
+			ok=0
+		fi
+	fi
+	if [ "$ok" = 1 ]; then
+		: >"$W/logs/fences.txt"
 		for round in $(seq "${FENCE_ROUNDS:-2}"); do
 			for cfg in ${FENCE_CONFIGS:-1:0:1024 1:0:4096 1:32:2048 1:128:4096 0:0:1024}; do
 				IFS=: read -r side extra dim <<<"$cfg"
 				for how in $hows; do
-					so=$lib sync=
+					so=$lib
+					envs=(VPMM_SOCKET=off PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+					args=(--extra "$extra" --dim "$dim" --steps "${FENCE_STEPS:-60}")
 					[ "$how" = base ] && so=$W/libvpmm-base.so
-					[ "$how" = device ] && sync=VPMM_SYNC_FREE=device
-					env VPMM_SOCKET=off PYTORCH_NO_CUDA_MEMORY_CACHING=1 $sync \
-						LD_PRELOAD="$so" python3 "$ROOT/bench/fence_streams.py" \
-						$([ "$side" = 1 ] && echo --side) --extra "$extra" --dim "$dim" \
-						--steps "${FENCE_STEPS:-60}" 2>>"$W/logs/fences-err.txt" |
-						sed "s/^/round=$round how=$how /" >>"$W/logs/fences.txt"
+					[ "$how" = device ] && envs+=(VPMM_SYNC_FREE=device)
+					[ "$side" = 1 ] && args+=(--side)
+					line=$(env "${envs[@]}" LD_PRELOAD="$so" python3 \
+						"$ROOT/bench/fence_streams.py" "${args[@]}" 2>>"$W/logs/fences-err.txt")
+					rc=$?
+					[ "$rc" = 0 ] && [ -n "$line" ] ||
+						line="fence_streams cfg=$cfg FAILED, exit $rc (logs/fences-err.txt)"
+					echo "round=$round how=$how $line" >>"$W/logs/fences.txt"
 				done
 			done
 		done
 		note "synchronous frees over N non-blocking streams (bench/fence_streams.py; $((SECONDS - t0)) s):"
 		sed 's/^/  /' "$W/logs/fences.txt" | tee -a "$SUMMARY"
 	else
-		note "fences: build failed (logs/fences-build.txt)"
+		note "fences: build failed, or FENCE_BASE=${FENCE_BASE:-} is not a source tree (logs/fences-build.txt)"
 	fi
 fi
 

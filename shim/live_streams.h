@@ -12,11 +12,9 @@
  * synchronous free synchronises the context instead (the cost of a fence
  * grows with them: a capture query each on every synchronous call, a
  * record and a wait each when a fence is owed). PyTorch's first
- * torch.cuda.Stream() makes 128, its stream pools. With the GPU setting a
- * step's pace the fences beat the synchronisation over 128 (but for one
- * tied round of six) and 192, and over 256 in one call of two; with the
- * host setting it, synchronising won from 64 (docs/shim.md, "Fences or a
- * synchronisation"). */
+ * torch.cuda.Stream() makes 128, its stream pools. Which costs less depends
+ * on whether the GPU or the host sets the program's pace, measured in
+ * docs/shim.md, "Fences or a synchronisation". */
 #define VPMM_FENCE_STREAMS_MAX 256
 
 /* The program made stream `s` in the current context with `flags`
