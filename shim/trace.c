@@ -356,9 +356,13 @@ static int close_locked(void)
 	int rc = drain_locked();
 	if (!rc && write_err)
 		rc = -write_err;
-	if (close(fd) != 0 && !rc)
+	/* Out of `fd` before closed: a fork meanwhile closes in the child
+	 * whatever `fd` names (atfork_child), and the number may be the
+	 * program's again once closed. */
+	int f = fd;
+	__atomic_store_n(&fd, -1, __ATOMIC_SEQ_CST);
+	if (close(f) != 0 && !rc)
 		rc = -errno;
-	fd = -1;
 	pthread_mutex_unlock(&drain_lock);
 	path_abs[0] = '\0';
 	return rc;
@@ -470,8 +474,8 @@ int vpmm_trace_open(const char *path)
 	rc = -write_err;
 	pthread_mutex_unlock(&drain_lock);
 	if (rc) {
+		__atomic_store_n(&fd, -1, __ATOMIC_SEQ_CST); /* before the close, as above */
 		close(f);
-		fd = -1;
 		goto out;
 	}
 	memcpy(path_abs, abs_path, sizeof(path_abs));
