@@ -315,20 +315,25 @@ Test(dump, silent_sockets_cost_the_listing_one_timeout)
  * stdout). Clients connect and leave on a thread while the test forks:
  * before the fix, 2 children in 3 000 lost it, run after run. */
 static atomic_bool churn_stop;
-static const char *churn_trace; /* a path: trace start and stop instead */
+/* What churn does on h's socket: connect, ping and leave, or with `trace`
+ * (a path) start and stop a trace there. */
+struct churn_of {
+	const struct host *h;
+	const char *trace;
+};
 static void *churn(void *arg)
 {
-	const char *sock = arg;
+	const struct churn_of *c = arg;
 	char start[256];
-	if (churn_trace)
-		snprintf(start, sizeof(start), "vpmm 1 trace start %s\n", churn_trace);
+	if (c->trace)
+		snprintf(start, sizeof(start), "vpmm 1 trace start %s\n", c->trace);
 	while (!atomic_load(&churn_stop)) {
-		int fd = dial(sock);
+		int fd = dial(c->h->sock);
 		if (fd >= 0) {
 			struct json r;
-			if (exchange(fd, churn_trace ? start : "vpmm 1 ping\n", &r))
+			if (exchange(fd, c->trace ? start : "vpmm 1 ping\n", &r))
 				json_free(&r);
-			if (churn_trace && exchange(fd, "vpmm 1 trace stop\n", &r))
+			if (c->trace && exchange(fd, "vpmm 1 trace stop\n", &r))
 				json_free(&r);
 			close(fd);
 		}
@@ -336,16 +341,28 @@ static void *churn(void *arg)
 	return NULL;
 }
 
-/* 3 000 forks (20 under valgrind) while churn runs; how many children lost
- * the pipe made just before their fork. */
-static unsigned forks_losing_a_pipe(struct host *h, unsigned *forks)
+/* 3 000 forks (20 under valgrind) while churn runs on a server at `sock`,
+ * each child writing a byte down a pipe made just before its fork: none
+ * may lose it. */
+static void fork_beside_churn(const char *sock, bool trace)
 {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	/* as a_forked_child_does_not_truncate_the_parents_trace: a fork with
+	 * threads running can hang a sanitizer's child, and 3 000 of them take
+	 * an ASan process half a minute; the plain build runs these tests */
+	cr_skip_test("sanitizer build: the plain build forks 3 000 times here");
+#endif
+	TEST_DEADLINE(120);
+	struct host h;
+	host_open(&h, sock, 30000, 64);
+	char path[128];
+	snprintf(path, sizeof(path), "%s/t.csv", h.dir);
+	struct churn_of c = { &h, trace ? path : NULL };
 	pthread_t t;
 	atomic_store(&churn_stop, false);
-	cr_assert_eq(pthread_create(&t, NULL, churn, h->sock), 0);
-	unsigned lost = 0;
-	*forks = getenv("VPMM_UNDER_VALGRIND") ? 20 : 3000;
-	for (unsigned i = 0; i < *forks; i++) {
+	cr_assert_eq(pthread_create(&t, NULL, churn, &c), 0);
+	unsigned lost = 0, forks = getenv("VPMM_UNDER_VALGRIND") ? 20 : 3000;
+	for (unsigned i = 0; i < forks; i++) {
 		int p[2];
 		cr_assert_eq(pipe(p), 0);
 		pid_t pid = fork();
@@ -353,8 +370,8 @@ static unsigned forks_losing_a_pipe(struct host *h, unsigned *forks)
 		if (pid == 0)
 			_exit(write(p[1], "x", 1) == 1 ? 0 : 3);
 		close(p[1]);
-		char c = 0;
-		ssize_t n = read(p[0], &c, 1);
+		char ch = 0;
+		ssize_t n = read(p[0], &ch, 1);
 		close(p[0]);
 		int st = 0;
 		waitpid(pid, &st, 0);
@@ -363,24 +380,13 @@ static unsigned forks_losing_a_pipe(struct host *h, unsigned *forks)
 	}
 	atomic_store(&churn_stop, true);
 	pthread_join(t, NULL);
-	return lost;
+	cr_assert_eq(lost, 0, "%u children of %u lost their pipe's end", lost, forks);
+	host_close(&h);
 }
 
 Test(dump, a_fork_keeps_its_descriptors_while_clients_leave)
 {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-	/* as a_forked_child_does_not_truncate_the_parents_trace: a fork with
-	 * threads running can hang a sanitizer's child, and 3 000 of them take
-	 * an ASan process half a minute; the plain build runs this test */
-	cr_skip_test("sanitizer build: the plain build forks 3 000 times here");
-#endif
-	TEST_DEADLINE(120);
-	struct host h;
-	host_open(&h, "f.sock", 30000, 64);
-	churn_trace = NULL;
-	unsigned forks, lost = forks_losing_a_pipe(&h, &forks);
-	cr_assert_eq(lost, 0, "%u children of %u lost their pipe's end", lost, forks);
-	host_close(&h);
+	fork_beside_churn("f.sock", false);
 }
 
 /* The same while a trace starts and stops: the trace's file is closed in
@@ -388,17 +394,5 @@ Test(dump, a_fork_keeps_its_descriptors_while_clients_leave)
  * left `fd`. */
 Test(dump, a_fork_keeps_its_descriptors_while_a_trace_stops)
 {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-	cr_skip_test("sanitizer build: the plain build forks 3 000 times here");
-#endif
-	TEST_DEADLINE(120);
-	struct host h;
-	host_open(&h, "g.sock", 30000, 64);
-	char path[128];
-	snprintf(path, sizeof(path), "%s/t.csv", h.dir);
-	churn_trace = path;
-	unsigned forks, lost = forks_losing_a_pipe(&h, &forks);
-	churn_trace = NULL;
-	cr_assert_eq(lost, 0, "%u children of %u lost their pipe's end", lost, forks);
-	host_close(&h);
+	fork_beside_churn("g.sock", true);
 }
