@@ -16,7 +16,8 @@
  *  - shrinking (less room, or a pool already holding its share of free
  *    memory): defragment what the request lacks, as VPMM_REMAP=always does;
  *  - in both, new handles are at most H / GROWTH_HANDLE_RATIO (and
- *    VPMM_HANDLE_SIZE): what live allocations can strand in the handles
+ *    VPMM_HANDLE_SIZE), or coarser while few allocations are live
+ *    (handle_ratio): what live allocations can strand in the handles
  *    made now stays small against what is left, so that they can still be
  *    served once the device is full. While H is GROWTH_COARSE_RATIO times
  *    the pool, new handles are up to GROWTH_COARSE_MAX, a
@@ -143,6 +144,24 @@ static size_t split_size(const vpmm_pool *p, size_t shortfall, size_t most)
 	return pages_within(p, shortfall / k, most);
 }
 
+/* Room needed per byte of a new handle: GROWTH_LIVE_RATIO for each live
+ * allocation and one more, between GROWTH_HANDLE_RATIO_MIN and
+ * GROWTH_HANDLE_RATIO. An allocation leaves at most two handles partly
+ * live, one at each end, so what the live allocations can strand in the
+ * handles made now stays under 2 / GROWTH_LIVE_RATIO of the room; a pool
+ * of a few large allocations (the laboratory cases) grows in coarse
+ * handles, one of many in handles of 1/256 of the room. Parked and
+ * packed allocations count as live: never coarser than their number
+ * allows. */
+static size_t handle_ratio(const vpmm_pool *p)
+{
+	uint64_t live = p->st.mallocs > p->st.frees ? p->st.mallocs - p->st.frees : 0;
+	if (live >= GROWTH_HANDLE_RATIO / GROWTH_LIVE_RATIO)
+		return GROWTH_HANDLE_RATIO;
+	size_t ratio = GROWTH_LIVE_RATIO * ((size_t)live + 1);
+	return ratio > GROWTH_HANDLE_RATIO_MIN ? ratio : GROWTH_HANDLE_RATIO_MIN;
+}
+
 size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool room)
 {
 	size_t most = p->cfg.handle_size;
@@ -150,7 +169,7 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 		return p->page;
 	if (p->cfg.remap != VPMM_REMAP_PRESSURE)
 		return split_size(p, shortfall, most);
-	size_t left = vpi_growth_headroom(p), cap = pages_within(p, left / GROWTH_HANDLE_RATIO, most);
+	size_t left = vpi_growth_headroom(p), cap = pages_within(p, left / handle_ratio(p), most);
 	/* The room unknown is no room of none: handles as VPMM_REMAP=always
 	 * makes them, not one a page until the next read. */
 	if (p->dev_unknown)
@@ -165,9 +184,10 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	 * a handle strands what a request placed at its start leaves of it
 	 * (place.c), and the CUDA pool grows in 32 MiB steps (docs/policy.md,
 	 * "Placement with room").
-	 * The device filling: the split rule, at most 1/256 of the room, so
-	 * that what live memory strands in the handles made now stays small
-	 * against what is left once the device is full. */
+	 * The device filling: the split rule, at most 1/256 of the room (or
+	 * coarser while few allocations are live: handle_ratio), so that what
+	 * live memory strands in the handles made now stays small against
+	 * what is left once the device is full. */
 	if (room_for_pool(p, left, GROWTH_COARSE_RATIO) && left / GROWTH_ROOM_RATIO >= need) {
 		size_t split = split_size(p, shortfall, cap);
 		size_t coarse = p->st.mapped ? pages_within(p, GROWTH_COARSE_MAX, cap) : cap;

@@ -137,14 +137,17 @@ Test(growth, a_defragmentation_on_an_empty_device_makes_pool_sized_handles)
 }
 
 /* As another tenant takes the device, the handles of a growth get finer:
- * at most 1/256 of the room (a power of two of pages), so that what live
- * memory strands in them stays small against what is left. */
+ * at most 1/256 of the room (a power of two of pages) once 16 allocations
+ * are live, so that what live memory strands in them stays small against
+ * what is left. */
 Test(growth, handles_get_finer_as_the_room_shrinks)
 {
 	struct pt t;
 	open_growth(&t, VPMM_REMAP_PRESSURE, 0);
 	CUstream s = vpmm_host_stream_create(t.drv);
-	CUdeviceptr a = PT_MALLOC(&t, 64, s);
+	CUdeviceptr a[16];
+	for (int i = 0; i < 16; i++)
+		a[i] = PT_MALLOC(&t, 4, s);
 	/* The device free but for 64 pages: handles up to a power of two
 	 * within (16384 - 64) / 256 pages, 32. */
 	struct grown big = grow_once(&t, 256, s);
@@ -166,8 +169,52 @@ Test(growth, handles_get_finer_as_the_room_shrinks)
 	cr_expect_leq(pt_stats(&t).headroom, 1024 * PAGE);
 	PT_FREE(&t, fine.ptr, s);
 	PT_FREE(&t, big.ptr, s);
-	PT_FREE(&t, a, s);
+	for (int i = 0; i < 16; i++)
+		PT_FREE(&t, a[i], s);
 	pt_close(&t);
+}
+
+/* A pool of few live allocations grows in coarser handles: what each can
+ * strand is at most two handles, so the bound is 1/16 of the room for each
+ * live allocation and one more (at most 1/256, at least 1/16). The device
+ * free but for 64 pages (16320 left) and 1024 pages (1024 left). */
+Test(growth, few_live_allocations_allow_coarser_handles)
+{
+	static const struct {
+		int live;
+		size_t room_pages, grow, handles;
+	} c[] = {
+		{ 1, 0, 256, 1 },   /* 16320 / 32: 510, handles of 256 */
+		{ 3, 0, 256, 2 },   /* 16320 / 64: 255, handles of 128 */
+		{ 7, 0, 256, 4 },   /* 16320 / 128: 127, handles of 64 */
+		{ 11, 0, 256, 4 },  /* 16329 / 192: 85, handles of 64 */
+		{ 1, 1024, 64, 2 }, /* 1024 / 32: 32 */
+		{ 15, 1024, 64, 16 }, /* 1024 / 256: 4, as for 16 and more */
+	};
+	for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+		struct pt t;
+		open_growth(&t, VPMM_REMAP_PRESSURE, 0);
+		CUstream s = vpmm_host_stream_create(t.drv);
+		CUdeviceptr a[15];
+		for (int i = 0; i < c[k].live; i++)
+			a[i] = PT_MALLOC(&t, 64 / c[k].live, s);
+		if (c[k].room_pages) {
+			struct vpmm_host_live l;
+			vpmm_host_live(t.drv, &l);
+			vpmm_host_set_tenant(t.drv, DEVICE_PAGES * PAGE - l.handle_bytes -
+							    c[k].room_pages * PAGE);
+			nanosleep(&(struct timespec){ .tv_nsec = 110 * 1000 * 1000 }, NULL);
+		}
+		struct grown g = grow_once(&t, c[k].grow, s);
+		cr_expect_eq(g.room_growths, 1, "case %zu", k);
+		cr_expect_eq(g.created, c[k].handles, "case %zu: %zu pages beside %d live: "
+			     "made %llu handles, not %zu", k, c[k].grow, c[k].live,
+			     (unsigned long long)g.created, c[k].handles);
+		PT_FREE(&t, g.ptr, s);
+		for (int i = 0; i < c[k].live; i++)
+			PT_FREE(&t, a[i], s);
+		pt_close(&t);
+	}
 }
 
 /* Less room than 16 times the request: a defragmentation serves it. */
@@ -321,8 +368,9 @@ Test(growth, free_memory_reads_follow_the_pools_clock)
 /* A defragmentation's handles are never finer than the split rule makes
  * them: 1/64 of a pool the growth outweighs is a page or a few. VPMM_PAGES
  * mapped up front into the empty pool, and a large request on a small pool
- * holding more than its spare share free, are made of handles of 1/256 of
- * the room (64 and 32 pages here), not of one page each. */
+ * holding more than its spare share free, are made of handles of what the
+ * room allows (1/16 of it with nothing live, 1024 pages here; 1/96 with 5
+ * allocations live, 128 pages), not of one page each. */
 Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 {
 	struct pt t;
@@ -330,8 +378,8 @@ Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 			       .handle_pages = 1024, .no_loop_growth = true,
 			       .remap = VPMM_REMAP_PRESSURE, .initial_pages = 512 };
 	pt_open(&t, &su);
-	/* 512 pages in handles of 16384 / 256 = 64 pages. */
-	cr_expect_eq(pt_stats(&t).handles_created, 8, "512 pages up front: made %llu handles",
+	/* 512 pages in handles of up to 16384 / 16 = 1024 pages. */
+	cr_expect_eq(pt_stats(&t).handles_created, 1, "512 pages up front: made %llu handles",
 		     (unsigned long long)pt_stats(&t).handles_created);
 	pt_close(&t);
 
@@ -339,10 +387,10 @@ Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr *p = scatter(&t, s, 10, 8, 2); /* 80 pages, half free */
 	/* At most 600 pages lacking, in handles of a power of two within
-	 * (16384 - 80) / 256 pages: 32. */
+	 * (16384 - 80) / 96 pages: 128. */
 	struct grown g = grow_once(&t, 600, s);
 	cr_expect_eq(g.room_growths, 0);
-	cr_expect_leq(g.created, (600 + 31) / 32, "600 pages on an 80-page pool: made %llu handles",
+	cr_expect_leq(g.created, (600 + 127) / 128, "600 pages on an 80-page pool: made %llu handles",
 		      (unsigned long long)g.created);
 	PT_FREE(&t, g.ptr, s);
 	unscatter(&t, s, p, 10);
