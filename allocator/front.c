@@ -291,8 +291,11 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 			 * again, as before it was parked. */
 			if (vpi_small_free_locked(p, e->r, e->ptr, s, e->epoch, true))
 				vpi_small_unpark(p, e->r->small, e->r, e->ptr);
+			else
+				p->front_given++;
 		} else {
 			vpi_give_locked(p, e->r, s, e->epoch); /* stays claimed */
+			p->front_given++;
 		}
 	}
 	memset(f->head, 0, sizeof(f->head));
@@ -336,6 +339,7 @@ static bool give_if_beside_free(vpmm_pool *p, const struct fentry *e, void *arg)
 	if (e->r->small || e->r->kind != R_LIVE || !vpi_region_beside_free_locked(e->r, s))
 		return false;
 	vpi_give_locked(p, e->r, s, e->epoch); /* stays claimed */
+	p->front_given++;
 	return true;
 }
 
@@ -362,8 +366,11 @@ struct owned {
 static bool give_if_owned(vpmm_pool *p, const struct fentry *e, void *arg)
 {
 	const struct owned *o = arg;
-	return e->r->kind == R_LIVE && e->r->small && e->r->small->owner == o->owner &&
-	       !vpi_small_free_locked(p, e->r, e->ptr, o->s, e->epoch, true);
+	if (e->r->kind != R_LIVE || !e->r->small || e->r->small->owner != o->owner ||
+	    vpi_small_free_locked(p, e->r, e->ptr, o->s, e->epoch, true))
+		return false;
+	p->front_given++;
+	return true;
 }
 
 /* Every cache, dead streams' too: a destroyed stream's was flushed when it

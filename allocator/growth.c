@@ -144,22 +144,26 @@ static size_t split_size(const vpmm_pool *p, size_t shortfall, size_t most)
 	return pages_within(p, shortfall / k, most);
 }
 
-/* Room needed per byte of a new handle: GROWTH_LIVE_RATIO for each live
- * allocation and one more, between GROWTH_HANDLE_RATIO_MIN and
- * GROWTH_HANDLE_RATIO. An allocation leaves at most two handles partly
- * live, one at each end, so what the live allocations can strand in the
- * handles made now stays under 2 / GROWTH_LIVE_RATIO of the room; a pool
- * of a few large allocations (the laboratory cases) grows in coarse
- * handles, one of many in handles of 1/256 of the room. Parked and
- * packed allocations count as live: never coarser than their number
- * allows. */
+/* Room needed per byte of a new handle: GROWTH_LIVE_RATIO x (n + 1) with
+ * n allocations live, at most GROWTH_HANDLE_RATIO. An allocation leaves at
+ * most two handles partly live, one at each end, so the n + 1 allocations
+ * live once this request is served strand at most 2 / GROWTH_LIVE_RATIO
+ * of the room in the handles made now; a pool of a few large allocations
+ * (the laboratory cases, model weights) grows in coarse handles, one of
+ * many in handles of 1/256 of the room. Handles made while few were live
+ * stay as coarse as they were when more come: replays, not this bound,
+ * showed that capacity holds (docs/policy.md, "Handles under the limit").
+ * Parked allocations count as live until a cache gives them back
+ * (front_given), packed ones (small.c) one each: never coarser than their
+ * number allows. */
 static size_t handle_ratio(const vpmm_pool *p)
 {
-	uint64_t live = p->st.mallocs > p->st.frees ? p->st.mallocs - p->st.frees : 0;
+	uint64_t ended = p->st.frees + p->front_given;
+	uint64_t live = p->st.mallocs > ended ? p->st.mallocs - ended : 0;
 	if (live >= GROWTH_HANDLE_RATIO / GROWTH_LIVE_RATIO)
 		return GROWTH_HANDLE_RATIO;
 	size_t ratio = GROWTH_LIVE_RATIO * ((size_t)live + 1);
-	return ratio > GROWTH_HANDLE_RATIO_MIN ? ratio : GROWTH_HANDLE_RATIO_MIN;
+	return ratio < GROWTH_HANDLE_RATIO ? ratio : GROWTH_HANDLE_RATIO;
 }
 
 size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool room)

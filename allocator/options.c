@@ -76,12 +76,12 @@ static const char *const sync_free_names[] = { "events", "device", NULL };
 	  "when a request no free range fits remaps free pages: pressure "     \
 	  "(only as memory runs out: while the device and VPMM_LIMIT leave "   \
 	  "16 times the request and the pool holds under 1/100 free, it "      \
-	  "grows instead, in handles of at most 1/256 of that room (1/16 "     \
-	  "for each live allocation and one more, while fewer than 16 are "    \
-	  "live); while they leave 4 times the pool, in handles of at most "   \
-	  "64 MiB; while twice the pool, a request goes to a free region's "   \
-	  "start until a loop misses its places) or always (the least "        \
-	  "memory at every moment)")                                           \
+	  "grows instead, in handles of at most 1/256 of that room, or "       \
+	  "1/(32 (n + 1)) while n, the allocations live, is under 7; while "   \
+	  "they leave 4 times the pool, in handles of at most 64 MiB; "        \
+	  "while twice the pool, a request goes to a free region's start "     \
+	  "until a loop misses its places) or always (the least memory at "    \
+	  "every moment)")                                                     \
 	X(EVENT_INTERVAL_US, "VPMM_EVENT_INTERVAL_US", G_POOL, T_COUNT, NULL,  \
 	  "50",                                                                \
 	  "microseconds: a free records a new event on its stream only if "    \

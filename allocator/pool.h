@@ -69,6 +69,10 @@ struct vpmm_pool {
 	/* The cache counts of stream records freed (stream.c), so that the
 	 * mallocs and frees they served stay in the stats. */
 	uint64_t gone_hits, gone_parks;
+	/* Parked allocations the caches gave back to the pool (front.c):
+	 * frees that st.frees does not count. st.mallocs - st.frees -
+	 * front_given allocations are live or parked (growth.c). */
+	uint64_t front_given;
 	struct stream **stream_hash;
 	unsigned stream_hash_size;
 	size_t nhashed;

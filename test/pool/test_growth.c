@@ -174,28 +174,29 @@ Test(growth, handles_get_finer_as_the_room_shrinks)
 	pt_close(&t);
 }
 
-/* A pool of few live allocations grows in coarser handles: what each can
- * strand is at most two handles, so the bound is 1/16 of the room for each
- * live allocation and one more (at most 1/256, at least 1/16). The device
- * free but for 64 pages (16320 left) and 1024 pages (1024 left). */
+/* A pool of few live allocations grows in coarser handles: each can strand
+ * at most two handles, so with n live the bound is 1/(32 (n + 1)) of the
+ * room, down to 1/256 from 7 live on. The device free but for the live
+ * pages (about 64: 16320 left) or for 1024 pages. */
 Test(growth, few_live_allocations_allow_coarser_handles)
 {
 	static const struct {
 		int live;
 		size_t room_pages, grow, handles;
 	} c[] = {
-		{ 1, 0, 256, 1 },   /* 16320 / 32: 510, handles of 256 */
-		{ 3, 0, 256, 2 },   /* 16320 / 64: 255, handles of 128 */
-		{ 7, 0, 256, 4 },   /* 16320 / 128: 127, handles of 64 */
-		{ 11, 0, 256, 4 },  /* 16329 / 192: 85, handles of 64 */
-		{ 1, 1024, 64, 2 }, /* 1024 / 32: 32 */
-		{ 15, 1024, 64, 16 }, /* 1024 / 256: 4, as for 16 and more */
+		{ 1, 0, 256, 2 },    /* 16320 / 64: 255, handles of 128 */
+		{ 3, 0, 256, 4 },    /* 16321 / 128: 127, handles of 64 */
+		{ 5, 0, 256, 4 },    /* 16324 / 192: 85, handles of 64 */
+		{ 6, 0, 256, 4 },    /* 16324 / 224: 72, handles of 64 */
+		{ 7, 0, 256, 8 },    /* 16321 / 256: 63, handles of 32 */
+		{ 1, 1024, 64, 4 },  /* 1024 / 64: 16 */
+		{ 7, 1024, 64, 16 }, /* 1024 / 256: 4, as for more live */
 	};
 	for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
 		struct pt t;
 		open_growth(&t, VPMM_REMAP_PRESSURE, 0);
 		CUstream s = vpmm_host_stream_create(t.drv);
-		CUdeviceptr a[15];
+		CUdeviceptr a[7];
 		for (int i = 0; i < c[k].live; i++)
 			a[i] = PT_MALLOC(&t, 64 / c[k].live, s);
 		if (c[k].room_pages) {
@@ -365,12 +366,44 @@ Test(growth, free_memory_reads_follow_the_pools_clock)
 	pt_close(&t);
 }
 
+/* Parked allocations count as live until a flush gives them back: frees
+ * that reached a stream's cache and then the pool leave the count as it
+ * was before their mallocs. 17 allocations freed into 16-entry caches and
+ * flushed by a trim, then one live: a growth of 256 pages is two handles
+ * (16320 / 64: 255, handles of 128), not eight (1/256, as for 17 live). */
+Test(growth, flushed_parked_allocations_are_not_live)
+{
+	struct pt t;
+	struct pt_setup su = { .capacity = DEVICE_PAGES * PAGE, .va_pages = 4 * DEVICE_PAGES,
+			       .handle_pages = 1024, .no_loop_growth = true,
+			       .remap = VPMM_REMAP_PRESSURE, .front_entries = 16 };
+	pt_open(&t, &su);
+	CUstream s = vpmm_host_stream_create(t.drv);
+	CUdeviceptr a[17];
+	for (int i = 0; i < 17; i++)
+		a[i] = PT_MALLOC(&t, 4, s);
+	for (int i = 0; i < 17; i++)
+		PT_FREE(&t, a[i], s);
+	cr_assert_gt(pt_stats(&t).parked, 0, "nothing parked: the case tests nothing");
+	pt_settle(&t);
+	cr_assert_geq(vpmm_pool_trim(t.pool, 0), 0);
+	cr_assert_eq(pt_stats(&t).parked, 0, "the trim left parked entries");
+	CUdeviceptr one = PT_MALLOC(&t, 64, s);
+	struct grown g = grow_once(&t, 256, s);
+	cr_expect_eq(g.room_growths, 1);
+	cr_expect_eq(g.created, 2, "256 pages beside one live allocation: made %llu handles",
+		     (unsigned long long)g.created);
+	PT_FREE(&t, g.ptr, s);
+	PT_FREE(&t, one, s);
+	pt_close(&t);
+}
+
 /* A defragmentation's handles are never finer than the split rule makes
  * them: 1/64 of a pool the growth outweighs is a page or a few. VPMM_PAGES
  * mapped up front into the empty pool, and a large request on a small pool
  * holding more than its spare share free, are made of handles of what the
- * room allows (1/16 of it with nothing live, 1024 pages here; 1/96 with 5
- * allocations live, 128 pages), not of one page each. */
+ * room allows (1/32 of it with nothing live, 512 pages here; 1/192 with 5
+ * allocations live, 64 pages), not of one page each. */
 Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 {
 	struct pt t;
@@ -378,7 +411,7 @@ Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 			       .handle_pages = 1024, .no_loop_growth = true,
 			       .remap = VPMM_REMAP_PRESSURE, .initial_pages = 512 };
 	pt_open(&t, &su);
-	/* 512 pages in handles of up to 16384 / 16 = 1024 pages. */
+	/* 512 pages in handles of up to 16384 / 32 = 512 pages. */
 	cr_expect_eq(pt_stats(&t).handles_created, 1, "512 pages up front: made %llu handles",
 		     (unsigned long long)pt_stats(&t).handles_created);
 	pt_close(&t);
@@ -387,10 +420,10 @@ Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr *p = scatter(&t, s, 10, 8, 2); /* 80 pages, half free */
 	/* At most 600 pages lacking, in handles of a power of two within
-	 * (16384 - 80) / 96 pages: 128. */
+	 * (16384 - 80) / 192 pages: 64. */
 	struct grown g = grow_once(&t, 600, s);
 	cr_expect_eq(g.room_growths, 0);
-	cr_expect_leq(g.created, (600 + 127) / 128, "600 pages on an 80-page pool: made %llu handles",
+	cr_expect_leq(g.created, (600 + 63) / 64, "600 pages on an 80-page pool: made %llu handles",
 		      (unsigned long long)g.created);
 	PT_FREE(&t, g.ptr, s);
 	unscatter(&t, s, p, 10);
@@ -435,7 +468,8 @@ Test(growth, unread_free_memory_grows_as_always)
  * would make it; later growths are made of handles of GROWTH_COARSE_MAX
  * (64 MiB) at most, so that a request placed at a free region's start
  * strands little of a handle. 2 MiB pages, handles of up to 1 GiB, 256 GiB
- * of device: room for handles of 1 GiB (1/256 of the room) at first. */
+ * of device: room for handles of 1 GiB whatever the live count (1/256 of
+ * the room), so that only the 64 MiB bound makes the second growth's. */
 Test(growth, room_handles_are_coarse_up_to_64_mib)
 {
 	struct pt t;
