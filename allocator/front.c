@@ -21,6 +21,7 @@
  * (take.c calls the flushes here).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,10 +290,12 @@ static size_t flush_one(vpmm_pool *p, struct front *f, struct stream *s)
 			 * between an unpark and a new claim. Unparked if the
 			 * free fails (its event could not be made): handed out
 			 * again, as before it was parked. */
-			if (vpi_small_free_locked(p, e->r, e->ptr, s, e->epoch, true))
+			if (vpi_small_free_locked(p, e->r, e->ptr, s, e->epoch, true)) {
 				vpi_small_unpark(p, e->r->small, e->r, e->ptr);
-			else
+				p->front_unparked++;
+			} else {
 				p->front_given++;
+			}
 		} else {
 			vpi_give_locked(p, e->r, s, e->epoch); /* stays claimed */
 			p->front_given++;
@@ -533,8 +536,25 @@ size_t vpi_front_check_locked(vpmm_pool *p, FILE *log)
 	struct fentry *all = malloc(VPMM_FRONT_MAX * sizeof(*all));
 	if (!all)
 		return 0; /* no room to look: nothing found, nothing claimed */
-	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s))
+	uint64_t hits = p->gone_hits, parks = p->gone_parks, held = 0;
+	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
 		bad += check_one(p, f, all, log);
+		/* Each cache's counts agree under its lock, and the pool's
+		 * given and unparked counts move only under the pool lock,
+		 * which the caller holds: the sums agree too. */
+		vpi_mutex_lock(&f->lock);
+		hits += f->hits;
+		parks += f->parks;
+		held += f->n;
+		vpi_mutex_unlock(&f->lock);
+	}
 	free(all);
+	if (parks != hits + held + p->front_given + p->front_unparked) {
+		bad++;
+		if (log)
+			fprintf(log, "vpmm check: %" PRIu64 " parks, but %" PRIu64 " hits + %" PRIu64
+				" parked + %" PRIu64 " given back + %" PRIu64 " unparked\n",
+				parks, hits, held, p->front_given, p->front_unparked);
+	}
 	return bad;
 }

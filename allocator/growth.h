@@ -12,8 +12,9 @@
 
 #define GROWTH_ROOM_RATIO 16     /* room needed per byte grown without remapping */
 #define GROWTH_HANDLE_RATIO 256  /* room needed per byte of a new handle, */
-#define GROWTH_LIVE_RATIO 32     /* ... while fewer are live: this for each
-				  * live allocation and one more */
+#define GROWTH_LIVE_RATIO 32     /* ... while fewer than 256 / 32 - 1 = 7
+				  * are live: this for each live one and
+				  * one more */
 #define GROWTH_SPARE_PERMILLE 10 /* free share of the pool that stops growth */
 #define GROWTH_COARSE_RATIO 4    /* room per byte of the pool for coarse handles */
 #define GROWTH_START_RATIO 2     /* ... and for the placement at a free region's

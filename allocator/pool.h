@@ -71,8 +71,11 @@ struct vpmm_pool {
 	uint64_t gone_hits, gone_parks;
 	/* Parked allocations the caches gave back to the pool (front.c):
 	 * frees that st.frees does not count. st.mallocs - st.frees -
-	 * front_given allocations are live or parked (growth.c). */
-	uint64_t front_given;
+	 * front_given allocations are live or parked (growth.c). A park
+	 * ends in a hit, a give-back, or an unpark when a flush's free of a
+	 * block fails (front_unparked): the caches' parks equal their hits,
+	 * their entries, front_given and front_unparked (vpmm_pool_check). */
+	uint64_t front_given, front_unparked;
 	struct stream **stream_hash;
 	unsigned stream_hash_size;
 	size_t nhashed;

@@ -321,3 +321,34 @@ Test(front, snapshot_shows_what_is_parked)
 	pt_settle(&t);
 	pt_close(&t);
 }
+
+/* A flush whose free of a packed block fails (no event could cover it on
+ * the cache's stream) hands the block out again, as before it was parked;
+ * the caches' counts still agree (vpmm_pool_check: every park is a hit, an
+ * entry, a block given back or one handed out again). A block of a slab of
+ * stream a, freed on stream b into b's cache, then a trim with b's next
+ * event record failing. */
+Test(front, a_flush_whose_free_fails_hands_the_block_out_again)
+{
+	struct pt t;
+	struct pt_setup su = {.va_pages = 64, .front_entries = 16, .small_max = SIZE_MAX,
+			      .event_interval_ns = 1000000000};
+	pt_open(&t, &su);
+	CUstream a = vpmm_host_stream_create(t.drv), b = vpmm_host_stream_create(t.drv);
+	CUdeviceptr big = PT_MALLOC(&t, 2, b), blk = 0;
+	PT_FREE(&t, big, b); /* b's first free records: later ones wait */
+	cr_assert_eq(vpmm_pool_malloc(t.pool, t.page / 8, a, &blk), 0);
+	cr_assert_eq(vpmm_pool_free(t.pool, blk, b), 0);
+	cr_assert_eq(pt_stats(&t).parked, t.page / 8, "the block is not parked: the test shows nothing");
+	unsigned long rec = vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD);
+	vpmm_host_fail(t.drv, VPMM_OP_EVENT_RECORD, 1, CUDA_ERROR_LAUNCH_FAILED);
+	vpmm_pool_trim(t.pool, 0);
+	vpmm_host_fail(t.drv, VPMM_OP_EVENT_RECORD, 0, CUDA_SUCCESS);
+	cr_assert_gt(vpmm_host_calls(t.drv, VPMM_OP_EVENT_RECORD), rec, "no record was tried");
+	cr_assert_eq(pt_stats(&t).parked, 0, "the block stayed parked");
+	PT_CHECK(&t);
+	/* Handed out again: a free of it is no double free. */
+	cr_assert_eq(vpmm_pool_free(t.pool, blk, a), 0, "the block was freed after all");
+	PT_CHECK(&t);
+	pt_close(&t);
+}
