@@ -469,8 +469,14 @@ static bool entry_ok(vpmm_pool *p, const struct fentry *all, unsigned i)
 /* Broken invariants of one cache: entries not parked live memory, in the
  * wrong chain or twice, counts that disagree with the chains (a cycle shows
  * as more entries than slots), slots lost or listed twice, and chains
- * marked wrongly in `used`. */
-static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE *log)
+ * marked wrongly in `used`. Adds f's hits, parks and entries to `t`, read
+ * under the same lock. */
+struct tally {
+	uint64_t hits, parks, held;
+};
+
+static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE *log,
+			struct tally *t)
 {
 	size_t bad = 0, bytes = 0;
 	unsigned n = 0, steps = 0, unused = 0;
@@ -525,6 +531,9 @@ static size_t check_one(vpmm_pool *p, struct front *f, struct fentry *all, FILE 
 			fprintf(log, "vpmm check: front %u slots used, %u parked, %u unused\n",
 				f->touched, n, unused);
 	}
+	t->hits += f->hits;
+	t->parks += f->parks;
+	t->held += f->n;
 	vpi_mutex_unlock(&f->lock);
 	return bad;
 }
@@ -536,25 +545,19 @@ size_t vpi_front_check_locked(vpmm_pool *p, FILE *log)
 	struct fentry *all = malloc(VPMM_FRONT_MAX * sizeof(*all));
 	if (!all)
 		return 0; /* no room to look: nothing found, nothing claimed */
-	uint64_t hits = p->gone_hits, parks = p->gone_parks, held = 0;
-	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s)) {
-		bad += check_one(p, f, all, log);
-		/* Each cache's counts agree under its lock, and the pool's
-		 * given and unparked counts move only under the pool lock,
-		 * which the caller holds: the sums agree too. */
-		vpi_mutex_lock(&f->lock);
-		hits += f->hits;
-		parks += f->parks;
-		held += f->n;
-		vpi_mutex_unlock(&f->lock);
-	}
+	/* Each cache's counts agree under its lock, and the pool's given and
+	 * unparked counts move only under the pool lock, which the caller
+	 * holds: the sums agree too. */
+	struct tally t = {.hits = p->gone_hits, .parks = p->gone_parks};
+	for (struct front *f = front_next(p, NULL, &s); f; f = front_next(p, f, &s))
+		bad += check_one(p, f, all, log, &t);
 	free(all);
-	if (parks != hits + held + p->front_given + p->front_unparked) {
+	if (t.parks != t.hits + t.held + p->front_given + p->front_unparked) {
 		bad++;
 		if (log)
 			fprintf(log, "vpmm check: %" PRIu64 " parks, but %" PRIu64 " hits + %" PRIu64
 				" parked + %" PRIu64 " given back + %" PRIu64 " unparked\n",
-				parks, hits, held, p->front_given, p->front_unparked);
+				t.parks, t.hits, t.held, p->front_given, p->front_unparked);
 	}
 	return bad;
 }

@@ -162,8 +162,7 @@ static size_t handle_ratio(const vpmm_pool *p)
 	uint64_t live = p->st.mallocs > ended ? p->st.mallocs - ended : 0;
 	if (live >= GROWTH_HANDLE_RATIO / GROWTH_LIVE_RATIO)
 		return GROWTH_HANDLE_RATIO;
-	size_t ratio = GROWTH_LIVE_RATIO * ((size_t)live + 1);
-	return ratio < GROWTH_HANDLE_RATIO ? ratio : GROWTH_HANDLE_RATIO;
+	return GROWTH_LIVE_RATIO * ((size_t)live + 1); /* at most the above */
 }
 
 size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool room)

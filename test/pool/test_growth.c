@@ -10,14 +10,21 @@
 #define PAGE (64 * PT_KiB)
 #define DEVICE_PAGES 16384 /* 1 GiB of 64 KiB pages */
 
+/* The suite's device and pool: 1 GiB, handles of up to 64 MiB, no loop
+ * rule; the tests that need more set it on top. */
+static struct pt_setup growth_setup(enum vpmm_remap_policy remap, size_t limit_pages)
+{
+	return (struct pt_setup){ .capacity = DEVICE_PAGES * PAGE,
+				  .va_pages = 4 * DEVICE_PAGES,
+				  .handle_pages = 1024, /* VPMM_HANDLE_SIZE 64 MiB */
+				  .no_loop_growth = true,
+				  .remap = remap,
+				  .limit_pages = limit_pages };
+}
+
 static void open_growth(struct pt *t, enum vpmm_remap_policy remap, size_t limit_pages)
 {
-	struct pt_setup su = { .capacity = DEVICE_PAGES * PAGE,
-			       .va_pages = 4 * DEVICE_PAGES,
-			       .handle_pages = 1024, /* VPMM_HANDLE_SIZE 64 MiB */
-			       .no_loop_growth = true,
-			       .remap = remap,
-			       .limit_pages = limit_pages };
+	struct pt_setup su = growth_setup(remap, limit_pages);
 	pt_open(t, &su);
 }
 
@@ -374,9 +381,8 @@ Test(growth, free_memory_reads_follow_the_pools_clock)
 Test(growth, flushed_parked_allocations_are_not_live)
 {
 	struct pt t;
-	struct pt_setup su = { .capacity = DEVICE_PAGES * PAGE, .va_pages = 4 * DEVICE_PAGES,
-			       .handle_pages = 1024, .no_loop_growth = true,
-			       .remap = VPMM_REMAP_PRESSURE, .front_entries = 16 };
+	struct pt_setup su = growth_setup(VPMM_REMAP_PRESSURE, 0);
+	su.front_entries = 16;
 	pt_open(&t, &su);
 	CUstream s = vpmm_host_stream_create(t.drv);
 	CUdeviceptr a[17];
@@ -408,9 +414,8 @@ Test(growth, flushed_parked_allocations_are_not_live)
 Test(growth, a_defragmentation_is_never_finer_than_the_split_rule)
 {
 	struct pt t;
-	struct pt_setup su = { .capacity = DEVICE_PAGES * PAGE, .va_pages = 4 * DEVICE_PAGES,
-			       .handle_pages = 1024, .no_loop_growth = true,
-			       .remap = VPMM_REMAP_PRESSURE, .initial_pages = 512 };
+	struct pt_setup su = growth_setup(VPMM_REMAP_PRESSURE, 0);
+	su.initial_pages = 512;
 	pt_open(&t, &su);
 	/* 512 pages in handles of up to 16384 / 32 = 512 pages. */
 	cr_expect_eq(pt_stats(&t).handles_created, 1, "512 pages up front: made %llu handles",
