@@ -56,7 +56,8 @@ static const char *const sync_free_names[] = { "events", "device", NULL };
 	  "virtual address space reserved per chunk, at least 1G; more "       \
 	  "chunks (1024 in all) are reserved on demand")                       \
 	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "1G",         \
-	  "largest physical handle created when the pool grows (0: one page)") \
+	  "largest physical handle created when the pool grows (0: one page; " \
+	  "unset, at least VPMM_PAGE_SIZE)")                                   \
 	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "16",      \
 	  "a growth of S bytes in a pool holding M is made of handles of "     \
 	  "about S/k, k = 1 + N*M/(M+S) (one handle in an empty pool, about "  \
@@ -349,17 +350,23 @@ static void quote_value(const char *v, char *buf, size_t n)
 	size_t o = 0;
 	const size_t keep = 64;
 
-	if (n < 8)
+	if (n < 8) {
+		if (n)
+			buf[0] = '\0';
 		return;
+	}
 	buf[o++] = '"';
-	for (size_t i = 0; v[i] && o + 8 < n; i++) {
+	for (size_t i = 0; v[i]; i++) {
 		unsigned char c = (unsigned char)v[i];
-		if (i == keep) {
+		bool escaped = c < 0x20 || c >= 0x7f || c == '"' || c == '\\';
+		/* This byte, then room for "...", the quote and the NUL: a value
+		 * cut short always says so. */
+		if (i == keep || o + (escaped ? 4 : 1) + 5 > n) {
 			memcpy(buf + o, "...", 3);
 			o += 3;
 			break;
 		}
-		if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\')
+		if (escaped)
 			o += (size_t)snprintf(buf + o, n - o, "\\x%02x", c);
 		else
 			buf[o++] = (char)c;
@@ -544,6 +551,8 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.va_size = r.val[OPT_VA_SIZE].size;
 	if (r.set[OPT_HANDLE_SIZE])
 		c.handle_size = r.val[OPT_HANDLE_SIZE].size;
+	else if (c.page_size > c.handle_size)
+		c.handle_size = c.page_size; /* the default, at least a page */
 	if (r.set[OPT_LIMIT])
 		c.limit = r.val[OPT_LIMIT].size;
 	if (r.set[OPT_GROWTH_SPLIT])

@@ -171,8 +171,12 @@ vpmm_pool *vpmm_device_pool_make(int dev)
 			char why[256] = "";
 			no_pool_why(&cfg, e, why, sizeof why);
 			atomic_store(&st.dev[dev].failed, true);
-			vpmm_log(VPMM_LOG_WARN, "device %d: no pool (%s): passing its allocations through",
-				 dev, why[0] ? why : strerror(-e));
+			/* A setting refused is the user's error to see even under
+			 * VPMM_LOG=error; a driver that cannot make a pool, a
+			 * warning. */
+			vpmm_log(why[0] ? VPMM_LOG_ERROR : VPMM_LOG_WARN,
+				 "device %d: no pool (%s): passing its allocations through", dev,
+				 why[0] ? why : strerror(-e));
 			p = NULL;
 		} else {
 			for (int d = 0; d < VPMM_MAX_DEVICES; d++)

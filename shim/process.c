@@ -83,7 +83,7 @@ static void start_observers(const struct vpmm_env_options *o)
 	if (o->trace[0]) {
 		int e = vpmm_trace_open(o->trace);
 		if (e)
-			vpmm_log(VPMM_LOG_WARN, "VPMM_TRACE=%s: %s: not tracing", o->trace,
+			vpmm_log(VPMM_LOG_ERROR, "VPMM_TRACE=%s: %s: not tracing", o->trace,
 				 vpmm_trace_strerror(e));
 	}
 	struct vpmm_server_config sc = {

@@ -472,8 +472,13 @@ static int choose_path(struct server *s, const char *explicit_path)
 static int clear_path(struct server *s, const struct sockaddr_un *addr)
 {
 	struct stat st;
-	if (lstat(s->path, &st) != 0)
-		return errno == ENOENT ? 0 : -errno;
+	if (lstat(s->path, &st) != 0) {
+		int e = errno;
+		if (e == ENOENT)
+			return 0;
+		setup_err(s, "%s: %s: not serving", s->path, strerror(e));
+		return -e;
+	}
 	if (!S_ISSOCK(st.st_mode)) {
 		setup_err(s, "%s exists and is not a socket: not serving", s->path);
 		return -EEXIST;
@@ -628,7 +633,8 @@ int vpmm_server_start(const struct vpmm_server_config *cfg)
 	return 0;
 fail:
 	if (rc != -ENOMEM && s && !s->said)
-		slog(s, VPMM_LOG_WARN, "no vpmm-dump socket for this process (%s)", strerror(-rc));
+		slog(s, VPMM_LOG_WARN, "%s%sno vpmm-dump socket for this process (%s)", s->path,
+		     s->path[0] ? ": " : "", strerror(-rc));
 	server_free(s);
 out:
 	pthread_mutex_unlock(&g_lock);

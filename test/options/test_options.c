@@ -507,6 +507,47 @@ Test(errors, trace_path_too_long)
 	cr_expect(strstr(err, "too long") != NULL, "%s", err);
 }
 
+/* A value cut to fit the message says so, however its bytes are escaped
+ * (31 control bytes and "XYZ" showed as 22 escapes and nothing more). */
+Test(errors, a_value_cut_short_ends_in_dots)
+{
+	struct vpmm_config c;
+	char err[256], v[40];
+	memset(v, 1, 31);
+	strcpy(v + 31, "XYZ");
+	env_clear();
+	env_set("VPMM_PAGES", v);
+	cr_expect_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), -EINVAL);
+	cr_expect(strstr(err, "\\x01...\"") != NULL, "%s", err);
+	cr_expect(strstr(err, "XYZ") == NULL, "%s", err);
+	env_set("VPMM_PAGES", "12X");
+	cr_expect_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), -EINVAL);
+	cr_expect(strstr(err, "VPMM_PAGES=\"12X\"") != NULL, "%s", err);
+}
+
+/* A page larger than the default handle raises the handle to it: setting
+ * VPMM_PAGE_SIZE=2G alone was refused, blaming VPMM_HANDLE_SIZE. A handle
+ * size given stays as given, and is checked. */
+Test(config, a_large_page_raises_the_default_handle)
+{
+	struct vpmm_config c;
+	char err[256] = "";
+	env_clear();
+	env_set("VPMM_PAGE_SIZE", "2G");
+	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
+	cr_expect_eq(c.handle_size, 2 * GIB);
+	cr_expect_eq(vpmm_config_check(&c, 2 * MIB, err, sizeof err), 0, "%s", err);
+	env_set("VPMM_PAGE_SIZE", "4M");
+	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
+	cr_expect_eq(c.handle_size, GIB);
+	env_set("VPMM_PAGE_SIZE", "2G");
+	env_set("VPMM_HANDLE_SIZE", "1G");
+	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
+	cr_expect_eq(c.handle_size, GIB);
+	cr_expect_eq(vpmm_config_check(&c, 2 * MIB, err, sizeof err), -EINVAL);
+	cr_expect(strstr(err, "VPMM_HANDLE_SIZE=1G") != NULL, "%s", err);
+}
+
 Test(errors, message_stays_one_line)
 {
 	struct vpmm_config c;

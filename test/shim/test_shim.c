@@ -576,7 +576,8 @@ Test(shim_options, log_info)
 
 /* Values known to be bad only with the driver's granularity (64K here):
  * the device's pool is not made, its allocations pass through, and the one
- * line says which variable is at fault. */
+ * line says which variable is at fault, as an error: VPMM_LOG=error once
+ * hid it, the pool lost without a word. */
 Test(shim_options, a_bad_combination_names_the_variable)
 {
 	static const char *const bad[][3] = {
@@ -595,11 +596,12 @@ Test(shim_options, a_bad_combination_names_the_variable)
 		 "no pool (VPMM_LIMIT=64K is less than the VPMM_PAGES=2 pages of 64K"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		const char *const env[] = {"SHIMTEST_EXPECT=real", bad[i][0], bad[i][1], NULL};
+		const char *const env[] = {"SHIMTEST_EXPECT=real", "VPMM_LOG=error", bad[i][0],
+					   bad[i][1], NULL};
 		run(RT_PROG, "basic", true, env);
 		EXPECT_OK();
 		cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s:\n%s", bad[i][0], R.out);
-		cr_expect_eq(count_lines_with("vpmm: warning: device 0:", bad[i][2]), 1, "%s:\n%s",
+		cr_expect_eq(count_lines_with("vpmm: error: device 0:", bad[i][2]), 1, "%s:\n%s",
 			     bad[i][0], R.out);
 	}
 }
@@ -721,4 +723,24 @@ Test(shim_options, a_socket_that_cannot_be_set_up_is_one_line)
 	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
 	cr_expect_eq(count_lines_with("vpmm:", "/dev/null exists and is not a socket"), 1, "%s",
 		     R.out);
+	/* A path the socket cannot be looked up at: the line names it and
+	 * the reason (it said only "Not a directory", as a warning). */
+	const char *const env2[] = {"VPMM_SOCKET=/dev/null/x.sock", "VPMM_LOG=error", NULL};
+	run(RT_PROG, "basic", true, env2);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: server: /dev/null/x.sock: Not a directory",
+				      "not serving"), 1, "%s", R.out);
+}
+
+/* A trace that cannot be opened is lost: an error, seen under
+ * VPMM_LOG=error too. */
+Test(shim_options, a_trace_that_cannot_be_opened_is_an_error)
+{
+	const char *const env[] = {"VPMM_TRACE=/dev/null/t.csv", "VPMM_LOG=error", NULL};
+	run(RT_PROG, "basic", true, env);
+	EXPECT_OK();
+	cr_expect_eq(count_lines_with("vpmm:", NULL), 1, "%s", R.out);
+	cr_expect_eq(count_lines_with("vpmm: error: VPMM_TRACE=/dev/null/t.csv", "not tracing"), 1,
+		     "%s", R.out);
 }
