@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "driver_host.h"
 #include "options.h"
@@ -56,7 +57,7 @@ static FILE *open_plot(const char *path, FILE *log)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
+	fputs(
 "usage: vpmm-replay [OPTIONS] LOG.csv\n"
 "\n"
 "Replays an allocation log in RMM's CSV format (the header\n"
@@ -90,7 +91,8 @@ static void usage(FILE *f)
 "                        (default 0, whatever VPMM_FRONT_ENTRIES says: the\n"
 "                        pool itself is measured)\n"
 "Simulated device:\n"
-"  --granularity SIZE    allocation granularity (default 2M)\n"
+"  --granularity SIZE    allocation granularity, a power of two from 4K\n"
+"                        (default 2M)\n"
 "  --capacity SIZE       device memory (default 1024T)\n"
 "  --tenant OP:SIZE[,OP:SIZE...]\n"
 "                        another process holds SIZE of the device from\n"
@@ -102,8 +104,9 @@ static void usage(FILE *f)
 "                        or the host's, as the replay runs\n"
 "  --complete-every N    the device finishes all queued work after every N\n"
 "                        operations (default 1; 0: never, so other streams'\n"
-"                        memory is reused only through defragmentation waits)\n"
-"Output:\n"
+"                        memory is reused only through defragmentation waits)\n",
+	      f);
+	fputs("Output:\n"
 "  --json                one JSON object: peak_live_bytes (rounded to pages),\n"
 "                        peak_requested_bytes (as logged), peak_mapped_bytes,\n"
 "                        ratio, ops, pages_created, pages_remapped, defrags,\n"
@@ -123,7 +126,7 @@ static void usage(FILE *f)
 "malformed or unreadable log (the message names FILE:LINE), or a --plot\n"
 "file that cannot be written.\n"
 "On a terminal, a long log's reading and replay show their progress on\n"
-"standard error.\n");
+"standard error.\n", f);
 }
 
 enum {
@@ -142,6 +145,23 @@ static bool size_arg(const char *opt, const char *s, size_t *out)
 		rc == -ERANGE ? "too large"
 			      : "expected a size such as 2M or 2097152");
 	return false;
+}
+
+/* --granularity: what the host driver takes, a power of two from 4K;
+ * --capacity: at least one byte (0 once meant the default, unsaid). */
+static bool device_arg(const char *opt, const char *s, bool granularity, size_t *out)
+{
+	if (!size_arg(opt, s, out))
+		return false;
+	if (granularity && (*out < 4096 || (*out & (*out - 1)))) {
+		fprintf(stderr, "vpmm-replay: %s \"%s\": expected a power of two from 4K\n", opt, s);
+		return false;
+	}
+	if (!granularity && !*out) {
+		fprintf(stderr, "vpmm-replay: %s \"%s\": expected more than 0\n", opt, s);
+		return false;
+	}
+	return true;
 }
 
 /* --tenant OP:SIZE[,OP:SIZE...], operations in ascending order. */
@@ -215,6 +235,15 @@ static const struct {
 };
 #define NPOOL_OPTS (sizeof(pool_opts) / sizeof(pool_opts[0]))
 static const char *pool_given[NPOOL_OPTS]; /* the option's text, or NULL */
+
+/* A VPMM_ variable one slip from a setting is read by nothing: said, as
+ * the preloaded library says it. */
+static void warn_misspelled(const char *given, const char *meant, void *arg)
+{
+	(void)arg;
+	fprintf(stderr, "vpmm-replay: warning: %s is not a libvpmm variable and does nothing: %s?\n",
+		given, meant);
+}
 
 static const char *pool_getenv(const char *name)
 {
@@ -324,8 +353,8 @@ int main(int argc, char **argv)
 		case O_FRONT:
 			ok = pool_arg(c, name, optarg);
 			break;
-		case O_GRANULARITY: ok = size_arg(opt, optarg, &host.granularity); break;
-		case O_CAPACITY: ok = size_arg(opt, optarg, &host.capacity); break;
+		case O_GRANULARITY: ok = device_arg(opt, optarg, true, &host.granularity); break;
+		case O_CAPACITY: ok = device_arg(opt, optarg, false, &host.capacity); break;
 		case O_TENANT: ok = tenant_arg(opt, optarg, &tenant); break;
 		case O_COMPLETE_EVERY: ok = count_arg(opt, optarg, &complete_every); break;
 		case O_CLOCK:
@@ -371,6 +400,7 @@ int main(int argc, char **argv)
 		free(tenant.step);
 		return EXIT_INPUT;
 	}
+	vpmm_options_misspelled(environ, warn_misspelled, NULL);
 	if (vpmm_config_from_env(&cfg, pool_getenv, err, sizeof(err))) {
 		const char *o = option_of(err, longopts);
 		fprintf(stderr, "vpmm-replay: %s%s%s%s\n", o ? "--" : "", o ? o : "", o ? ": " : "",
@@ -427,10 +457,11 @@ int main(int argc, char **argv)
 		char why[256] = "";
 		if (prc == -EINVAL)
 			vpmm_config_check(&cfg, host.granularity, why, sizeof(why));
-		fprintf(stderr, "vpmm-replay: cannot create the pool: %s (page size "
+		const char *o = option_of(why, longopts);
+		fprintf(stderr, "vpmm-replay: cannot create the pool: %s%s%s%s (page size "
 				"%zu, granularity %zu, pages %zu, va size %zu)\n",
-			why[0] ? why : strerror(-prc), cfg.page_size, host.granularity,
-			cfg.initial_pages, cfg.va_size);
+			o ? "--" : "", o ? o : "", o ? ": " : "", why[0] ? why : strerror(-prc),
+			cfg.page_size, host.granularity, cfg.initial_pages, cfg.va_size);
 		rc = 1;
 		goto out;
 	}

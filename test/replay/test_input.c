@@ -41,7 +41,8 @@ Test(replay, config_defaults_come_from_the_environment)
 /* Settings that read well alone but make no pool (against the simulated
  * device's 2M granularity, or each other): exit 1 before any replay, and
  * the message names the variable at fault with its value, whether it came
- * from the command line or the environment. */
+ * from the command line or the environment, and the option where one
+ * gave it. */
 Test(replay, a_pool_the_settings_cannot_make_names_the_setting)
 {
 	const char *log = spec_log();
@@ -49,12 +50,12 @@ Test(replay, a_pool_the_settings_cannot_make_names_the_setting)
 		const char *arg[3], *env, *says;
 	} bad[] = {
 		{{"--page-size", "1M", NULL}, NULL,
-		 "VPMM_PAGE_SIZE=1M is not a multiple of the driver's granularity 2M"},
+		 "--page-size: VPMM_PAGE_SIZE=1M is not a multiple of the driver's granularity 2M"},
 		{{"--granularity", "1G", NULL}, "VPMM_PAGE_SIZE=512M",
 		 "VPMM_PAGE_SIZE=512M is not a multiple of the driver's granularity 1G"},
 		{{NULL}, "VPMM_HANDLE_SIZE=3M", "VPMM_HANDLE_SIZE=3M is not a whole number of pages"},
-		{{"--grain", "256", NULL}, NULL, "VPMM_GRAIN=256: expected a power of two from 512"},
-		{{NULL}, "VPMM_GRAIN=256", "VPMM_GRAIN=256: expected a power of two from 512"},
+		{{"--grain", "256", NULL}, NULL, "--grain: VPMM_GRAIN=256: expected a power of two from 512"},
+		{{NULL}, "VPMM_GRAIN=256", "pool: VPMM_GRAIN=256: expected a power of two from 512"},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		const char *args[5];
@@ -72,6 +73,46 @@ Test(replay, a_pool_the_settings_cannot_make_names_the_setting)
 		cr_expect_str_empty(r.out, "case %zu: a report without a pool", i);
 		run_free(&r);
 	}
+}
+
+/* The simulated device's own options are checked as they are read: a
+ * granularity the host driver refuses once said only "CUresult 1", and 0
+ * for either quietly meant the default. */
+Test(replay, a_device_the_options_cannot_make_is_bad_usage)
+{
+	const char *log = spec_log();
+	static const char *const bad[][3] = {
+		{"--granularity", "3M", "--granularity \"3M\": expected a power of two from 4K"},
+		{"--granularity", "1", "--granularity \"1\": expected a power of two from 4K"},
+		{"--granularity", "0", "--granularity \"0\": expected a power of two from 4K"},
+		{"--capacity", "0", "--capacity \"0\": expected more than 0"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct run r = replay((const char *[]){bad[i][0], bad[i][1], log, NULL}, NULL);
+		cr_expect_eq(r.status, 2, "case %zu: exit %d: %s", i, r.status, r.err);
+		cr_expect(strstr(r.err, bad[i][2]), "case %zu: %s", i, r.err);
+		cr_expect_str_empty(r.out, "case %zu", i);
+		run_free(&r);
+	}
+	struct run r = replay((const char *[]){"--granularity", "4K", "--json", log, NULL}, NULL);
+	cr_expect_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect_eq(json_u64(r.out, "page_size"), 4096, "%s", r.out);
+	run_free(&r);
+}
+
+/* A VPMM_ name one slip from a setting is pointed out, as the preload
+ * does; the replay runs on. */
+Test(replay, a_misspelled_variable_is_pointed_out)
+{
+	const char *log = spec_log();
+	struct run r = replay((const char *[]){log, NULL},
+			      (const char *[]){"VPMM_PAGESIZE=1G", "VPMM_LIB=x", NULL});
+	cr_expect_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	cr_expect(strstr(r.err, "vpmm-replay: warning: VPMM_PAGESIZE is not a libvpmm variable"),
+		  "%s", r.err);
+	cr_expect(strstr(r.err, "VPMM_PAGE_SIZE?"), "%s", r.err);
+	cr_expect(!strstr(r.err, "VPMM_LIB"), "%s", r.err);
+	run_free(&r);
 }
 
 /* An option and its variable are one setting: the same value is refused the
