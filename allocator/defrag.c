@@ -189,8 +189,9 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 		return rc;
 	d->shortfall = d->pl.taken >= lack ? 0 : lack - d->pl.taken;
 	d->shortfall = vpi_whole_pages(p, d->shortfall); /* mapped whole */
-	if (d->shortfall && p->cfg.limit &&
-	    p->st.mapped + p->inflight + d->shortfall > p->cfg.limit) {
+	if (d->shortfall && ((p->cfg.limit &&
+	     p->st.mapped + p->inflight + d->shortfall > p->cfg.limit) ||
+	    !vpi_growth_may_create(p, d->shortfall))) {
 		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
 		rc = -ENOMEM;
 		return rc;

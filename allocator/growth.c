@@ -208,6 +208,22 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	return split_size(p, shortfall, cap);
 }
 
+bool vpi_growth_may_create(vpmm_pool *p, size_t bytes)
+{
+	/* A failed read stands until GROWTH_READ_NS has passed, as for the
+	 * handles' sizes. */
+	if (p->dev_read_ns && (p->dev_unknown || bytes <= p->dev_free))
+		return true;
+	/* More than the last read left (or none read yet): asked again, the
+	 * estimate left as it is, so that a growth that fits decides as
+	 * before. One that does not is refused as the driver would have. */
+	size_t fr = 0, total = 0;
+	if (DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total) != CUDA_SUCCESS || bytes <= fr)
+		return true;
+	vpi_growth_refused(p);
+	return false;
+}
+
 void vpi_growth_created(vpmm_pool *p, size_t bytes)
 {
 	p->dev_free = p->dev_free > bytes ? p->dev_free - bytes : 0;

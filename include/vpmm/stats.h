@@ -30,7 +30,7 @@
 	X(defrags, "allocations that remapped or grew")                       \
 	X(loop_growths, "of them, a repeating loop's, grown instead of remapped") \
 	X(room_growths, "of them, grown without remapping: the device had room") \
-	X(growth_refusals, "growths the driver refused for want of memory")    \
+	X(growth_refusals, "growths refused for want of device memory")       \
 	X(loop_hints, "mallocs placed where the same malloc went a step before") \
 	X(pages_created, "pages of physical memory created")                  \
 	X(pages_remapped, "pages moved to a new address")                     \

@@ -502,3 +502,34 @@ Test(growth, room_handles_are_coarse_up_to_64_mib)
 		     (unsigned long long)g.created);
 	pt_close(&t);
 }
+
+/* A request more than the device holds free fails at once, under either
+ * policy: no handle made and released (a 2 PiB request on the replay's
+ * 1 PiB device took 87 s, a larger one ran out of host memory for the
+ * handles' records), counted as a refusal; a request that fits is served
+ * after it, and one that another tenant's memory makes too large fails
+ * the same way. */
+Test(growth, a_request_the_device_cannot_hold_fails_at_once)
+{
+	for (int always = 0; always < 2; always++) {
+		struct pt t;
+		open_growth(&t, always ? VPMM_REMAP_ALWAYS : VPMM_REMAP_PRESSURE, 0);
+		CUstream s = vpmm_host_stream_create(t.drv);
+		CUdeviceptr p = 0;
+		uint64_t creates = vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE);
+		cr_expect_eq(vpmm_pool_malloc(t.pool, 2 * DEVICE_PAGES * PAGE, s, &p), -ENOMEM);
+		cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE), creates,
+			     "always %d: handles made for a request twice the device", always);
+		cr_expect_eq(pt_stats(&t).growth_refusals, 1, "always %d", always);
+		struct grown g = grow_once(&t, DEVICE_PAGES / 2, s);
+		cr_expect_geq(g.created, 1);
+		vpmm_host_set_tenant(t.drv, DEVICE_PAGES / 4 * PAGE);
+		creates = vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE);
+		cr_expect_eq(vpmm_pool_malloc(t.pool, DEVICE_PAGES / 2 * PAGE, s, &p), -ENOMEM);
+		cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE), creates, "always %d",
+			     always);
+		cr_expect_eq(vpmm_pool_check(t.pool, stderr), 0);
+		PT_FREE(&t, g.ptr, s);
+		pt_close(&t);
+	}
+}
