@@ -13,11 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "dump.h"
 #include "json.h"
 #include "pickle.h"
+#include "rmm-time.h"
 
 struct tev {
 	uint64_t time_us, ptr, size, stream;
@@ -68,15 +70,15 @@ static bool parse_trace_line(char *line, struct tev *ev)
 		ev->action = 2;
 	else
 		return false;
-	unsigned h = 0, m = 0, s = 0, us = 0;
-	ev->time_us = 0;
-	if (sscanf(f[1], "%u:%u:%u.%u", &h, &m, &s, &us) == 4)
-		ev->time_us = (((uint64_t)h * 60 + m) * 60 + s) * 1000000u + us;
+	/* As vpmm-replay reads it (a fraction after ':' too, as RMM and
+	 * bench/workloads.py write it); no time of day: 0. */
+	if (!rmm_parse_time(f[1], &ev->time_us))
+		ev->time_us = 0;
 	char *end;
 	errno = 0;
 	ev->size = strtoull(f[4], &end, 10);
-	if (errno || end == f[4] || *end)
-		return false;
+	if (errno || end == f[4] || *end || f[4][0] < '0' || f[4][0] > '9')
+		return false; /* strtoull would take "-1" as 2^64 - 1 */
 	return hex_field(f[3], &ev->ptr) && hex_field(f[5], &ev->stream);
 }
 
@@ -110,6 +112,14 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return EXIT_FAIL;
 	}
+	/* VPMM_TRACE writes a regular file; a device or a pipe may never end
+	 * (/dev/zero read on for ever, one endless line). */
+	struct stat st;
+	if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+		fclose(f);
+		snprintf(err, errlen, "%s: not a regular file (VPMM_TRACE writes one)", path);
+		return EXIT_FAIL;
+	}
 	tr->max = max ? max : 1;
 	tr->ev = calloc(tr->max, sizeof(*tr->ev));
 	if (!tr->ev) {
@@ -118,7 +128,7 @@ static int read_trace(const char *path, size_t max, struct trace *tr, char *err,
 		return EXIT_FAIL;
 	}
 	/* A trace line is under 128 bytes; one past this is not a trace
-	 * line, and is skipped without being held (a /dev/zero, a 1 GB line). */
+	 * line, and is skipped without being held (a 1 GB line). */
 	char line[512];
 	bool header = true, cut;
 	ssize_t got;

@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include "replay.h"
+#include "rmm-time.h"
 
 #define MAX_WARNINGS 10
 
@@ -255,47 +256,6 @@ struct parser {
 
 #define DAY_US 86400000000ull
 
-/* A time of day, H:MM:SS, then '.' or ':' and up to 9 digits of a second
- * (none: whole seconds), in microseconds. */
-static bool parse_time(const char *s, uint64_t *out)
-{
-	uint64_t part[3] = { 0 }, frac = 0;
-	for (int i = 0; i < 3; i++) {
-		int n = 0;
-		while (*s >= '0' && *s <= '9' && n < 2) {
-			part[i] = part[i] * 10 + (uint64_t)(*s++ - '0');
-			n++;
-		}
-		if (!n || (i > 0 && n != 2) || (i < 2 && *s++ != ':'))
-			return false;
-	}
-	if (part[0] > 23 || part[1] > 59 || part[2] > 60)
-		return false;
-	if (*s == '.' || *s == ':') {
-		int n = 0;
-		s++;
-		while (*s >= '0' && *s <= '9' && n < 9) {
-			frac = frac * 10 + (uint64_t)(*s++ - '0');
-			n++;
-		}
-		if (!n)
-			return false;
-		/* to microseconds: n digits are frac / 10^n seconds */
-		while (n > 6) {
-			frac /= 10;
-			n--;
-		}
-		while (n < 6) {
-			frac *= 10;
-			n++;
-		}
-	}
-	if (*s)
-		return false;
-	*out = ((part[0] * 60 + part[1]) * 60 + part[2]) * 1000000 + frac;
-	return true;
-}
-
 /* The log's clock at this line (parser.now_us), from its Time field: the
  * first line is 0; a time of day up to 12 hours after the one the clock
  * stands at moves it on (past midnight too), one before it (a thread
@@ -305,7 +265,7 @@ static void line_time(struct parser *ps, const char *f)
 	uint64_t tod;
 	if (ps->log->untimed_line)
 		return;
-	if (!parse_time(f, &tod)) {
+	if (!rmm_parse_time(f, &tod)) {
 		ps->log->untimed_line = ps->line;
 		return;
 	}

@@ -300,9 +300,13 @@ int main(int argc, char **argv)
 		int rc = ask(path, req, &reply, err, sizeof(err));
 		if (rc != EXIT_OK)
 			return failed(rc, pid, err);
-		json_u64(json_get(&reply, "released"), &released);
-		printf("released %" PRIu64 " bytes\n", released);
+		bool ok = json_u64(json_get(&reply, "released"), &released);
 		json_free(&reply);
+		if (!ok) {
+			errf("%s: malformed reply to trim: no \"released\" count", path);
+			return EXIT_FAIL;
+		}
+		printf("released %" PRIu64 " bytes\n", released);
 		return output_status();
 	}
 	for (uint64_t i = 0;; i++) {

@@ -286,6 +286,19 @@ Test(dump, hostile_replies_and_bad_values)
 	cr_expect_eq(r.status, 0, "%s", r.err);
 	cr_expect_str_eq(f.got[0], "vpmm 1 trim 1073741824");
 	run_free(&r);
+	/* a trim reply without its count is malformed: it printed "released
+	 * 0 bytes" and succeeded */
+	static const char *const bad_trims[] = {"{\"protocol\":1,\"ok\":true}\n",
+						"{\"protocol\":1,\"ok\":true,\"released\":-5}\n",
+						"{\"protocol\":1,\"ok\":true,\"released\":\"9\"}\n"};
+	for (size_t i = 0; i < 3; i++) {
+		const char *const one[] = {bad_trims[i], NULL};
+		ask_fake(path, one, (char *[]){VPMM_DUMP, "--trim", "--socket", path, NULL}, &r, &f);
+		cr_expect_eq(r.status, 1, "reply %zu: status %d: %s", i, r.status, r.err);
+		cr_expect(strstr(r.err, "malformed reply to trim"), "reply %zu: %s", i, r.err);
+		cr_expect_null(strstr(r.out, "released"), "reply %zu: %s", i, r.out);
+		run_free(&r);
+	}
 
 	/* a reply with no protocol at all is malformed, not another version,
 	 * and so is one whose protocol is no version (0, a string): only a

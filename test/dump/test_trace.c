@@ -59,7 +59,8 @@ Test(dump, trace_csv_lines_with_nul_bytes_are_skipped)
 		"1,00:00:01.000001,allocate,0x10000,65536,0x0\n"
 		"1,00:00:01.000002,allocate,0x20000,65536,0x0\0tail\n"
 		"1,00:00:01.000003,free,0x10000,65536,0x0\n"
-		"1,00:00:01.000004,allocate,0x30000,4096,0x0\n";
+		"1,00:00:01:000004,allocate,0x30000,4096,0x0\n"
+		"1,00:00:01.000004,allocate,0x70000,-1,0x0\n";
 	FILE *f = fopen(csv, "wb");
 	cr_assert_not_null(f);
 	cr_assert_eq(fwrite(text, 1, sizeof(text) - 1, f), sizeof(text) - 1);
@@ -80,7 +81,8 @@ Test(dump, trace_csv_lines_with_nul_bytes_are_skipped)
 		 &r, &fs);
 	cr_expect_eq(r.status, 0, "status %d: %s", r.status, r.err);
 	cr_expect_eq(trace_events_said(r.err), 4, "not the 4 valid events: %s", r.err);
-	cr_expect(strstr(r.err, ": 2 malformed trace lines skipped"), "%s", r.err);
+	/* and a size of -1 (strtoull's 2^64 - 1) */
+	cr_expect(strstr(r.err, ": 3 malformed trace lines skipped"), "%s", r.err);
 	if (have_file(PYTHON3)) {
 		/* three allocations and a free (requested, completed): 5 entries */
 		run_free(&r);
@@ -89,6 +91,16 @@ Test(dump, trace_csv_lines_with_nul_bytes_are_skipped)
 		    &r);
 		cr_expect_eq(r.status, 0, "check_snapshot.py: %s%s", r.out, r.err);
 	}
+	run_free(&r);
+
+	/* A file that is no trace file and never ends (/dev/zero, one
+	 * endless line) is refused, where it was read for ever. */
+	ask_fake(path, replies,
+		 (char *[]){VPMM_DUMP, "--socket", path, "--torch-snapshot", snap, "--trace-csv",
+			    "/dev/zero", NULL},
+		 &r, &fs);
+	cr_expect_eq(r.status, 1, "status %d: %s", r.status, r.err);
+	cr_expect(strstr(r.err, "/dev/zero: not a regular file"), "%s", r.err);
 	run_free(&r);
 
 	remove_dir(dir);
