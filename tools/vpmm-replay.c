@@ -11,6 +11,7 @@
  * driver_host.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -38,7 +39,11 @@ static bool stdout_ok(void)
 
 /* The --plot file, opened for writing before the log is read, so that a
  * path that cannot be written costs no replay. Never the log itself. */
-static FILE *open_plot(const char *path, FILE *log)
+/* Opened before the log is read, so that an unwritable path fails first,
+ * but neither truncated nor left behind until the log has parsed
+ * (plot_keep): a malformed log once emptied the image already there.
+ * *created: the file is new. */
+static FILE *open_plot(const char *path, FILE *log, bool *created)
 {
 	struct stat a, b;
 	if (stat(path, &a) == 0 && fstat(fileno(log), &b) == 0 && a.st_dev == b.st_dev &&
@@ -46,11 +51,35 @@ static FILE *open_plot(const char *path, FILE *log)
 		fprintf(stderr, "vpmm-replay: --plot %s: that is the log\n", path);
 		return NULL;
 	}
-	FILE *f = fopen(path, "w");
-	if (!f)
-		fprintf(stderr, "vpmm-replay: cannot write the plot %s: %s\n", path,
-			strerror(errno));
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+	*created = fd >= 0;
+	if (fd < 0 && errno == EEXIST)
+		fd = open(path, O_WRONLY | O_CLOEXEC);
+	FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+	if (!f) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		if (*created)
+			unlink(path);
+		fprintf(stderr, "vpmm-replay: cannot write the plot %s: %s\n", path, strerror(e));
+	}
 	return f;
+}
+
+/* The log parsed (`keep`): the image starts empty. Not: the file is left
+ * as it was, or removed if this run made it. */
+static void plot_keep(FILE *f, const char *path, bool created, bool keep)
+{
+	struct stat st;
+	if (keep) {
+		if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
+			(void)!ftruncate(fileno(f), 0);
+		return;
+	}
+	fclose(f);
+	if (created)
+		unlink(path);
 }
 
 /* ---- main ------------------------------------------------------------------ */
@@ -420,7 +449,8 @@ int main(int argc, char **argv)
 		return EXIT_INPUT;
 	}
 	FILE *plot_file = NULL;
-	if (plot_path && !(plot_file = open_plot(plot_path, in))) {
+	bool plot_created = false;
+	if (plot_path && !(plot_file = open_plot(plot_path, in, &plot_created))) {
 		if (in != stdin)
 			fclose(in);
 		free(tenant.step);
@@ -429,9 +459,9 @@ int main(int argc, char **argv)
 	int rc = parse_log(in, &lg);
 	if (in != stdin)
 		fclose(in);
+	if (plot_file)
+		plot_keep(plot_file, plot_path, plot_created, !rc);
 	if (rc) {
-		if (plot_file)
-			fclose(plot_file);
 		free(lg.stream_values);
 		free(lg.ops);
 		free(lg.allocs);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "replay_test.h"
 
@@ -146,6 +147,40 @@ Test(replay, plot_file_errors)
 			  r.err);
 		run_free(&r);
 	}
+
+	/* a malformed log leaves an image already there as it was, and
+	 * leaves no new one behind (it emptied the old one) */
+	char badlog[300], kept[300], fresh[300];
+	snprintf(badlog, sizeof(badlog), "%s/malformed.csv", dir);
+	snprintf(kept, sizeof(kept), "%s/kept.svg", dir);
+	snprintf(fresh, sizeof(fresh), "%s/fresh.svg", dir);
+	FILE *f = fopen(badlog, "w");
+	cr_assert_not_null(f);
+	fputs("Thread,Time,Action,Pointer,Size\n", f);
+	fclose(f);
+	f = fopen(kept, "w");
+	cr_assert_not_null(f);
+	fputs("<svg>an earlier image</svg>\n", f);
+	fclose(f);
+	for (int i = 0; i < 2; i++) {
+		r = replay((const char *[]){ "--plot", i ? fresh : kept, badlog, NULL }, NULL);
+		cr_expect_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+		run_free(&r);
+	}
+	char *img = slurp(kept);
+	cr_expect_str_eq(img, "<svg>an earlier image</svg>\n");
+	free(img);
+	cr_expect(access(fresh, F_OK) != 0, "%s left behind by a malformed log", fresh);
+	/* and a good log replaces it whole */
+	r = replay((const char *[]){ "--plot", kept, log, NULL }, NULL);
+	cr_expect_eq(r.status, 0, "exit %d: %s", r.status, r.err);
+	run_free(&r);
+	img = slurp(kept);
+	cr_expect(strncmp(img, "<?xml", 5) == 0 || strncmp(img, "<svg", 4) == 0, "%.60s", img);
+	cr_expect_null(strstr(img, "an earlier image"));
+	free(img);
+	unlink(badlog);
+	unlink(kept);
 
 	/* opened, but the image cannot be written whole */
 	r = replay((const char *[]){ "--plot", "/dev/full", log, NULL }, NULL);
