@@ -213,16 +213,21 @@ bool parse_dec(const char *s, uint64_t *out)
 	return true;
 }
 
+static size_t split(char *line, char **fields, size_t max);
+
+/* The six columns, each once: "Thread,,Time,..." is none (strtok_r passed
+ * over the empty field). */
 static bool is_header(char *line)
 {
 	static const char *const cols[] = { "Thread", "Time", "Action",
 					    "Pointer", "Size", "Stream" };
-	char *save = NULL;
-	size_t i = 0;
-	for (char *f = strtok_r(line, ",", &save); f; f = strtok_r(NULL, ",", &save), i++)
-		if (i >= 6 || strcasecmp(trim(f), cols[i]) != 0)
+	char *f[7];
+	if (split(line, f, 7) != 6)
+		return false;
+	for (size_t i = 0; i < 6; i++)
+		if (strcasecmp(trim(f[i]), cols[i]) != 0)
 			return false;
-	return i == 6;
+	return true;
 }
 
 /* Splits at commas, in place; returns the number of fields (stops at max). */

@@ -200,7 +200,10 @@ static bool tenant_arg(const char *opt, const char *s, struct tenant *t)
 	t->step = NULL;
 	t->n = 0;
 	char *copy = strdup(s), *save = NULL, *item;
-	bool ok = copy && *s;
+	/* strtok_r passes over empty items: ",", "0:1G,,5:2G" and a comma at
+	 * either end are no schedule. */
+	size_t len = strlen(s);
+	bool ok = copy && len && s[0] != ',' && s[len - 1] != ',' && !strstr(s, ",,");
 	for (item = copy ? strtok_r(copy, ",", &save) : NULL; ok && item;
 	     item = strtok_r(NULL, ",", &save)) {
 		char *colon = strchr(item, ':');

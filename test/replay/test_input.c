@@ -197,6 +197,8 @@ Test(replay, malformed_lines_name_file_and_line)
 		{ "header.csv", "Thread,Time,Action,Pointer,Size\n1,t,allocate,0x1,1,0x0\n", 1,
 		  "expected the header" },
 		{ "noheader.csv", "1,t,allocate,0x1000,4096,0x0\n", 1, "expected the header" },
+		{ "emptycol.csv", "Thread,,Time,Action,Pointer,Size,Stream\n1,t,allocate,0x1,1,0x0\n",
+		  1, "expected the header" },
 		{ "empty.csv", "", 1, "empty log" },
 		{ "nullalloc.csv", HEADER "1,t,allocate,0x0,4096,0x0\n", 2, "null pointer" },
 	};

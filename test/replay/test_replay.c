@@ -264,8 +264,10 @@ Test(replay, remap_follows_the_room_a_tenant_leaves)
 		cr_expect(strstr(r.out, c[i].says), "case %zu: %s", i, r.out);
 		run_free(&r);
 	}
-	/* A schedule out of order, or not OP:SIZE, is refused by name. */
-	static const char *const bad[] = { "5:1G,2:1G", "1G", "x:1G", "1:lots", "" };
+	/* A schedule out of order, or not OP:SIZE, is refused by name; so
+	 * are empty items, which strtok_r passed over. */
+	static const char *const bad[] = { "5:1G,2:1G", "1G", "x:1G", "1:lots", "",
+					   ",", "0:1G,,5:2G", "0:1G,", ",0:1G" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct run r = replay((const char *[]){ "--tenant", bad[i], log, NULL }, NULL);
 		cr_expect_eq(r.status, 2, "--tenant \"%s\": exit %d", bad[i], r.status);
