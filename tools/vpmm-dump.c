@@ -167,6 +167,10 @@ int main(int argc, char **argv)
 			}
 			break;
 		case O_SOCKET:
+			if (!*optarg) {
+				errf("--socket takes a path, not \"\"");
+				return EXIT_USAGE;
+			}
 			socket_path = optarg;
 			break;
 		case O_TRIM:

@@ -323,6 +323,11 @@ Test(dump, hostile_replies_and_bad_values)
 	run((char *[]){VPMM_DUMP, "--count", " -1", "--watch", "1", "1", NULL}, &r);
 	cr_expect_eq(r.status, 2, "--count \" -1\": status %d", r.status);
 	run_free(&r);
+	/* an empty socket path is a usage error, not "nobody serves" */
+	run((char *[]){VPMM_DUMP, "--socket", "", NULL}, &r);
+	cr_expect_eq(r.status, 2, "--socket \"\": status %d: %s", r.status, r.err);
+	cr_expect(strstr(r.err, "--socket takes a path"), "%s", r.err);
+	run_free(&r);
 	run((char *[]){VPMM_DUMP, "--watch", NULL}, &r);
 	cr_expect_eq(r.status, 2);
 	cr_expect(strstr(r.err, "--watch: unknown option, or a value missing"), "%s", r.err);
