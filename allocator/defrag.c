@@ -19,6 +19,9 @@
 #include "stream.h"
 
 
+/* New handles one defragmentation may make: 2^24, 32 TiB of 2 MiB pages. */
+#define DEFRAG_MOST_HANDLES ((size_t)1 << 24)
+
 struct fresh { /* a range mapped by this defragmentation */
 	CUdeviceptr va;
 	struct handle *handle;
@@ -199,6 +202,12 @@ static int defrag_choose(vpmm_pool *p, struct defrag *d, bool *grow)
 	/* Every struct the commit needs, before the first driver call. */
 	d->hsize = vpi_growth_handle_size(p, d->need, d->shortfall, d->room);
 	size_t nnew = (d->shortfall + d->hsize - 1) / d->hsize;
+	/* Past what any device holds (the room unknown let it through):
+	 * refused before a record is allocated for each handle. */
+	if (nnew > DEFRAG_MOST_HANDLES) {
+		p->last_result = CUDA_ERROR_OUT_OF_MEMORY;
+		return -ENOMEM;
+	}
 	for (size_t i = 0; i < d->pl.n; i++)
 		for (struct mapping *m = vpi_mapping_from(p, d->pl.h[i].r->chunk, d->pl.h[i].a);
 		     m && m->va < d->pl.h[i].b; m = vpi_mapping_next(m))

@@ -214,23 +214,35 @@ bool vpi_growth_may_create(vpmm_pool *p, size_t bytes)
 	 * handles' sizes. */
 	if (p->dev_read_ns && (p->dev_unknown || bytes <= p->dev_free))
 		return true;
-	/* More than the last read left (or none read yet): asked again, the
-	 * estimate left as it is, so that a growth that fits decides as
-	 * before. One that does not is refused as the driver would have. */
-	size_t fr = 0, total = 0;
-	if (DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total) != CUDA_SUCCESS || bytes <= fr)
+	/* More than the estimate left (or none read yet): the device's own
+	 * answer, asked at most every GROWTH_READ_NS (less what the pool
+	 * created since) and kept apart from the estimate, so that a growth
+	 * that fits decides as before. One that does not is refused as the
+	 * driver would have. A failed question: the driver decides. */
+	uint64_t now = vpi_clock_ns(p);
+	if (!p->ask_ns || now - p->ask_ns >= GROWTH_READ_NS) {
+		size_t fr = 0, total = 0;
+		bool ok = DRV(p, VPMM_OP_MEM_INFO, mem_info, &fr, &total) == CUDA_SUCCESS;
+		p->ask_free = ok ? fr : SIZE_MAX;
+		p->ask_ns = now ? now : 1;
+	}
+	if (bytes <= p->ask_free)
 		return true;
-	vpi_growth_refused(p);
+	p->dev_free = 0; /* as vpi_growth_refused, the answer kept */
+	p->st.growth_refusals++;
 	return false;
 }
 
 void vpi_growth_created(vpmm_pool *p, size_t bytes)
 {
 	p->dev_free = p->dev_free > bytes ? p->dev_free - bytes : 0;
+	if (p->ask_free != SIZE_MAX)
+		p->ask_free = p->ask_free > bytes ? p->ask_free - bytes : 0;
 }
 
 void vpi_growth_refused(vpmm_pool *p)
 {
 	p->dev_free = 0;
+	p->ask_ns = 0; /* the driver's refusal is news: asked again next time */
 	p->st.growth_refusals++;
 }

@@ -56,8 +56,8 @@ static const char *const sync_free_names[] = { "events", "device", NULL };
 	  "virtual address space reserved per chunk, at least 1G; more "       \
 	  "chunks (1024 in all) are reserved on demand")                       \
 	X(HANDLE_SIZE, "VPMM_HANDLE_SIZE", G_POOL, T_SIZE, NULL, "1G",         \
-	  "largest physical handle created when the pool grows (0: one page; " \
-	  "unset, at least VPMM_PAGE_SIZE)")                                   \
+	  "largest physical handle created when the pool grows (0, or less "   \
+	  "than a page: one page)")                                            \
 	X(GROWTH_SPLIT, "VPMM_GROWTH_SPLIT", G_POOL, T_COUNT, NULL, "16",      \
 	  "a growth of S bytes in a pool holding M is made of handles of "     \
 	  "about S/k, k = 1 + N*M/(M+S) (one handle in an empty pool, about "  \
@@ -551,8 +551,6 @@ int vpmm_config_from_env(struct vpmm_config *cfg,
 		c.va_size = r.val[OPT_VA_SIZE].size;
 	if (r.set[OPT_HANDLE_SIZE])
 		c.handle_size = r.val[OPT_HANDLE_SIZE].size;
-	else if (c.page_size > c.handle_size)
-		c.handle_size = c.page_size; /* the default, at least a page */
 	if (r.set[OPT_LIMIT])
 		c.limit = r.val[OPT_LIMIT].size;
 	if (r.set[OPT_GROWTH_SPLIT])
@@ -648,7 +646,9 @@ const char *vpmm_size_human(uint64_t v, char *buf, size_t n)
 void vpmm_config_units(const struct vpmm_config *cfg, size_t gran, struct vpmm_units *u)
 {
 	u->page = cfg->page_size ? cfg->page_size : gran;
-	u->handle = cfg->handle_size ? cfg->handle_size : u->page;
+	/* A handle holds whole pages: less than one page is one, as 0 is
+	 * (VPMM_PAGE_SIZE=2G, or a granularity of 2G, with the default 1G). */
+	u->handle = cfg->handle_size > u->page ? cfg->handle_size : u->page;
 	u->grain = cfg->grain && cfg->grain < u->page ? cfg->grain : u->page;
 }
 

@@ -118,6 +118,11 @@ struct vpmm_pool {
 	size_t dev_free;      /* the device's free bytes at dev_read_ns, less
 			       * what the pool created since (growth.c) */
 	uint64_t dev_read_ns; /* when they were read (vpi_clock_ns); 0: never */
+	size_t ask_free;      /* the device's free bytes when a growth past the
+			       * estimate asked (vpi_growth_may_create), less
+			       * what the pool created since; SIZE_MAX: the
+			       * question failed */
+	uint64_t ask_ns;      /* when; 0: to be asked */
 	uint64_t (*clock)(void *arg); /* the rules' clock (vpmm_pool_set_clock);
 				       * NULL: vpi_now_ns */
 	void *clock_arg;

@@ -171,10 +171,11 @@ vpmm_pool *vpmm_device_pool_make(int dev)
 			char why[256] = "";
 			no_pool_why(&cfg, e, why, sizeof why);
 			atomic_store(&st.dev[dev].failed, true);
-			/* A setting refused is the user's error to see even under
-			 * VPMM_LOG=error; a driver that cannot make a pool, a
-			 * warning. */
-			vpmm_log(why[0] ? VPMM_LOG_ERROR : VPMM_LOG_WARN,
+			/* A setting refused (the reason names its variable) is
+			 * the user's error to see even under VPMM_LOG=error; a
+			 * driver or a device that cannot make a pool (no
+			 * granularity, out of memory now), a warning. */
+			vpmm_log(strncmp(why, "VPMM_", 5) == 0 ? VPMM_LOG_ERROR : VPMM_LOG_WARN,
 				 "device %d: no pool (%s): passing its allocations through", dev,
 				 why[0] ? why : strerror(-e));
 			p = NULL;

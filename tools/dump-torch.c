@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -107,16 +108,19 @@ static ssize_t trace_line(FILE *f, char *line, size_t n, bool *cut)
 static int read_trace(const char *path, size_t max, struct trace *tr, char *err, size_t errlen)
 {
 	memset(tr, 0, sizeof(*tr));
-	FILE *f = fopen(path, "r");
-	if (!f) {
+	/* VPMM_TRACE writes a regular file; a device or a pipe may never end
+	 * (/dev/zero read on for ever, one endless line), and a FIFO with no
+	 * writer would hold open() itself: opened without waiting, then
+	 * looked at. (O_NONBLOCK does nothing to a regular file's reads.) */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return EXIT_FAIL;
 	}
-	/* VPMM_TRACE writes a regular file; a device or a pipe may never end
-	 * (/dev/zero read on for ever, one endless line). */
 	struct stat st;
-	if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-		fclose(f);
+	FILE *f = NULL;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !(f = fdopen(fd, "r"))) {
+		close(fd);
 		snprintf(err, errlen, "%s: not a regular file (VPMM_TRACE writes one)", path);
 		return EXIT_FAIL;
 	}

@@ -38,11 +38,11 @@ static bool stdout_ok(void)
 }
 
 /* The --plot file, opened for writing before the log is read, so that a
- * path that cannot be written costs no replay. Never the log itself. */
-/* Opened before the log is read, so that an unwritable path fails first,
- * but neither truncated nor left behind until the log has parsed
- * (plot_keep): a malformed log once emptied the image already there.
- * *created: the file is new. */
+ * path that cannot be written costs no replay; never the log itself. Not
+ * truncated until the image is written (plot_empty), and removed if this
+ * run made it and wrote nothing (plot_drop): a malformed log or settings
+ * that make no pool once emptied the image already there. *created: the
+ * file is new. */
 static FILE *open_plot(const char *path, FILE *log, bool *created)
 {
 	struct stat a, b;
@@ -55,6 +55,8 @@ static FILE *open_plot(const char *path, FILE *log, bool *created)
 	*created = fd >= 0;
 	if (fd < 0 && errno == EEXIST)
 		fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT) /* a dangling link: its target made */
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
 	FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
 	if (!f) {
 		int e = errno;
@@ -67,16 +69,17 @@ static FILE *open_plot(const char *path, FILE *log, bool *created)
 	return f;
 }
 
-/* The log parsed (`keep`): the image starts empty. Not: the file is left
- * as it was, or removed if this run made it. */
-static void plot_keep(FILE *f, const char *path, bool created, bool keep)
+/* The image about to be written: the file starts empty. */
+static void plot_empty(FILE *f)
 {
 	struct stat st;
-	if (keep) {
-		if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
-			(void)!ftruncate(fileno(f), 0);
-		return;
-	}
+	if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode))
+		(void)!ftruncate(fileno(f), 0);
+}
+
+/* Nothing to write: the file as it was, or none if this run made it. */
+static void plot_drop(FILE *f, const char *path, bool created)
+{
 	fclose(f);
 	if (created)
 		unlink(path);
@@ -104,7 +107,8 @@ static void usage(FILE *f)
 "  --page-size SIZE      page size (default: the granularity)\n"
 "  --va-size SIZE        VA reserved per chunk (default 8T)\n"
 "  --pages N             pages mapped at creation (default 0)\n"
-"  --handle-size SIZE    largest physical handle (default 1G)\n"
+"  --handle-size SIZE    largest physical handle (default 1G; less than a page:\n"
+"                        one page)\n"
 "  --grain SIZE          allocation rounding unit (default 64K; the page: the\n"
 "                        whole pages)\n"
 "  --small-max SIZE      requests up to this share slabs of size classes\n"
@@ -462,9 +466,9 @@ int main(int argc, char **argv)
 	int rc = parse_log(in, &lg);
 	if (in != stdin)
 		fclose(in);
-	if (plot_file)
-		plot_keep(plot_file, plot_path, plot_created, !rc);
 	if (rc) {
+		if (plot_file)
+			plot_drop(plot_file, plot_path, plot_created);
 		free(lg.stream_values);
 		free(lg.ops);
 		free(lg.allocs);
@@ -521,8 +525,11 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (plot_file) {
-		int e = plot.oom ? -ENOMEM
-				 : plot_write_svg(plot_file, &plot, lg.name, &r.stats);
+		int e = -ENOMEM;
+		if (!plot.oom) {
+			plot_empty(plot_file);
+			e = plot_write_svg(plot_file, &plot, lg.name, &r.stats);
+		}
 		if (fclose(plot_file) != 0 && !e)
 			e = -(errno ? errno : EIO);
 		plot_file = NULL;
@@ -541,7 +548,7 @@ int main(int argc, char **argv)
 		rc = 1;
 out:
 	if (plot_file)
-		fclose(plot_file);
+		plot_drop(plot_file, plot_path, plot_created);
 	if (pool)
 		vpmm_pool_destroy(pool);
 	if (drv)

@@ -102,6 +102,18 @@ Test(dump, trace_csv_lines_with_nul_bytes_are_skipped)
 	cr_expect_eq(r.status, 1, "status %d: %s", r.status, r.err);
 	cr_expect(strstr(r.err, "/dev/zero: not a regular file"), "%s", r.err);
 	run_free(&r);
+	/* nor a FIFO with no writer, which held open() */
+	char fifo[160];
+	snprintf(fifo, sizeof(fifo), "%s/trace.fifo", dir);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	ask_fake(path, replies,
+		 (char *[]){VPMM_DUMP, "--socket", path, "--torch-snapshot", snap, "--trace-csv",
+			    fifo, NULL},
+		 &r, &fs);
+	cr_expect_eq(r.status, 1, "status %d: %s", r.status, r.err);
+	cr_expect(strstr(r.err, "trace.fifo: not a regular file"), "%s", r.err);
+	run_free(&r);
+	unlink(fifo);
 
 	remove_dir(dir);
 }

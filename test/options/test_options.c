@@ -525,27 +525,27 @@ Test(errors, a_value_cut_short_ends_in_dots)
 	cr_expect(strstr(err, "VPMM_PAGES=\"12X\"") != NULL, "%s", err);
 }
 
-/* A page larger than the default handle raises the handle to it: setting
- * VPMM_PAGE_SIZE=2G alone was refused, blaming VPMM_HANDLE_SIZE. A handle
- * size given stays as given, and is checked. */
-Test(config, a_large_page_raises_the_default_handle)
+/* A handle holds whole pages: one smaller than the page (the default 1G
+ * under VPMM_PAGE_SIZE=2G, or a granularity of 2G) is one page, as 0 is.
+ * VPMM_PAGE_SIZE=2G alone was refused, blaming VPMM_HANDLE_SIZE. */
+Test(config, a_handle_below_the_page_is_one_page)
 {
 	struct vpmm_config c;
+	struct vpmm_units u;
 	char err[256] = "";
 	env_clear();
 	env_set("VPMM_PAGE_SIZE", "2G");
 	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
-	cr_expect_eq(c.handle_size, 2 * GIB);
 	cr_expect_eq(vpmm_config_check(&c, 2 * MIB, err, sizeof err), 0, "%s", err);
-	env_set("VPMM_PAGE_SIZE", "4M");
+	vpmm_config_units(&c, 2 * MIB, &u);
+	cr_expect_eq(u.handle, 2 * GIB);
+	env_clear();
 	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
-	cr_expect_eq(c.handle_size, GIB);
-	env_set("VPMM_PAGE_SIZE", "2G");
-	env_set("VPMM_HANDLE_SIZE", "1G");
-	cr_assert_eq(vpmm_config_from_env(&c, fake_getenv, err, sizeof(err)), 0, "%s", err);
-	cr_expect_eq(c.handle_size, GIB);
-	cr_expect_eq(vpmm_config_check(&c, 2 * MIB, err, sizeof err), -EINVAL);
-	cr_expect(strstr(err, "VPMM_HANDLE_SIZE=1G") != NULL, "%s", err);
+	cr_expect_eq(vpmm_config_check(&c, 2 * GIB, err, sizeof err), 0, "%s", err);
+	vpmm_config_units(&c, 2 * GIB, &u);
+	cr_expect_eq(u.handle, 2 * GIB);
+	vpmm_config_units(&c, 4 * MIB, &u);
+	cr_expect_eq(u.handle, GIB, "the default kept where it is a page or more");
 }
 
 Test(errors, message_stays_one_line)
@@ -664,7 +664,7 @@ Test(config, checks_against_the_granularity_name_the_variable)
 	} bad[] = {
 		{32 * K, 0, G, 0, 0, "VPMM_PAGE_SIZE=32K is not a multiple of the driver's granularity 64K"},
 		{96 * K, 0, G, 0, 0, "VPMM_PAGE_SIZE=96K"},
-		{2 * G, G, G, 0, 0, "VPMM_HANDLE_SIZE=1G is not a whole number of pages of 2G"},
+		{2 * G, 3 * G, G, 0, 0, "VPMM_HANDLE_SIZE=3G is not a whole number of pages of 2G"},
 		{0, 96 * K, G, 0, 0, "VPMM_HANDLE_SIZE=96K"},
 		{0, 0, SIZE_MAX, 0, 0, "VPMM_VA_SIZE="},
 		{0, 0, G, 256, 0, "VPMM_GRAIN=256"},

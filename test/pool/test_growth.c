@@ -507,8 +507,9 @@ Test(growth, room_handles_are_coarse_up_to_64_mib)
  * policy: no handle made and released (a 2 PiB request on the replay's
  * 1 PiB device took 87 s, a larger one ran out of host memory for the
  * handles' records), counted as a refusal; a request that fits is served
- * after it, and one that another tenant's memory makes too large fails
- * the same way. */
+ * after it. Once the device's answer is GROWTH_READ_NS old, one that
+ * another tenant's memory makes too large fails the same way (within it,
+ * the driver refuses it, a handle at a time, as before). */
 Test(growth, a_request_the_device_cannot_hold_fails_at_once)
 {
 	for (int always = 0; always < 2; always++) {
@@ -524,10 +525,16 @@ Test(growth, a_request_the_device_cannot_hold_fails_at_once)
 		struct grown g = grow_once(&t, DEVICE_PAGES / 2, s);
 		cr_expect_geq(g.created, 1);
 		vpmm_host_set_tenant(t.drv, DEVICE_PAGES / 4 * PAGE);
+		nanosleep(&(struct timespec){ .tv_nsec = 110 * 1000 * 1000 }, NULL);
 		creates = vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE);
 		cr_expect_eq(vpmm_pool_malloc(t.pool, DEVICE_PAGES / 2 * PAGE, s, &p), -ENOMEM);
 		cr_expect_eq(vpmm_host_calls(t.drv, VPMM_OP_MEM_CREATE), creates, "always %d",
 			     always);
+		/* asked once for both refusals' 100 ms, not once a growth */
+		uint64_t asked = vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO);
+		cr_expect_eq(vpmm_pool_malloc(t.pool, DEVICE_PAGES / 2 * PAGE, s, &p), -ENOMEM);
+		cr_expect_leq(vpmm_host_calls(t.drv, VPMM_OP_MEM_INFO), asked + (always ? 0 : 1),
+			      "always %d: the device asked again at once", always);
 		cr_expect_eq(vpmm_pool_check(t.pool, stderr), 0);
 		PT_FREE(&t, g.ptr, s);
 		pt_close(&t);

@@ -162,9 +162,13 @@ Test(replay, plot_file_errors)
 	cr_assert_not_null(f);
 	fputs("<svg>an earlier image</svg>\n", f);
 	fclose(f);
-	for (int i = 0; i < 2; i++) {
-		r = replay((const char *[]){ "--plot", i ? fresh : kept, badlog, NULL }, NULL);
-		cr_expect_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+	for (int i = 0; i < 4; i++) {
+		/* and settings that make no pool, found once the log is read */
+		const char *path = i & 1 ? fresh : kept;
+		r = replay(i < 2 ? (const char *[]){ "--plot", path, badlog, NULL }
+				 : (const char *[]){ "--plot", path, "--page-size", "1M", log, NULL },
+			   NULL);
+		cr_expect_eq(r.status, i < 2 ? 2 : 1, "case %d: exit %d: %s", i, r.status, r.err);
 		run_free(&r);
 	}
 	char *img = slurp(kept);
