@@ -208,6 +208,13 @@ size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool 
 	return split_size(p, shortfall, cap);
 }
 
+/* A growth refused for want of memory: the room none until the next read. */
+static void refuse(vpmm_pool *p)
+{
+	p->dev_free = 0;
+	p->st.growth_refusals++;
+}
+
 bool vpi_growth_may_create(vpmm_pool *p, size_t bytes)
 {
 	/* A failed read stands until GROWTH_READ_NS has passed, as for the
@@ -228,8 +235,7 @@ bool vpi_growth_may_create(vpmm_pool *p, size_t bytes)
 	}
 	if (bytes <= p->ask_free)
 		return true;
-	p->dev_free = 0; /* as vpi_growth_refused, the answer kept */
-	p->st.growth_refusals++;
+	refuse(p);
 	return false;
 }
 
@@ -242,7 +248,6 @@ void vpi_growth_created(vpmm_pool *p, size_t bytes)
 
 void vpi_growth_refused(vpmm_pool *p)
 {
-	p->dev_free = 0;
+	refuse(p);
 	p->ask_ns = 0; /* the driver's refusal is news: asked again next time */
-	p->st.growth_refusals++;
 }

@@ -41,10 +41,10 @@ bool vpi_growth_room(vpmm_pool *p, size_t need);
 size_t vpi_growth_handle_size(vpmm_pool *p, size_t need, size_t shortfall, bool room);
 /* Whether `bytes` of new handles may be created: false only when the
  * device's free memory, read again for it, is less (an unknown room: true,
- * the driver decides), counted as the driver's refusal would be. A request the device cannot hold then fails at once,
- * where it made handles until cuMemCreate refused and released them all:
- * minutes on a large simulated device, and a calloc of a handle record each
- * past what memory holds. */
+ * the driver decides), counted as the driver's refusal would be. A request
+ * the device cannot hold then fails at once, where it made handles until
+ * cuMemCreate refused and released them all: minutes on a large simulated
+ * device, and a calloc of a handle record each past what memory holds. */
 bool vpi_growth_may_create(vpmm_pool *p, size_t bytes);
 /* The pool created `bytes`; the driver refused a growth (out of memory). */
 void vpi_growth_created(vpmm_pool *p, size_t bytes);

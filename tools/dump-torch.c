@@ -12,13 +12,14 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <fcntl.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
 #include "dump.h"
 #include "json.h"
+#include "options.h" /* vpmm_parse_digits */
 #include "pickle.h"
 #include "rmm-time.h"
 
@@ -75,11 +76,9 @@ static bool parse_trace_line(char *line, struct tev *ev)
 	 * bench/workloads.py write it); no time of day: 0. */
 	if (!rmm_parse_time(f[1], &ev->time_us))
 		ev->time_us = 0;
-	char *end;
-	errno = 0;
-	ev->size = strtoull(f[4], &end, 10);
-	if (errno || end == f[4] || *end || f[4][0] < '0' || f[4][0] > '9')
-		return false; /* strtoull would take "-1" as 2^64 - 1 */
+	const char *end;
+	if (vpmm_parse_digits(f[4], &ev->size, &end) != 0 || *end)
+		return false; /* no sign: strtoull took "-1" as 2^64 - 1 */
 	return hex_field(f[3], &ev->ptr) && hex_field(f[5], &ev->stream);
 }
 

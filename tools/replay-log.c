@@ -213,23 +213,6 @@ bool parse_dec(const char *s, uint64_t *out)
 	return true;
 }
 
-static size_t split(char *line, char **fields, size_t max);
-
-/* The six columns, each once: "Thread,,Time,..." is none (strtok_r passed
- * over the empty field). */
-static bool is_header(char *line)
-{
-	static const char *const cols[] = { "Thread", "Time", "Action",
-					    "Pointer", "Size", "Stream" };
-	char *f[7];
-	if (split(line, f, 7) != 6)
-		return false;
-	for (size_t i = 0; i < 6; i++)
-		if (strcasecmp(trim(f[i]), cols[i]) != 0)
-			return false;
-	return true;
-}
-
 /* Splits at commas, in place; returns the number of fields (stops at max). */
 static size_t split(char *line, char **fields, size_t max)
 {
@@ -246,6 +229,21 @@ static size_t split(char *line, char **fields, size_t max)
 		p = comma + 1;
 	}
 	return n;
+}
+
+/* The six columns in order, split as the lines are: an empty field
+ * ("Thread,,Time,...") or a seventh is no header. */
+static bool is_header(char *line)
+{
+	static const char *const cols[] = { "Thread", "Time", "Action",
+					    "Pointer", "Size", "Stream" };
+	char *f[7];
+	if (split(line, f, 7) != 6)
+		return false;
+	for (size_t i = 0; i < 6; i++)
+		if (strcasecmp(trim(f[i]), cols[i]) != 0)
+			return false;
+	return true;
 }
 
 struct parser {
